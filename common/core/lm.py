@@ -1,0 +1,241 @@
+"""The Local Master core: authoritative free resources of every node of one cluster, validation of every GM
+placement (the plan applier), repartition into logical nodes, and per-GM delta updates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megha.common.core.cluster import ClusterSpec
+from megha.common.core.constraints import constraint_ids
+from megha.common.core.messages import (
+    Completion,
+    Completions,
+    Delta,
+    DeltaTick,
+    LaunchBatch,
+    LaunchResponse,
+    NodeState,
+    Output,
+    Placement,
+    Rejection,
+    Send,
+    Wake,
+    WorkerLaunch,
+    WorkerReport,
+    gm_address,
+    lm_address,
+    worker_address,
+)
+from megha.common.core.observer import CoreObserver
+from megha.common.core.resources import Resources, describe
+
+
+@dataclass(slots=True)
+class LogicalNode:
+    """Resources carved out of physical node `node` into GM `gm`'s partition by a repartition, for one task."""
+
+    logical_id: int
+    node: int
+    gm: int
+    resources: Resources
+    task_id: str
+
+
+@dataclass(slots=True)
+class Allocation:
+    """A running task: where it runs, which GM placed it, and its logical node when repartitioned."""
+
+    placement: Placement
+    gm: int
+    logical_id: int | None
+
+
+class LocalMaster:
+    """LM `lm_id`'s decision logic. Feed it LaunchBatches, worker reports and DeltaTicks with the current time;
+    it returns responses, worker launches, completions and deltas to send."""
+
+    def __init__(
+        self,
+        lm_id: int,
+        cluster: ClusterSpec,
+        observer: CoreObserver | None = None,
+        delta_interval: float = 1.0,
+    ) -> None:
+        if not 0 <= lm_id < cluster.num_lms:
+            raise ValueError(f"LM id {lm_id} outside 0..{cluster.num_lms - 1}")
+        if delta_interval <= 0:
+            raise ValueError(f"delta_interval must be positive, got {delta_interval}")
+        self.lm_id = lm_id
+        self.num_gms = cluster.num_gms
+        self.resource_names = cluster.resource_names
+        self.observer = observer or CoreObserver()
+        self.delta_interval = delta_interval
+        self.capacity: list[Resources] = cluster.lm_capacities(lm_id)
+        self.free: list[Resources] = list(self.capacity)
+        self.masks: list[int] = cluster.lm_constraint_masks(lm_id)
+        self.owner: list[int] = [cluster.partition_of(lm_id, n) for n in range(len(self.capacity))]
+        self.version: list[int] = [0] * len(self.capacity)
+        self._clock = 0
+        self.running: dict[str, Allocation] = {}
+        self.logical_nodes: dict[int, LogicalNode] = {}
+        self._next_logical = 0
+        self._dirty: list[set[int]] = [set() for _ in range(self.num_gms)]
+        self._applied_through = [0] * self.num_gms
+        self.inconsistencies = 0
+        self.repartitions = 0
+        self.launched = 0
+
+    def handle(self, msg: object, now: float) -> list[Output]:
+        if isinstance(msg, LaunchBatch):
+            return self._on_launch(msg, now)
+        if isinstance(msg, WorkerReport):
+            return self._on_report(msg)
+        if isinstance(msg, DeltaTick):
+            return self._on_tick(now)
+        raise TypeError(f"LM cannot handle {type(msg).__name__}")
+
+    def start(self, now: float) -> list[Output]:
+        """The first timer: periodic delta updates every `delta_interval` seconds."""
+        return [Wake(now + self.delta_interval, lm_address(self.lm_id), DeltaTick())]
+
+    # --------------------------------------------------------------- launches
+
+    def _on_launch(self, batch: LaunchBatch, now: float) -> list[Output]:
+        if not 0 <= batch.gm < self.num_gms:
+            raise ValueError(f"launch batch from unknown GM {batch.gm}")
+        self.observer.lm_received(batch.placements, now)
+        accepted: list[Placement] = []
+        started: list[Placement] = []
+        rejected: list[Rejection] = []
+        touched: dict[int, None] = {}
+        for p in batch.placements:
+            touched[p.node] = None
+            current = self.running.get(p.task.task_id)
+            if current is not None and current.placement.node == p.node and current.gm == batch.gm:
+                accepted.append(p)  # a repeated request: launch is idempotent per task
+                continue
+            rejection = self._validate(p, batch.gm, current)
+            if rejection is None:
+                self._allocate(p, batch.gm)
+                accepted.append(p)
+                started.append(p)
+            else:
+                rejected.append(rejection)
+        self._applied_through[batch.gm] = max(self._applied_through[batch.gm], batch.seq)
+        out: list[Output] = [
+            Send(
+                gm_address(batch.gm),
+                LaunchResponse(
+                    batch.gm,
+                    self.lm_id,
+                    batch.seq,
+                    accepted,
+                    rejected,
+                    [NodeState(n, self.free[n], self.version[n]) for n in touched if 0 <= n < len(self.free)],
+                    self._take_delta(batch.gm),
+                ),
+            )
+        ]
+        if started:
+            self.launched += len(started)
+            self.observer.launched(started, now)
+            out.append(Send(worker_address(self.lm_id), WorkerLaunch(self.lm_id, started)))
+        return out
+
+    def _validate(self, p: Placement, gm: int, current: Allocation | None) -> Rejection | None:
+        """None when the placement can run now; otherwise why not. Only a lack of free resources is an
+        inconsistency (the GM's view was stale); anything else is a malformed request."""
+        n = p.node
+        if p.lm != self.lm_id or not 0 <= n < len(self.capacity):
+            return Rejection(p, f"LM {self.lm_id} has no node {n}", inconsistency=False)
+        if current is not None:
+            return Rejection(
+                p,
+                f"task {p.task.task_id} is already running on node {current.placement.node}",
+                inconsistency=False,
+            )
+        if p.task.constraints & ~self.masks[n]:
+            missing = constraint_ids(p.task.constraints & ~self.masks[n])
+            return Rejection(p, f"node {n} lacks placement constraints {missing}", inconsistency=False)
+        if p.repartition != (self.owner[n] != gm):
+            return Rejection(
+                p,
+                f"node {n} is in GM {self.owner[n]}'s partition; repartition flag is wrong",
+                inconsistency=False,
+            )
+        free = self.free[n]
+        for f, r in zip(free, p.task.request):
+            if f < r:
+                self.inconsistencies += 1
+                return Rejection(
+                    p,
+                    f"node {n} has {describe(free, self.resource_names)} free; task needs "
+                    f"{describe(p.task.request, self.resource_names)}",
+                    inconsistency=True,
+                )
+        return None
+
+    def _allocate(self, p: Placement, gm: int) -> None:
+        n = p.node
+        self._set_free(n, tuple(f - r for f, r in zip(self.free[n], p.task.request)), except_gm=gm)
+        logical_id = None
+        if p.repartition:
+            logical_id = self._next_logical
+            self._next_logical += 1
+            self.logical_nodes[logical_id] = LogicalNode(logical_id, n, gm, p.task.request, p.task.task_id)
+            self.repartitions += 1
+        self.running[p.task.task_id] = Allocation(p, gm, logical_id)
+
+    def _set_free(self, n: int, free: Resources, except_gm: int) -> None:
+        """Change node n's free resources; every GM but `except_gm` (whose own action it was) learns it by delta."""
+        self.free[n] = free
+        self._clock += 1
+        self.version[n] = self._clock
+        for gm, dirty in enumerate(self._dirty):
+            if gm != except_gm:
+                dirty.add(n)
+
+    # ------------------------------------------------------------ completions
+
+    def _on_report(self, report: WorkerReport) -> list[Output]:
+        by_gm: dict[int, list[Completion]] = {}
+        for item in report.finished:
+            alloc = self.running.pop(item.task_id, None)
+            if alloc is None:
+                continue  # a repeated report: each task frees its resources once
+            n = alloc.placement.node
+            request = alloc.placement.task.request
+            self._set_free(n, tuple(f + r for f, r in zip(self.free[n], request)), except_gm=alloc.gm)
+            if alloc.logical_id is not None:
+                del self.logical_nodes[alloc.logical_id]
+            completion = Completion(item.task_id, NodeState(n, self.free[n], self.version[n]))
+            by_gm.setdefault(alloc.gm, []).append(completion)
+        return [
+            Send(gm_address(gm), Completions(self.lm_id, gm, self._applied_through[gm], items))
+            for gm, items in by_gm.items()
+        ]
+
+    # ----------------------------------------------------------------- deltas
+
+    def _take_delta(self, gm: int) -> Delta:
+        """What changed for `gm` since its last delta; clears its pending changes."""
+        dirty = self._dirty[gm]
+        nodes = [NodeState(n, self.free[n], self.version[n]) for n in dirty]
+        dirty.clear()
+        return Delta(self.lm_id, gm, self._applied_through[gm], nodes)
+
+    def _on_tick(self, now: float) -> list[Output]:
+        out: list[Output] = [
+            Send(gm_address(gm), self._take_delta(gm)) for gm in range(self.num_gms) if self._dirty[gm]
+        ]
+        out.append(Wake(now + self.delta_interval, lm_address(self.lm_id), DeltaTick()))
+        return out
+
+    def full_state(self, gm: int) -> Delta:
+        """Every node's state, for a GM that (re)starts or asks for it (GET /v1/state)."""
+        nodes = [NodeState(n, self.free[n], self.version[n]) for n in range(len(self.free))]
+        return Delta(self.lm_id, gm, self._applied_through[gm], nodes)
+
+    def is_idle(self) -> bool:
+        """True when nothing runs and every node's free resources equal its capacity."""
+        return not self.running and not self.logical_nodes and self.free == self.capacity

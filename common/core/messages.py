@@ -1,0 +1,170 @@
+"""Messages the core exchanges between GMs, LMs and workers, and the outputs a core step returns.
+
+These are the in-process (sans-I/O) forms; the services convert them to and from the pydantic wire models.
+Node states travel as (free resources, version): an LM bumps a node's version on every change, so a GM can
+tell a fresh report from a stale one whatever order messages arrive in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megha.common.core.resources import Resources
+from megha.common.core.task import TaskSpec
+
+
+def gm_address(gm: int) -> str:
+    return f"gm/{gm}"
+
+
+def lm_address(lm: int) -> str:
+    return f"lm/{lm}"
+
+
+def worker_address(lm: int) -> str:
+    return f"worker/{lm}"
+
+
+@dataclass(slots=True)
+class Send:
+    """Deliver `msg` to `dest` over the transport (one network hop)."""
+
+    dest: str
+    msg: object
+
+
+@dataclass(slots=True)
+class Wake:
+    """Deliver `msg` back to `dest` (the sender itself) at time `at`, with no network hop: a timer."""
+
+    at: float
+    dest: str
+    msg: object
+
+
+Output = Send | Wake
+
+
+@dataclass(slots=True)
+class NodeState:
+    """An LM's authoritative free resources of one physical node, and the node's version when read."""
+
+    node: int
+    free: Resources
+    version: int
+
+
+@dataclass(slots=True)
+class Placement:
+    """A GM's decision: run `task` on physical node `node` of LM `lm`.
+
+    `repartition` is True when the node lies in another GM's partition: the LM then carves exactly the task's
+    request out of that node into a logical node of the requesting GM's partition.
+    """
+
+    task: TaskSpec
+    lm: int
+    node: int
+    repartition: bool
+
+
+@dataclass(slots=True)
+class LaunchBatch:
+    """GM -> LM: placements for one LM, sent together. `seq` increases per (GM, LM) pair."""
+
+    gm: int
+    lm: int
+    seq: int
+    placements: list[Placement]
+
+
+@dataclass(slots=True)
+class Rejection:
+    """A placement the LM refused. `inconsistency` is True when the cause is a stale GM view (the node lacks the
+    free resources), False for a malformed request."""
+
+    placement: Placement
+    reason: str
+    inconsistency: bool
+
+
+@dataclass(slots=True)
+class Delta:
+    """LM -> GM: the nodes whose state changed since the last delta sent to that GM.
+
+    `applied_through` is the highest LaunchBatch seq from that GM the LM had applied when it built the delta;
+    the GM re-applies its own later, still unanswered placements on top of these states.
+    """
+
+    lm: int
+    gm: int
+    applied_through: int
+    nodes: list[NodeState] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LaunchResponse:
+    """LM -> GM: the outcome of one LaunchBatch: the current state of every node it touched, and the GM's
+    pending delta piggybacked."""
+
+    gm: int
+    lm: int
+    seq: int
+    accepted: list[Placement]
+    rejected: list[Rejection]
+    states: list[NodeState]
+    delta: Delta
+
+
+@dataclass(slots=True)
+class WorkerLaunch:
+    """LM -> worker: start these tasks on these physical nodes."""
+
+    lm: int
+    launches: list[Placement]
+
+
+@dataclass(slots=True)
+class FinishedTask:
+    task_id: str
+    node: int
+    preempted: bool = False
+
+
+@dataclass(slots=True)
+class WorkerReport:
+    """Worker -> LM: tasks that finished."""
+
+    lm: int
+    finished: list[FinishedTask]
+
+
+@dataclass(slots=True)
+class Completion:
+    """One finished task of a GM, with its node's state right after the task's resources were returned."""
+
+    task_id: str
+    state: NodeState
+
+
+@dataclass(slots=True)
+class Completions:
+    """LM -> GM: the GM's own tasks that finished. Resources they free reach the GM here, not in deltas
+    (constraint-aware paper, section 4.4). `applied_through` as in Delta."""
+
+    lm: int
+    gm: int
+    applied_through: int
+    items: list[Completion]
+
+
+@dataclass(slots=True)
+class DeltaTick:
+    """Timer message: time for an LM's periodic delta updates."""
+
+
+@dataclass(slots=True)
+class FinishTick:
+    """Timer message: tasks on a worker reach the end of their duration."""
+
+    at: float

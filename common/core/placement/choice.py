@@ -1,0 +1,57 @@
+"""Choice: which of the feasible nodes gets the task. Strategies: Random (default) and Minimum-Constraints."""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+from megha.common.core.constraints import select_bit
+from megha.common.core.view import PartitionView
+
+
+class ChoicePolicy(Protocol):
+    """Picks one node (partition-local index) out of a non-empty bitset of feasible nodes."""
+
+    name: str
+
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int: ...
+
+
+class RandomChoice:
+    """Uniform random choice among the feasible nodes (constraint-aware paper, section 4.3.1).
+
+    Randomness also makes two GMs less likely to pick the same node from the same stale view."""
+
+    name = "random"
+
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int:
+        return select_bit(candidates, rng.randrange(candidates.bit_count()))
+
+
+class MinimumConstraintsChoice:
+    """The feasible node with the fewest machine constraints, keeping versatile nodes free (section 4.3.2).
+
+    Ties are broken uniformly at random, for the same reason as in RandomChoice."""
+
+    name = "min-constraints"
+
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int:
+        for bits in view.count_bits:
+            fewest = candidates & bits
+            if fewest:
+                return select_bit(fewest, rng.randrange(fewest.bit_count()))
+        raise ValueError("no candidates to choose from")
+
+
+CHOICE_POLICIES: dict[str, type[RandomChoice] | type[MinimumConstraintsChoice]] = {
+    RandomChoice.name: RandomChoice,
+    MinimumConstraintsChoice.name: MinimumConstraintsChoice,
+}
+
+
+def make_choice(name: str) -> ChoicePolicy:
+    """The choice policy called `name` ("random" or "min-constraints")."""
+    try:
+        return CHOICE_POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown matching approach {name!r}; choose one of {sorted(CHOICE_POLICIES)}") from None

@@ -1,0 +1,112 @@
+"""A GM's possibly stale view of one LM partition: static constraint bit-vectors plus free resources per node.
+
+Bitsets are Python ints, bit i = node i of the partition. Two caches keep matching to a few big-int ANDs:
+  * `matching(mask)`: nodes satisfying every constraint in a task's mask (static, so cached forever);
+  * `fitting(request)`: nodes whose free resources cover a request, kept current on every change for the
+    request shapes seen recently (one shape in slot mode).
+"""
+
+from __future__ import annotations
+
+from megha.common.core.cluster import PartitionSpec
+from megha.common.core.constraints import NUM_CONSTRAINTS, iter_bits
+from megha.common.core.resources import Resources
+
+MAX_FIT_SHAPES = 64
+
+
+def covers(free: Resources, request: Resources) -> bool:
+    """True when `free` has at least `request` of every resource."""
+    for f, r in zip(free, request):
+        if f < r:
+            return False
+    return True
+
+
+class PartitionView:
+    """The GM's copy of partition `gm` of LM `lm`; node i is the LM's physical node `start + i`."""
+
+    __slots__ = (
+        "_cap_fit",
+        "_fit",
+        "_match",
+        "all_bits",
+        "capacity",
+        "constraint_bits",
+        "count_bits",
+        "free",
+        "gm",
+        "lm",
+        "masks",
+        "size",
+        "start",
+    )
+
+    def __init__(self, spec: PartitionSpec, start: int) -> None:
+        self.lm = spec.lm
+        self.gm = spec.gm
+        self.start = start
+        self.size = spec.size
+        self.capacity: list[Resources] = list(spec.capacities)
+        self.free: list[Resources] = list(spec.capacities)
+        self.masks: list[int] = list(spec.constraint_masks)
+        self.all_bits = (1 << self.size) - 1
+        bits = [0] * NUM_CONSTRAINTS
+        by_count: dict[int, int] = {}
+        for i, mask in enumerate(self.masks):
+            for k in iter_bits(mask):
+                bits[k] |= 1 << i
+            n = mask.bit_count()
+            by_count[n] = by_count.get(n, 0) | 1 << i
+        self.constraint_bits = bits
+        self.count_bits: list[int] = [by_count[n] for n in sorted(by_count)]
+        self._match: dict[int, int] = {}
+        self._fit: dict[Resources, int] = {}
+        self._cap_fit: dict[Resources, int] = {}
+
+    def matching(self, mask: int) -> int:
+        """Nodes whose machine constraints include every constraint in `mask` (bitwise AND of bit-vectors)."""
+        bits = self._match.get(mask)
+        if bits is None:
+            bits = self.all_bits
+            for k in iter_bits(mask):
+                bits &= self.constraint_bits[k]
+            self._match[mask] = bits
+        return bits
+
+    def fitting(self, request: Resources) -> int:
+        """Nodes whose free resources (in this view) cover `request`."""
+        bits = self._fit.get(request)
+        if bits is None:
+            if len(self._fit) >= MAX_FIT_SHAPES:
+                del self._fit[next(iter(self._fit))]
+            bits = 0
+            for i, free in enumerate(self.free):
+                if covers(free, request):
+                    bits |= 1 << i
+            self._fit[request] = bits
+        return bits
+
+    def could_ever_fit(self, request: Resources) -> int:
+        """Nodes whose capacity covers `request`, whatever is running."""
+        bits = self._cap_fit.get(request)
+        if bits is None:
+            bits = 0
+            for i, cap in enumerate(self.capacity):
+                if covers(cap, request):
+                    bits |= 1 << i
+            self._cap_fit[request] = bits
+        return bits
+
+    def set_free(self, i: int, free: Resources) -> None:
+        """Record node i's free resources and keep the fit caches current."""
+        self.free[i] = free
+        bit = 1 << i
+        fit = self._fit
+        for request, bits in fit.items():
+            fit[request] = bits | bit if covers(free, request) else bits & ~bit
+
+    def used_fraction(self) -> float:
+        """Share of the partition's first resource in use, in this view (for reports and debugging)."""
+        cap = sum(c[0] for c in self.capacity)
+        return 1.0 - sum(f[0] for f in self.free) / cap if cap else 0.0

@@ -1,0 +1,1 @@
+"""Transports that carry core messages between GMs, LMs and workers."""

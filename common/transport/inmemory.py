@@ -1,0 +1,81 @@
+"""In-memory transport: a discrete-event loop that delivers core messages after a per-hop delay.
+
+It runs on a virtual clock (events as fast as the machine allows) or in real time (sleeping until each event is
+due). Periodic timers (LM delta ticks) are "background": when only background events remain, the run is over.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Iterable
+
+from megha.common.core.messages import Output, Send
+
+Handler = Callable[[object, float], list[Output]]
+
+
+class EventLoop:
+    """Delivers messages to named endpoints in time order (FIFO among equal times)."""
+
+    def __init__(self, hop_delay: float = 0.0005, realtime: bool = False) -> None:
+        if hop_delay < 0:
+            raise ValueError(f"hop delay must be >= 0, got {hop_delay}")
+        self.hop_delay = hop_delay
+        self.realtime = realtime
+        self.now = 0.0
+        self._heap: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self._endpoints: dict[str, Handler] = {}
+        self._background: tuple[type, ...] = ()
+        self._work = 0
+        self.events = 0
+
+    def register(self, address: str, handler: Handler) -> None:
+        if address in self._endpoints:
+            raise ValueError(f"endpoint {address} registered twice")
+        self._endpoints[address] = handler
+
+    def background(self, *types: type) -> None:
+        """Message types that do not keep the run alive on their own (periodic timers)."""
+        self._background = types
+
+    def post(self, at: float, dest: str, msg: object) -> None:
+        """Deliver `msg` to `dest` at time `at`."""
+        if dest not in self._endpoints:
+            raise KeyError(f"no endpoint {dest}")
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, dest, msg))
+        if not isinstance(msg, self._background):
+            self._work += 1
+
+    def dispatch(self, outputs: Iterable[Output]) -> None:
+        """Send a core step's outputs: Send after one hop, Wake at its time."""
+        now = self.now
+        for out in outputs:
+            if type(out) is Send:
+                self.post(now + self.hop_delay, out.dest, out.msg)
+            else:
+                self.post(out.at, out.dest, out.msg)
+
+    def run(self, keep_going: Callable[[], bool], on_event: Callable[[float], None] | None = None) -> None:
+        """Process events until only background events remain and `keep_going()` says no more are needed."""
+        heap = self._heap
+        endpoints = self._endpoints
+        background = self._background
+        wall_start = time.monotonic()
+        while heap:
+            if self._work == 0 and not keep_going():
+                return
+            at, _, dest, msg = heapq.heappop(heap)
+            if not isinstance(msg, background):
+                self._work -= 1
+            if self.realtime:
+                delay = wall_start + at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            self.now = at
+            self.events += 1
+            self.dispatch(endpoints[dest](msg, at))
+            if on_event is not None:
+                on_event(at)

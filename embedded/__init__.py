@@ -1,0 +1,1 @@
+"""Embedded mode: the whole Megha system (GMs, LMs, workers) in one process over the in-memory transport."""

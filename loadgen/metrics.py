@@ -1,0 +1,258 @@
+"""Run metrics from measurement records: allocation-time and JRT-delay summaries, counts, utilization.
+
+Allocation time and its components follow section III of the Megha paper; JRT delay and utilization follow
+section 2.4 of the constraint-aware paper. The formulas live once, as properties of `TaskRecord` and
+`JobRecord`; this module applies the task formulas column-wise with numpy so a run of millions of tasks
+is summarised in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+from megha.loadgen.records import JobRecord, TaskRecord
+
+#: Percentiles in a Summary: median, p90, p99 and p99.99.
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.99)
+#: Upper bound (up to rounding to a 1-2-5 step) on the utilization samples when no step is given.
+MAX_UTILIZATION_SAMPLES = 2000
+#: Task components of allocation time, in the paper's order; names are `TaskRecord` properties.
+COMPONENTS: tuple[str, ...] = ("framework_queuing", "processing", "communication", "worker_queuing")
+_TIME_FIELDS: tuple[str, ...] = (
+    "arrival",
+    "attempt_at",
+    "decided_at",
+    "lm_received_at",
+    "launched_at",
+    "worker_received_at",
+    "started_at",
+    "finished_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Distribution of one measurement; NaN values are left out, and an empty input gives NaN statistics."""
+
+    count: int
+    median: float
+    mean: float
+    p90: float
+    p99: float
+    p9999: float
+    max: float
+
+
+def summarize(values: Sequence[float] | np.ndarray) -> Summary:
+    """Count, mean, max and linearly interpolated percentiles of the non-NaN values."""
+    data = np.asarray(values, dtype=np.float64)
+    data = data[~np.isnan(data)]
+    if data.size == 0:
+        return Summary(0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
+    median, p90, p99, p9999 = np.percentile(data, PERCENTILES, method="linear")
+    return Summary(
+        count=int(data.size),
+        median=float(median),
+        mean=float(data.mean()),
+        p90=float(p90),
+        p99=float(p99),
+        p9999=float(p9999),
+        max=float(data.max()),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationSeries:
+    """Fraction of the data centre's capacity held by running tasks, sampled over the busy span.
+
+    A task holds its request from `started_at` (inclusive) to `finished_at` (exclusive); tasks without both
+    times are left out. The busy span runs from the first start to the last finish; `mean` is the exact
+    time-average over it (not an average of the samples).
+    """
+
+    resource_names: tuple[str, ...]
+    times: np.ndarray
+    fractions: dict[str, np.ndarray]
+    mean: dict[str, float]
+
+
+def default_utilization_step(span: float, max_samples: int = MAX_UTILIZATION_SAMPLES) -> float:
+    """The smallest 1-2-5 step (…, 0.1, 0.2, 0.5, 1, 2, …) giving at most about `max_samples` over `span`."""
+    if not span > 0:
+        return 1.0
+    raw = span / max_samples
+    decade = 10.0 ** math.floor(math.log10(raw))
+    return next(m * decade for m in (1.0, 2.0, 5.0, 10.0) if m * decade >= raw)
+
+
+def utilization_over_time(
+    tasks: Sequence[TaskRecord],
+    total_capacity: tuple[int, ...],
+    resource_names: Sequence[str],
+    step: float | None = None,
+) -> UtilizationSeries:
+    """Utilization per resource every `step` seconds of the busy span (default `default_utilization_step`)."""
+    return _utilization(
+        _column(tasks, "started_at", np.float64),
+        _column(tasks, "finished_at", np.float64),
+        _requests(tasks, len(resource_names)),
+        total_capacity,
+        tuple(resource_names),
+        step,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetrics:
+    """Everything the report prints about one run. Times are seconds."""
+
+    allocation_time: Summary
+    components: dict[str, Summary]  # keyed by COMPONENTS
+    jrt_delay: Summary  # jobs that finished (others have a NaN delay)
+    tasks: int
+    tasks_completed: int  # completions >= 1
+    tasks_failed: int  # failed_reason set
+    jobs: int
+    jobs_rejected: int
+    repartitions: int  # tasks placed through a repartition
+    inconsistencies: int
+    reschedules: int
+    attempts: int
+    # Tasks of accepted jobs that neither completed exactly once nor failed with a reason (should be none).
+    not_exactly_once: tuple[str, ...]
+    simulated_span: float  # last finish - first arrival
+    wall_seconds: float
+    tasks_per_wall_second: float  # completed tasks per second of wall-clock time
+    utilization: UtilizationSeries
+
+
+def compute_metrics(
+    tasks: Sequence[TaskRecord],
+    jobs: Sequence[JobRecord],
+    total_capacity: tuple[int, ...],
+    resource_names: Sequence[str],
+    wall_seconds: float,
+    utilization_step: float | None = None,
+) -> RunMetrics:
+    """Summarise one run's records; `wall_seconds` is how long the run took on the wall clock."""
+    times = {name: _column(tasks, name, np.float64) for name in _TIME_FIELDS}
+    view = _ColumnView(times)
+    completions = _column(tasks, "completions", np.int64)
+    failed = np.fromiter(map(bool, map(attrgetter("failed_reason"), tasks)), dtype=bool, count=len(tasks))
+    completed = int(np.count_nonzero(completions >= 1))
+    return RunMetrics(
+        allocation_time=summarize(TaskRecord.allocation_time.fget(view)),
+        components={name: summarize(getattr(TaskRecord, name).fget(view)) for name in COMPONENTS},
+        jrt_delay=summarize([j.jrt_delay for j in jobs]),
+        tasks=len(tasks),
+        tasks_completed=completed,
+        tasks_failed=int(np.count_nonzero(failed)),
+        jobs=len(jobs),
+        jobs_rejected=sum(1 for j in jobs if j.rejected_reason),
+        repartitions=int(_column(tasks, "repartitioned", np.int64).sum()),
+        inconsistencies=int(_column(tasks, "inconsistencies", np.int64).sum()),
+        reschedules=int(_column(tasks, "reschedules", np.int64).sum()),
+        attempts=int(_column(tasks, "attempts", np.int64).sum()),
+        not_exactly_once=_not_exactly_once(tasks, jobs, completions, failed),
+        simulated_span=_nan_span(times["arrival"], times["finished_at"]),
+        wall_seconds=wall_seconds,
+        tasks_per_wall_second=completed / wall_seconds if wall_seconds > 0 else math.nan,
+        utilization=_utilization(
+            times["started_at"],
+            times["finished_at"],
+            _requests(tasks, len(resource_names)),
+            total_capacity,
+            tuple(resource_names),
+            utilization_step,
+        ),
+    )
+
+
+class _ColumnView:
+    """Stands in for a `TaskRecord` whose time attributes are numpy columns, so its properties vectorise."""
+
+    def __init__(self, columns: dict[str, np.ndarray]) -> None:
+        self.__dict__.update(columns)
+
+
+def _column(tasks: Sequence[TaskRecord], name: str, dtype: type[np.generic]) -> np.ndarray:
+    return np.fromiter(map(attrgetter(name), tasks), dtype=dtype, count=len(tasks))
+
+
+def _requests(tasks: Sequence[TaskRecord], width: int) -> np.ndarray:
+    if not tasks:
+        return np.zeros((0, width), dtype=np.int64)
+    try:
+        requests = np.array(list(map(attrgetter("request"), tasks)), dtype=np.int64)
+    except ValueError as exc:
+        raise ValueError(f"every task request must have {width} amounts (one per resource)") from exc
+    if requests.shape != (len(tasks), width):
+        raise ValueError(f"every task request must have {width} amounts (one per resource)")
+    return requests
+
+
+def _not_exactly_once(
+    tasks: Sequence[TaskRecord], jobs: Sequence[JobRecord], completions: np.ndarray, failed: np.ndarray
+) -> tuple[str, ...]:
+    """Tasks of accepted jobs that finished more than once, or never finished without a failure reason."""
+    rejected = {j.job_id for j in jobs if j.rejected_reason}
+    suspects = np.flatnonzero((completions > 1) | ((completions == 0) & ~failed))
+    return tuple(tasks[i].task_id for i in suspects.tolist() if tasks[i].job_id not in rejected)
+
+
+def _nan_span(starts: np.ndarray, ends: np.ndarray) -> float:
+    if np.isnan(starts).all() or np.isnan(ends).all():
+        return math.nan
+    return float(np.nanmax(ends) - np.nanmin(starts))
+
+
+def _utilization(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    requests: np.ndarray,
+    total_capacity: tuple[int, ...],
+    resource_names: tuple[str, ...],
+    step: float | None,
+) -> UtilizationSeries:
+    """Event sweep: held(t) = requests started at or before t - requests finished at or before t."""
+    if len(total_capacity) != len(resource_names):
+        raise ValueError("total_capacity and resource_names must have the same length")
+    if any(c <= 0 for c in total_capacity):
+        raise ValueError(f"total_capacity must be positive for every resource, got {total_capacity}")
+    if step is not None and not step > 0:
+        raise ValueError(f"utilization step must be positive, got {step}")
+    ran = np.isfinite(starts) & np.isfinite(ends)
+    starts, ends, requests = starts[ran], ends[ran], requests[ran]
+    capacity = np.asarray(total_capacity, dtype=np.float64)
+    if starts.size == 0:
+        return UtilizationSeries(
+            resource_names,
+            np.zeros(0),
+            {name: np.zeros(0) for name in resource_names},
+            dict.fromkeys(resource_names, math.nan),
+        )
+    first, last = float(starts.min()), float(ends.max())
+    span = last - first
+    step = default_utilization_step(span) if step is None else step
+    times = first + step * np.arange(math.floor(span / step) + 1)
+    held = _cumulative_at(starts, requests, times) - _cumulative_at(ends, requests, times)
+    fractions = held / capacity
+    busy = (requests * (ends - starts)[:, None]).sum(axis=0)
+    mean = busy / (capacity * span) if span > 0 else np.full(len(resource_names), math.nan)
+    return UtilizationSeries(
+        resource_names,
+        times,
+        {name: fractions[:, i] for i, name in enumerate(resource_names)},
+        {name: float(mean[i]) for i, name in enumerate(resource_names)},
+    )
+
+
+def _cumulative_at(event_times: np.ndarray, amounts: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Sum of `amounts` rows whose event time is <= each of `times` (rows: times, columns: resources)."""
+    order = np.argsort(event_times, kind="stable")
+    totals = np.vstack([np.zeros((1, amounts.shape[1]), dtype=np.int64), np.cumsum(amounts[order], axis=0)])
+    return totals[np.searchsorted(event_times[order], times, side="right")]

@@ -1,0 +1,97 @@
+"""The recorder: a core observer that fills one TaskRecord per task and one JobRecord per job."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from megha.common.core.messages import Placement
+from megha.common.core.observer import CoreObserver
+from megha.common.core.task import JobSpec, TaskSpec
+from megha.loadgen.records import JobRecord, TaskRecord
+
+
+class Recorder(CoreObserver):
+    """Collects what happened to every task, from the events the GM, LM and worker cores report."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, TaskRecord] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.finished_count = 0
+
+    def expect(self, gm: int, job: JobSpec) -> None:
+        """Register a job before it is submitted (so rejected jobs are reported too)."""
+        self.jobs[job.job_id] = JobRecord(
+            job.job_id, gm, job.submitted_at, len(job.tasks), max((t.duration for t in job.tasks), default=0.0)
+        )
+        for t in job.tasks:
+            self.tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, gm, t.user, t.duration, t.request)
+
+    def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
+        tasks = self.tasks
+        for t in job.tasks:
+            tasks[t.task_id].arrival = now
+
+    def job_rejected(self, job: JobSpec, gm: int, reason: str, now: float) -> None:
+        self.jobs[job.job_id].rejected_reason = reason
+        for t in job.tasks:
+            self.tasks[t.task_id].failed_reason = f"rejected at submission: {reason}"
+
+    def attempt(self, task: TaskSpec, now: float) -> None:
+        rec = self.tasks[task.task_id]
+        rec.attempts += 1
+        rec.attempt_at = now
+
+    def rescheduled(self, task: TaskSpec, now: float) -> None:
+        self.tasks[task.task_id].reschedules += 1
+
+    def decided(self, placements: Sequence[Placement], now: float) -> None:
+        tasks = self.tasks
+        for p in placements:
+            rec = tasks[p.task.task_id]
+            rec.decided_at = now
+            rec.lm = p.lm
+            rec.node = p.node
+            rec.repartitioned = p.repartition
+
+    def inconsistency(self, placement: Placement, now: float) -> None:
+        self.tasks[placement.task.task_id].inconsistencies += 1
+
+    def lm_received(self, placements: Sequence[Placement], now: float) -> None:
+        tasks = self.tasks
+        for p in placements:
+            tasks[p.task.task_id].lm_received_at = now
+
+    def launched(self, placements: Sequence[Placement], now: float) -> None:
+        tasks = self.tasks
+        for p in placements:
+            tasks[p.task.task_id].launched_at = now
+
+    def worker_received(self, placements: Sequence[Placement], now: float) -> None:
+        tasks = self.tasks
+        for p in placements:
+            tasks[p.task.task_id].worker_received_at = now
+
+    def started(self, placements: Sequence[Placement], now: float) -> None:
+        tasks = self.tasks
+        for p in placements:
+            tasks[p.task.task_id].started_at = now
+
+    def finished(self, task_ids: Sequence[str], now: float) -> None:
+        tasks, jobs = self.tasks, self.jobs
+        for task_id in task_ids:
+            rec = tasks[task_id]
+            rec.completions += 1
+            rec.finished_at = now
+            job = jobs[rec.job_id]
+            job.finished_tasks += 1
+            if job.finished_tasks == job.num_tasks:
+                job.finished_at = now
+        self.finished_count += len(task_ids)
+
+    def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
+        self.tasks[task.task_id].failed_reason = reason
+
+    def mark_stranded(self, task_ids: Sequence[str], reason: str) -> None:
+        """Tasks the run ended without placing: reported failed with `reason`, never silently dropped."""
+        for task_id in task_ids:
+            self.tasks[task_id].failed_reason = reason

@@ -1,0 +1,150 @@
+"""The LM core as plan applier: validation, repartition carving and return, inconsistencies, deltas,
+rescheduling, and the race of two GMs for the last fitting node."""
+
+from __future__ import annotations
+
+from corekit import CAP, Net, cluster, job, task
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import (
+    Completions,
+    Delta,
+    DeltaTick,
+    FinishedTask,
+    LaunchBatch,
+    LaunchResponse,
+    Placement,
+    WorkerLaunch,
+    WorkerReport,
+)
+
+HALF = (CAP[0] // 2, CAP[1] // 4)
+
+
+def test_repartition_carves_exactly_the_request_into_a_logical_node_and_returns_it() -> None:
+    spec = cluster([[[[]], [[]]]])  # one LM; node 0 is GM 0's, node 1 is GM 1's
+    lm = LocalMaster(0, spec)
+    t = task("j.0", request=HALF)
+    out = lm.handle(LaunchBatch(gm=1, lm=0, seq=1, placements=[Placement(t, 0, 0, True)]), 0.0)
+    resp = out[0].msg
+    assert isinstance(resp, LaunchResponse) and [p.task.task_id for p in resp.accepted] == ["j.0"]
+    assert lm.free[0] == (CAP[0] - HALF[0], CAP[1] - HALF[1])
+    (logical,) = lm.logical_nodes.values()
+    assert (logical.node, logical.gm, logical.resources, logical.task_id) == (0, 1, HALF, "j.0")
+    assert isinstance(out[1].msg, WorkerLaunch)
+    lm.handle(WorkerReport(0, [FinishedTask("j.0", 0)]), 1.0)
+    assert lm.logical_nodes == {} and lm.free[0] == CAP and lm.is_idle()
+
+
+def test_lm_never_overcommits_and_counts_the_inconsistency() -> None:
+    spec = cluster([[[[]]]])
+    lm = LocalMaster(0, spec)
+    a, b, c = task("a.0", request=HALF), task("b.0", request=HALF), task("c.0", request=HALF)
+    resp = lm.handle(LaunchBatch(0, 0, 1, [Placement(a, 0, 0, False), Placement(b, 0, 0, False)]), 0.0)[0].msg
+    assert len(resp.accepted) == 2 and lm.free[0] == (0, CAP[1] - 2 * HALF[1])
+    resp = lm.handle(LaunchBatch(0, 0, 2, [Placement(c, 0, 0, False)]), 0.0)[0].msg
+    (rejection,) = resp.rejected
+    assert rejection.inconsistency and "cpu_millicores=0" in rejection.reason
+    assert resp.states[0].free == lm.free[0]
+    assert lm.inconsistencies == 1
+
+
+def test_malformed_placements_are_rejected_but_are_not_inconsistencies() -> None:
+    spec = cluster([[[[1]], [[]]]])
+    lm = LocalMaster(0, spec)
+    bad = [
+        Placement(task("a.0", [2]), 0, 0, False),  # node lacks constraint 2
+        Placement(task("b.0"), 0, 1, False),  # node 1 is GM 1's: must be a repartition
+        Placement(task("c.0"), 0, 9, False),  # no such node
+    ]
+    resp = lm.handle(LaunchBatch(0, 0, 1, bad), 0.0)[0].msg
+    reasons = [r.reason for r in resp.rejected]
+    assert not any(r.inconsistency for r in resp.rejected) and lm.inconsistencies == 0
+    assert "lacks placement constraints [2]" in reasons[0]
+    assert "repartition flag" in reasons[1]
+    assert "has no node 9" in reasons[2]
+    assert lm.is_idle()
+
+
+def test_repeated_launch_of_a_running_task_is_idempotent() -> None:
+    spec = cluster([[[[]]]])
+    lm = LocalMaster(0, spec)
+    p = Placement(task("a.0", request=HALF), 0, 0, False)
+    lm.handle(LaunchBatch(0, 0, 1, [p]), 0.0)
+    out = lm.handle(LaunchBatch(0, 0, 1, [p]), 0.0)
+    assert len(out) == 1 and out[0].msg.accepted == [p]  # accepted again, not launched twice
+    assert lm.free[0] == (CAP[0] - HALF[0], CAP[1] - HALF[1])
+
+
+def test_deltas_carry_only_changes_by_other_gms_and_own_completions_come_by_message() -> None:
+    spec = cluster([[[[]], [[]]]])
+    lm = LocalMaster(0, spec)
+    t = task("a.0", request=HALF)
+    resp = lm.handle(LaunchBatch(0, 0, 1, [Placement(t, 0, 0, False)]), 0.0)[0].msg
+    assert resp.delta.nodes == []  # GM 0 made this change itself
+    deltas = {s.msg.gm: s.msg for s in lm.handle(DeltaTick(), 1.0) if isinstance(s.msg, Delta)}
+    assert set(deltas) == {1}
+    assert [(n.node, n.free) for n in deltas[1].nodes] == [(0, lm.free[0])]
+    assert lm.handle(DeltaTick(), 2.0)[:-1] == []  # nothing changed since: no delta at all
+    out = lm.handle(WorkerReport(0, [FinishedTask("a.0", 0)]), 3.0)
+    (completions,) = (s.msg for s in out)
+    assert isinstance(completions, Completions) and completions.gm == 0
+    assert [(c.task_id, c.state.free) for c in completions.items] == [("a.0", CAP)]
+    deltas = {s.msg.gm: s.msg for s in lm.handle(DeltaTick(), 4.0) if isinstance(s.msg, Delta)}
+    assert set(deltas) == {1} and deltas[1].nodes[0].free == CAP
+
+
+def test_two_gms_race_for_the_last_fitting_node_exactly_one_wins_the_other_waits_then_runs() -> None:
+    # Node 0 (GM 0's) and node 1 (GM 1's) both have constraint 5; node 2 (GM 1's) has it too but GM 1's view is
+    # made stale so that both GMs pick node 0 first.
+    spec = cluster([[[[5]], [[5], [5]]]])
+    net = Net.build(spec)
+    gm0, gm1 = net.gms
+    net.post(gm0.submit(job("a", task("a.0", [5])), 0.0))
+    # GM 1 believes its own nodes are busy (stale view), so it repartitions onto node 0.
+    for i in (0, 1):
+        gm1.views[0][1].set_free(i, (0, 0))
+    net.post(gm1.submit(job("b", task("b.0", [5])), 0.0))
+    b0 = net.inbox[0].msg.placements[0]
+    b1 = net.inbox[1].msg.placements[0]
+    assert (b0.node, b0.repartition) == (0, False) and (b1.node, b1.repartition) == (0, True)
+    net.deliver(0)  # GM 0's launch reaches the LM first and wins
+    net.deliver(0)  # GM 1's launch is rejected with the LM's state
+    resp = net.take("gm/1", LaunchResponse)
+    assert resp.accepted == [] and resp.rejected[0].inconsistency
+    net.post(gm1.handle(resp, 0.001))  # GM 1 learns node 0 is full; its view of nodes 1-2 is still stale
+    assert gm1.inconsistencies == 1 and [t.task_id for t in gm1.waiting] == ["b.0"]
+    net.run()
+    # Completions and deltas eventually free GM 1's view, and b.0 runs exactly once.
+    assert net.lms[0].inconsistencies == 1
+    net.post(net.lms[0].handle(DeltaTick(), 5.0))
+    net.run()
+    assert net.lms[0].is_idle() and not gm1.waiting and not gm1.running
+    assert net.lms[0].launched == 2  # both tasks ran, each once
+
+
+def test_loser_of_a_race_with_another_free_node_is_placed_there_at_once() -> None:
+    spec = cluster([[[[5]], [[]]], [[[5]], [[]]]])  # constraint 5 on GM 0's node of each LM
+    net = Net.build(spec)
+    gm0, gm1 = net.gms
+    net.post(gm0.submit(job("a", task("a.0", [5])), 0.0))  # GM 0 takes LM 0's node 0
+    first = net.inbox[0].msg.placements[0]
+    assert (first.lm, first.node) == (0, 0)
+    net.post(gm1.submit(job("b", task("b.0", [5])), 0.0))  # GM 1 also aims at LM 0, node 0
+    assert net.inbox[1].msg.placements[0].lm == 0
+    net.deliver(0)
+    net.deliver(0)  # rejected
+    net.deliver(net.inbox.index(next(m for m in net.inbox if m.dest == "gm/1")))
+    retry = next(m.msg for m in net.inbox if isinstance(m.msg, LaunchBatch) and m.msg.gm == 1)
+    assert (retry.lm, retry.placements[0].node, retry.placements[0].repartition) == (1, 0, True)
+    net.run()
+    assert all(lm.is_idle() for lm in net.lms) and gm1.inconsistencies == 1
+
+
+def test_task_that_fits_nowhere_waits_and_is_rescheduled_when_resources_free() -> None:
+    spec = cluster([[[[]]]])
+    net = Net.build(spec)
+    gm = net.gms[0]
+    net.post(gm.submit(job("a", task("a.0", duration=2.0), task("a.1", duration=1.0)), 0.0))
+    assert [t.task_id for t in gm.waiting] == ["a.1"] and gm.reschedules == 1
+    net.run()  # a.0 finishes; its completion frees the node; a.1 is retried and runs
+    assert not gm.waiting and net.lms[0].launched == 2 and net.lms[0].is_idle()
