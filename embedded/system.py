@@ -94,4 +94,4 @@ class EmbeddedSystem:
 
     def stranded_tasks(self) -> list[str]:
         """Task ids still held by a GM when the run ended (none in a healthy run)."""
-        return [t.task_id for gm in self.gms for t in (*gm.queue, *gm.waiting)]
+        return [t.task_id for gm in self.gms for t in (*gm.queue, *gm.waiting_tasks())]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
+
 from megha.loadgen.records import JobRecord, TaskRecord
 
 #: Percentiles in a Summary: median, p90, p99 and p99.99.

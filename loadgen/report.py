@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from megha.loadgen.metrics import COMPONENTS, RunMetrics, Summary
 from megha.loadgen.records import JobRecord, TaskRecord
 

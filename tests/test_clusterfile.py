@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from megha.common.clusterfile import (
     DEFAULT_NODE_CAPACITY,
     PROTOTYPE_NODE_CAPACITY,

@@ -3,7 +3,6 @@ rescheduling, and the race of two GMs for the last fitting node."""
 
 from __future__ import annotations
 
-from corekit import CAP, Net, cluster, job, task
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
     Completions,
@@ -16,6 +15,8 @@ from megha.common.core.messages import (
     WorkerLaunch,
     WorkerReport,
 )
+
+from corekit import CAP, Net, cluster, job, task
 
 HALF = (CAP[0] // 2, CAP[1] // 4)
 
@@ -112,7 +113,7 @@ def test_two_gms_race_for_the_last_fitting_node_exactly_one_wins_the_other_waits
     resp = net.take("gm/1", LaunchResponse)
     assert resp.accepted == [] and resp.rejected[0].inconsistency
     net.post(gm1.handle(resp, 0.001))  # GM 1 learns node 0 is full; its view of nodes 1-2 is still stale
-    assert gm1.inconsistencies == 1 and [t.task_id for t in gm1.waiting] == ["b.0"]
+    assert gm1.inconsistencies == 1 and [t.task_id for t in gm1.waiting_tasks()] == ["b.0"]
     net.run()
     # Completions and deltas eventually free GM 1's view, and b.0 runs exactly once.
     assert net.lms[0].inconsistencies == 1
@@ -145,6 +146,6 @@ def test_task_that_fits_nowhere_waits_and_is_rescheduled_when_resources_free() -
     net = Net.build(spec)
     gm = net.gms[0]
     net.post(gm.submit(job("a", task("a.0", duration=2.0), task("a.1", duration=1.0)), 0.0))
-    assert [t.task_id for t in gm.waiting] == ["a.1"] and gm.reschedules == 1
+    assert [t.task_id for t in gm.waiting_tasks()] == ["a.1"] and gm.reschedules == 1
     net.run()  # a.0 finishes; its completion frees the node; a.1 is retried and runs
     assert not gm.waiting and net.lms[0].launched == 2 and net.lms[0].is_idle()

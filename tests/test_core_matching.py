@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from corekit import CAP, cluster, job, task
+
 from megha.common.core.constraints import constraint_ids, constraint_mask, select_bit
 from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import LaunchBatch
@@ -13,6 +13,8 @@ from megha.common.core.placement.choice import MinimumConstraintsChoice, RandomC
 from megha.common.core.placement.feasibility import feasible_nodes
 from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.view import PartitionView
+
+from corekit import CAP, cluster, job, task
 
 
 def test_select_bit_finds_each_set_bit_in_order() -> None:

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+
 from megha.loadgen.metrics import (
     MAX_UTILIZATION_SAMPLES,
     compute_metrics,

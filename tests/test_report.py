@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.records import JobRecord, TaskRecord
 from megha.loadgen.report import format_seconds, format_table, write_outputs

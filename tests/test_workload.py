@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from megha.common.clusterfile import DEFAULT_NODE_CAPACITY, PROTOTYPE_NODE_CAPACITY
 from megha.common.constraint_stats import ConstraintStats, TaskConstraintSampler, load_constraint_stats
 from megha.common.core.constraints import NUM_CONSTRAINTS

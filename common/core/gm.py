@@ -25,7 +25,7 @@ from megha.common.core.placement.feasibility import ever_feasible_nodes, feasibl
 from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.resources import Resources, describe
 from megha.common.core.task import JobSpec, TaskSpec
-from megha.common.core.view import PartitionView
+from megha.common.core.view import PartitionView, covers
 
 
 class Unschedulable(ValueError):
@@ -61,13 +61,17 @@ class GlobalMaster:
         self._known_version: list[list[int]] = [[0] * len(nodes) for nodes in self._locate]
         self._search = PartitionSearch(gm_id, self.views)
         self.queue: deque[TaskSpec] = deque()
-        self.waiting: deque[TaskSpec] = deque()
+        # Tasks that fit nowhere in the view, parked by shape (constraints, request) in the order shapes first
+        # failed; a shape is retried only when a node it could use frees up in the view.
+        self.waiting: dict[tuple[int, Resources], deque[TaskSpec]] = {}
         self._next_seq = [0] * cluster.num_lms
         self._outstanding: list[dict[int, list[Placement]]] = [{} for _ in range(cluster.num_lms)]
         self._inflight: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
         self.running: dict[str, Placement] = {}
+        self._awaiting_response: set[str] = set()
+        self._finished_early: set[str] = set()
         self._schedulable: dict[tuple[int, Resources], str | None] = {}
-        self._view_grew = False
+        self._grown: list[tuple[int, int]] = []
         self.repartitions = 0
         self.inconsistencies = 0
         self.reschedules = 0
@@ -95,10 +99,6 @@ class GlobalMaster:
             self._apply_delta(msg)
         else:
             raise TypeError(f"GM cannot handle {type(msg).__name__}")
-        if self._view_grew:
-            self._view_grew = False
-            self.queue.extend(self.waiting)
-            self.waiting.clear()
         return self._drain(now)
 
     # ------------------------------------------------------------- admission
@@ -140,31 +140,69 @@ class GlobalMaster:
         return None
 
     def _drain(self, now: float) -> list[Output]:
-        """Try every queued task once; batch the placements per LM; park what fits nowhere."""
-        if not self.queue:
-            return []
+        """Retry parked tasks that a freed node could take, then try every queued task once; batch the
+        placements per LM; park what fits nowhere."""
         batches: dict[int, list[Placement]] = {}
-        failed: set[tuple[int, Resources]] = set()
+        if self._grown:
+            grown, self._grown = self._grown, []
+            if self.waiting:
+                self._retry_waiting(grown, now, batches)
         observer = self.observer
+        waiting = self.waiting
         while self.queue:
             task = self.queue.popleft()
-            observer.attempt(task, now)
             shape = (task.constraints, task.request)
-            placement = None if shape in failed else self._match(task)
-            if placement is None:
-                failed.add(shape)
-                self.waiting.append(task)
+            parked = waiting.get(shape)
+            if parked is not None:
+                # The view cannot place this shape (it failed and no node it could use has freed since);
+                # queue behind the older tasks of the same shape.
+                parked.append(task)
                 self.reschedules += 1
                 observer.rescheduled(task, now)
                 continue
-            view, i = self._locate[placement.lm][placement.node]
-            free = view.free[i]
-            view.set_free(i, tuple(f - r for f, r in zip(free, task.request)))
-            batch = batches.get(placement.lm)
-            if batch is None:
-                batches[placement.lm] = [placement]
-            else:
-                batch.append(placement)
+            observer.attempt(task, now)
+            if not self._place(task, batches):
+                waiting[shape] = deque((task,))
+                self.reschedules += 1
+                observer.rescheduled(task, now)
+        return self._flush(batches, now)
+
+    def _retry_waiting(self, grown: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]]) -> None:
+        """For each node whose free resources grew, retry (oldest first) the parked shapes it could run."""
+        waiting = self.waiting
+        for lm, node in grown:
+            view, i = self._locate[lm][node]
+            for shape in list(waiting):
+                mask, request = shape
+                if mask & ~view.masks[i] or not covers(view.free[i], request):
+                    continue
+                parked = waiting[shape]
+                while parked:
+                    self.observer.attempt(parked[0], now)
+                    if not self._place(parked[0], batches):
+                        break
+                    parked.popleft()
+                if not parked:
+                    del waiting[shape]
+                if not waiting:
+                    return
+
+    def _place(self, task: TaskSpec, batches: dict[int, list[Placement]]) -> bool:
+        """Match `task`; on success deduct it from the view and add it to its LM's batch."""
+        placement = self._match(task)
+        if placement is None:
+            return False
+        view, i = self._locate[placement.lm][placement.node]
+        view.set_free(i, tuple(f - r for f, r in zip(view.free[i], task.request)))
+        batch = batches.get(placement.lm)
+        if batch is None:
+            batches[placement.lm] = [placement]
+        else:
+            batch.append(placement)
+        return True
+
+    def _flush(self, batches: dict[int, list[Placement]], now: float) -> list[Output]:
+        """One LaunchBatch per LM, remembered until its response arrives."""
         outputs: list[Output] = []
         for lm, placements in batches.items():
             seq = self._next_seq[lm] = self._next_seq[lm] + 1
@@ -172,9 +210,14 @@ class GlobalMaster:
             inflight = self._inflight[lm]
             for p in placements:
                 inflight.setdefault(p.node, []).append((seq, p.task.request))
-            observer.decided(placements, now)
+                self._awaiting_response.add(p.task.task_id)
+            self.observer.decided(placements, now)
             outputs.append(Send(lm_address(lm), LaunchBatch(self.gm_id, lm, seq, placements)))
         return outputs
+
+    def waiting_tasks(self) -> list[TaskSpec]:
+        """Parked tasks, shape by shape."""
+        return [t for parked in self.waiting.values() for t in parked]
 
     # ------------------------------------------------------------ view upkeep
 
@@ -190,8 +233,14 @@ class GlobalMaster:
                 del inflight[p.node]
         self._apply_states(resp.lm, resp.states, resp.delta.applied_through)
         self._apply_delta(resp.delta)
+        awaiting = self._awaiting_response
+        for p in placements:
+            awaiting.discard(p.task.task_id)
         for p in resp.accepted:
-            self.running[p.task.task_id] = p
+            if p.task.task_id in self._finished_early:
+                self._finished_early.discard(p.task.task_id)
+            else:
+                self.running[p.task.task_id] = p
             if p.repartition:
                 self.repartitions += 1
         retry: list[TaskSpec] = []
@@ -205,11 +254,12 @@ class GlobalMaster:
         self.queue.extendleft(reversed(retry))
 
     def _on_completions(self, msg: Completions) -> None:
-        states = []
+        """Node states are absolute and versioned, so applying them is always safe; a completion that overtakes
+        its own launch response is remembered so the task is not then counted as running."""
         for item in msg.items:
-            if self.running.pop(item.task_id, None) is not None:  # each completion is applied exactly once
-                states.append(item.state)
-        self._apply_states(msg.lm, states, msg.applied_through)
+            if self.running.pop(item.task_id, None) is None and item.task_id in self._awaiting_response:
+                self._finished_early.add(item.task_id)
+        self._apply_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
 
     def _apply_delta(self, delta: Delta) -> None:
         self._apply_states(delta.lm, delta.nodes, delta.applied_through)
@@ -220,7 +270,7 @@ class GlobalMaster:
         known = self._known_version[lm]
         locate = self._locate[lm]
         inflight = self._inflight[lm]
-        grew = False
+        grown = self._grown
         for state in states:
             node = state.node
             if state.version <= known[node]:
@@ -234,14 +284,11 @@ class GlobalMaster:
             view, i = locate[node]
             old = view.free[i]
             if free != old:
-                if not grew:
-                    for f, o in zip(free, old):
-                        if f > o:
-                            grew = True
-                            break
+                for f, o in zip(free, old):
+                    if f > o:
+                        grown.append((lm, node))
+                        break
                 view.set_free(i, free)
-        if grew:
-            self._view_grew = True
 
     # ---------------------------------------------------------------- queries
 
@@ -250,7 +297,7 @@ class GlobalMaster:
         return {
             "gm": self.gm_id,
             "queued": len(self.queue),
-            "waiting": len(self.waiting),
+            "waiting": sum(len(parked) for parked in self.waiting.values()),
             "running": len(self.running),
             "repartitions": self.repartitions,
             "inconsistencies": self.inconsistencies,

@@ -1,0 +1,135 @@
+"""Trace replay in embedded mode: build the cluster and workload, run the system, and measure the run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from megha.common.clusterfile import generate_cluster, load_cluster
+from megha.common.core.cluster import ClusterSpec
+from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
+from megha.loadgen.metrics import RunMetrics, compute_metrics
+from megha.loadgen.recorder import Recorder
+from megha.loadgen.trace import resolve_trace
+from megha.loadgen.workload import WorkloadConfig, build_workload
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_CLUSTER = REPO_ROOT.parent / "shared" / "constraints" / "reference-cluster-10000-nodes.json"
+STRANDED = "still queued at its GM when the system went idle (no node its view shows could take it)"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """One replay. `cluster` is "generate", "reference" (the published 10,000-node cluster) or a file path."""
+
+    trace: str = "syn:250:200"
+    first_jobs: int | None = None
+    time_scale: float = 1.0
+    cluster: str = "generate"
+    lms: int = 5
+    gms: int = 5
+    workers_per_partition: int = 400
+    node_cpu_millicores: int = 64000
+    node_memory_mb: int = 16384
+    mode: Literal["slot", "scaled"] = "slot"
+    matching: str = "random"
+    hop_delay: float = 0.0005
+    delta_interval: float = 1.0
+    seed: int = 0
+    users: int = 1
+    realtime: bool = False
+
+    @property
+    def node_capacity(self) -> tuple[int, int]:
+        return (self.node_cpu_millicores, self.node_memory_mb)
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    config: ReplayConfig
+    cluster: ClusterSpec
+    system: EmbeddedSystem
+    recorder: Recorder
+    metrics: RunMetrics
+    wall_seconds: float
+
+
+def build_cluster(config: ReplayConfig) -> ClusterSpec:
+    """The data centre a replay runs on."""
+    if config.cluster == "generate":
+        return generate_cluster(config.lms, config.gms, config.workers_per_partition, config.node_capacity, config.seed)
+    path = REFERENCE_CLUSTER if config.cluster == "reference" else Path(config.cluster)
+    if not path.exists():
+        hint = (
+            " (the reference cluster lives in ../shared/constraints; pass its path)"
+            if config.cluster == "reference"
+            else ""
+        )
+        raise FileNotFoundError(f"cluster file {path} not found{hint}")
+    return load_cluster(path, config.node_capacity)
+
+
+def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) -> ReplayResult:
+    """Replay `config.trace` through the embedded system and measure it."""
+    cluster = build_cluster(config)
+    trace_jobs = resolve_trace(config.trace, config.first_jobs, config.time_scale)
+    workload = build_workload(
+        trace_jobs,
+        WorkloadConfig(config.mode, config.seed, cluster.num_gms, config.node_capacity, config.users),
+    )
+    recorder = Recorder()
+    system = EmbeddedSystem(
+        cluster,
+        EmbeddedConfig(config.matching, config.hop_delay, config.delta_interval, config.seed, config.realtime),
+        recorder,
+    )
+    for gm, job in workload:
+        recorder.expect(gm, job)
+        system.submit(gm, job)
+    total = len(recorder.tasks)
+    if progress is not None:
+        progress(
+            f"replaying {len(workload)} jobs ({total} tasks) on {cluster.num_nodes} nodes "
+            f"({cluster.num_lms} LMs x {cluster.num_gms} GMs), {config.mode} mode, {config.matching} matching"
+        )
+    start = time.perf_counter()
+    system.run(_progress_printer(recorder, total, start, progress) if progress is not None else None)
+    wall = time.perf_counter() - start
+    recorder.mark_stranded(system.stranded_tasks(), STRANDED)
+    metrics = compute_metrics(
+        list(recorder.tasks.values()),
+        list(recorder.jobs.values()),
+        cluster.total_capacity(),
+        cluster.resource_names,
+        wall,
+    )
+    return ReplayResult(config, cluster, system, recorder, metrics, wall)
+
+
+def _progress_printer(
+    recorder: Recorder, total: int, start: float, progress: Callable[[str], None], every: float = 2.0
+) -> Callable[[float], None]:
+    """An event hook that reports progress at most every `every` wall seconds."""
+    state = {"next": start + every, "events": 0}
+
+    def on_event(now: float) -> None:
+        state["events"] += 1
+        if state["events"] & 1023:
+            return
+        wall = time.perf_counter()
+        if wall >= state["next"]:
+            state["next"] = wall + every
+            done = recorder.finished_count
+            progress(
+                f"  t={now:,.1f}s simulated  {done}/{total} tasks finished ({100 * done / max(total, 1):.1f}%)  "
+                f"{wall - start:,.1f}s wall"
+            )
+
+    return on_event
+
+
+def config_dict(config: ReplayConfig) -> dict[str, object]:
+    return asdict(config)

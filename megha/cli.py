@@ -1,0 +1,185 @@
+"""The `megha` command line: `megha replay` replays a trace through the embedded system and prints the report."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+from megha.common.core.placement.choice import CHOICE_POLICIES
+
+REPLAY_EXAMPLES = """\
+examples:
+  megha replay                                   # 200 jobs of syn_250 on a generated 10,000-node cluster
+  megha replay --trace ../shared/traces/syn_250.0.tr --first-jobs 200 --cluster reference
+  megha replay --trace demo --mode scaled --lms 2 --gms 2 --workers-per-partition 20 --node-cpu 2000 --node-mem 4096
+  megha replay --trace syn:500:100 --matching min-constraints --out out/syn500
+"""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megha", description="Megha: a federated scheduler for data centres.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser(
+        "replay",
+        help="replay a trace through GMs, LMs and workers in one process (no broker, no network)",
+        description="Replay a job trace through the embedded Megha system (GMs, LMs and simulated workers joined "
+        "by an in-memory transport on a virtual clock) and report allocation time, JRT delay and utilization.",
+        epilog=REPLAY_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    w = r.add_argument_group("workload")
+    w.add_argument(
+        "--trace",
+        default="syn:250:200",
+        help="a .tr file, 'demo' (100 jobs of the Google sub-trace, shipped), or syn:<tasks>:<jobs> "
+        "(one job a second of <tasks> 1-second tasks) (default: %(default)s)",
+    )
+    w.add_argument("--first-jobs", type=_positive_int, default=None, help="replay only the first N jobs")
+    w.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="multiply arrival times and durations by this factor (default: %(default)s)",
+    )
+    w.add_argument(
+        "--mode",
+        choices=("slot", "scaled"),
+        default="slot",
+        help="slot: each task holds a whole worker (constraint-aware study); scaled: Google-like "
+        "requests scaled down 400x CPU / 50x memory (Megha prototype) (default: %(default)s)",
+    )
+    w.add_argument("--users", type=_positive_int, default=1, help="users jobs are spread over (default: %(default)s)")
+    c = r.add_argument_group("data centre")
+    c.add_argument(
+        "--cluster",
+        default="generate",
+        help="'generate', 'reference' (../shared's published 10,000-node cluster) or a cluster JSON "
+        "file (default: %(default)s)",
+    )
+    c.add_argument("--lms", type=_positive_int, default=5, help="LMs when generating (default: %(default)s)")
+    c.add_argument("--gms", type=_positive_int, default=5, help="GMs when generating (default: %(default)s)")
+    c.add_argument(
+        "--workers-per-partition",
+        type=_positive_int,
+        default=400,
+        help="workers in each LM partition when generating (default: %(default)s)",
+    )
+    c.add_argument("--node-cpu", type=_positive_int, default=64000, help="node CPU, millicores (default: %(default)s)")
+    c.add_argument("--node-mem", type=_positive_int, default=16384, help="node memory, MB (default: %(default)s)")
+    s = r.add_argument_group("scheduler")
+    s.add_argument(
+        "--matching",
+        choices=sorted(CHOICE_POLICIES),
+        default="random",
+        help="how a GM picks among suitable nodes (default: %(default)s)",
+    )
+    s.add_argument(
+        "--hop-delay",
+        type=_non_negative_float,
+        default=0.0005,
+        help="network delay per message hop, seconds (default: %(default)s)",
+    )
+    s.add_argument(
+        "--delta-interval",
+        type=_positive_float,
+        default=1.0,
+        help="period of LM delta updates to each GM, seconds (default: %(default)s)",
+    )
+    s.add_argument("--seed", type=int, default=0, help="seed for cluster, constraints and choices (default: 0)")
+    s.add_argument("--realtime", action="store_true", help="run on the wall clock instead of the virtual clock")
+    o = r.add_argument_group("output")
+    o.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out/replay"),
+        help="directory for tasks.csv, jobs.csv, summary.json, utilization.csv, cdf.png (default: %(default)s)",
+    )
+    o.add_argument("--no-files", action="store_true", help="print the report only")
+    o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return parser
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from megha.loadgen.replay import ReplayConfig, config_dict, replay
+    from megha.loadgen.report import format_table, write_outputs
+    from megha.loadgen.trace import demo_trace_path
+
+    config = ReplayConfig(
+        trace=str(demo_trace_path()) if args.trace == "demo" else args.trace,
+        first_jobs=args.first_jobs,
+        time_scale=args.time_scale,
+        cluster=args.cluster,
+        lms=args.lms,
+        gms=args.gms,
+        workers_per_partition=args.workers_per_partition,
+        node_cpu_millicores=args.node_cpu,
+        node_memory_mb=args.node_mem,
+        mode=args.mode,
+        matching=args.matching,
+        hop_delay=args.hop_delay,
+        delta_interval=args.delta_interval,
+        seed=args.seed,
+        users=args.users,
+        realtime=args.realtime,
+    )
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = replay(config, None if args.quiet else progress)
+    title = f"Megha replay of {args.trace} ({config.matching} matching, {config.mode} mode)"
+    print(format_table(result.metrics, title))
+    if not args.no_files:
+        extra = {
+            "config": config_dict(config),
+            "command": " ".join(["megha", *sys.argv[1:]]),
+            "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        }
+        paths = write_outputs(
+            result.metrics,
+            list(result.recorder.tasks.values()),
+            list(result.recorder.jobs.values()),
+            args.out,
+            title,
+            extra,
+        )
+        print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    return 1 if result.metrics.not_exactly_once else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "replay":
+            return _replay(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"megha {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

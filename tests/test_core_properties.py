@@ -1,0 +1,125 @@
+"""Property tests: under any interleaving of GM decisions and message deliveries, no LM over-commits a node,
+every accepted task completes exactly once, and the data centre ends with all resources free."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megha.common.core.cluster import ClusterSpec, PartitionSpec
+from megha.common.core.gm import GlobalMaster, Unschedulable
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import DeltaTick, Send, WorkerReport
+from megha.common.core.observer import CoreObserver
+from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.core.worker import SimulatedExecution
+
+from corekit import Net
+
+CAPACITY = (4, 4)
+
+
+class Finishes(CoreObserver):
+    def __init__(self) -> None:
+        self.count: Counter[str] = Counter()
+
+    def finished(self, task_ids, now):  # type: ignore[no-untyped-def]
+        self.count.update(task_ids)
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> ClusterSpec:
+    lms = draw(st.integers(1, 2))
+    gms = draw(st.integers(1, 3))
+    rows = []
+    for lm in range(lms):
+        row = []
+        for gm in range(gms):
+            n = draw(st.integers(1, 3))
+            masks = tuple(draw(st.integers(0, 7)) for _ in range(n))
+            row.append(PartitionSpec(lm, gm, (CAPACITY,) * n, masks))
+        rows.append(tuple(row))
+    return ClusterSpec(tuple(rows))
+
+
+@st.composite
+def jobs(draw: st.DrawFn, num_gms: int) -> list[tuple[int, JobSpec]]:
+    out = []
+    for j in range(draw(st.integers(1, 6))):
+        tasks = tuple(
+            TaskSpec(
+                f"j{j}.{i}",
+                f"j{j}",
+                "u",
+                1.0,
+                (draw(st.integers(1, 4)), draw(st.integers(1, 4))),
+                draw(st.integers(0, 7)),
+            )
+            for i in range(draw(st.integers(1, 4)))
+        )
+        out.append((draw(st.integers(0, num_gms - 1)), JobSpec(f"j{j}", tasks, 0.0)))
+    return out
+
+
+def assert_never_overcommitted(lm: LocalMaster) -> None:
+    used = [[0] * len(CAPACITY) for _ in lm.capacity]
+    for alloc in lm.running.values():
+        for k, amount in enumerate(alloc.placement.task.request):
+            used[alloc.placement.node][k] += amount
+    for n, cap in enumerate(lm.capacity):
+        assert all(f >= 0 for f in lm.free[n]), f"LM {lm.lm_id} node {n} over-committed: free {lm.free[n]}"
+        assert tuple(f + u for f, u in zip(lm.free[n], used[n])) == cap
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
+    spec = data.draw(clusters())
+    finishes = Finishes()
+    net = Net(
+        [GlobalMaster(g, spec, seed=g, observer=finishes) for g in range(spec.num_gms)],
+        [LocalMaster(lm, spec) for lm in range(spec.num_lms)],
+        [SimulatedExecution(lm, finishes) for lm in range(spec.num_lms)],
+    )
+    accepted: set[str] = set()
+    pending = data.draw(jobs(spec.num_gms))
+    stalled_rounds = 0
+    step = 0
+    while pending or net.inbox or net.timers or any(gm.waiting or gm.queue for gm in net.gms):
+        step += 1
+        net.now = step * 1e-3
+        choices = ["submit"] * bool(pending) + ["deliver"] * bool(net.inbox) + ["finish"] * bool(net.timers)
+        if not choices:
+            # Only parked tasks remain: periodic deltas must eventually let them run.
+            assert stalled_rounds < 3, f"tasks stuck: {[t.task_id for gm in net.gms for t in gm.waiting_tasks()]}"
+            stalled_rounds += 1
+            for lm in net.lms:
+                net.post([o for o in lm.handle(DeltaTick(), net.now) if isinstance(o, Send)])
+            continue
+        stalled_rounds = 0
+        action = data.draw(st.sampled_from(choices))
+        if action == "submit":
+            gm, job = pending.pop(data.draw(st.integers(0, len(pending) - 1)))
+            try:
+                net.post(net.gms[gm].submit(job, net.now))
+                accepted.update(t.task_id for t in job.tasks)
+            except Unschedulable:
+                pass
+        elif action == "deliver":
+            index = data.draw(st.integers(0, len(net.inbox) - 1))
+            msg = net.deliver(index)
+            if isinstance(msg.msg, WorkerReport) and data.draw(st.booleans()):
+                net.inbox.append(msg)  # a duplicated report must not free resources twice
+        else:
+            wake = net.timers.pop(data.draw(st.integers(0, len(net.timers) - 1)))
+            net.post(net.endpoint(wake.dest).handle(wake.msg, net.now))
+        for lm in net.lms:
+            assert_never_overcommitted(lm)
+    assert set(finishes.count) == accepted
+    assert all(n == 1 for n in finishes.count.values()), finishes.count
+    for lm in net.lms:
+        assert lm.is_idle(), f"LM {lm.lm_id} ends with free {lm.free} of {lm.capacity}"
+    for gm in net.gms:
+        assert not gm.running and not gm.waiting
