@@ -12,6 +12,7 @@ from megha.common.core.messages import (
     LaunchBatch,
     LaunchResponse,
     Placement,
+    Wake,
     WorkerLaunch,
     WorkerReport,
 )
@@ -80,14 +81,17 @@ def test_deltas_carry_only_changes_by_other_gms_and_own_completions_come_by_mess
     spec = cluster([[[[]], [[]]]])
     lm = LocalMaster(0, spec)
     t = task("a.0", request=HALF)
-    resp = lm.handle(LaunchBatch(0, 0, 1, [Placement(t, 0, 0, False)]), 0.0)[0].msg
+    out = lm.handle(LaunchBatch(0, 0, 1, [Placement(t, 0, 0, False)]), 0.25)
+    resp = out[0].msg
     assert resp.delta.nodes == []  # GM 0 made this change itself
+    (timer,) = [o for o in out if isinstance(o, Wake)]
+    assert isinstance(timer.msg, DeltaTick) and timer.at == 1.0  # the change arms the next periodic delta
     deltas = {s.msg.gm: s.msg for s in lm.handle(DeltaTick(), 1.0) if isinstance(s.msg, Delta)}
     assert set(deltas) == {1}
     assert [(n.node, n.free) for n in deltas[1].nodes] == [(0, lm.free[0])]
-    assert lm.handle(DeltaTick(), 2.0)[:-1] == []  # nothing changed since: no delta at all
+    assert lm.handle(DeltaTick(), 2.0) == []  # nothing changed since: no delta at all
     out = lm.handle(WorkerReport(0, [FinishedTask("a.0", 0)]), 3.0)
-    (completions,) = (s.msg for s in out)
+    (completions,) = (s.msg for s in out if not isinstance(s, Wake))
     assert isinstance(completions, Completions) and completions.gm == 0
     assert [(c.task_id, c.state.free) for c in completions.items] == [("a.0", CAP)]
     deltas = {s.msg.gm: s.msg for s in lm.handle(DeltaTick(), 4.0) if isinstance(s.msg, Delta)}

@@ -64,6 +64,7 @@ class GlobalMaster:
         # Tasks that fit nowhere in the view, parked by shape (constraints, request) in the order shapes first
         # failed; a shape is retried only when a node it could use frees up in the view.
         self.waiting: dict[tuple[int, Resources], deque[TaskSpec]] = {}
+        self._parked_requests: dict[Resources, int] = {}  # request -> parked shapes with that request
         self._next_seq = [0] * cluster.num_lms
         self._outstanding: list[dict[int, list[Placement]]] = [{} for _ in range(cluster.num_lms)]
         self._inflight: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
@@ -162,30 +163,53 @@ class GlobalMaster:
                 continue
             observer.attempt(task, now)
             if not self._place(task, batches):
-                waiting[shape] = deque((task,))
+                self._park_shape(shape, task)
                 self.reschedules += 1
                 observer.rescheduled(task, now)
         return self._flush(batches, now)
 
     def _retry_waiting(self, grown: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]]) -> None:
-        """For each node whose free resources grew, retry (oldest first) the parked shapes it could run."""
+        """For each node whose free resources grew, retry (oldest shape first) the parked shapes it could run,
+        until the node cannot take any parked request any more."""
         waiting = self.waiting
+        requests = self._parked_requests
         for lm, node in grown:
             view, i = self._locate[lm][node]
-            for shape in list(waiting):
+            if not any(covers(view.free[i], r) for r in requests):
+                continue
+            node_mask = view.masks[i]
+            emptied = []
+            for shape, parked in waiting.items():
                 mask, request = shape
-                if mask & ~view.masks[i] or not covers(view.free[i], request):
+                if mask & ~node_mask or not covers(view.free[i], request):
                     continue
-                parked = waiting[shape]
+                placed = False
                 while parked:
                     self.observer.attempt(parked[0], now)
                     if not self._place(parked[0], batches):
                         break
                     parked.popleft()
+                    placed = True
                 if not parked:
-                    del waiting[shape]
-                if not waiting:
-                    return
+                    emptied.append(shape)
+                if placed and not any(covers(view.free[i], r) for r in requests):
+                    break
+            for shape in emptied:
+                del waiting[shape]
+                self._unpark_shape(shape)
+            if not waiting:
+                return
+
+    def _park_shape(self, shape: tuple[int, Resources], task: TaskSpec) -> None:
+        self.waiting[shape] = deque((task,))
+        self._parked_requests[shape[1]] = self._parked_requests.get(shape[1], 0) + 1
+
+    def _unpark_shape(self, shape: tuple[int, Resources]) -> None:
+        count = self._parked_requests[shape[1]] - 1
+        if count:
+            self._parked_requests[shape[1]] = count
+        else:
+            del self._parked_requests[shape[1]]
 
     def _place(self, task: TaskSpec, batches: dict[int, list[Placement]]) -> bool:
         """Match `task`; on success deduct it from the view and add it to its LM's batch."""

@@ -3,6 +3,7 @@ placement (the plan applier), repartition into logical nodes, and per-GM delta u
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from megha.common.core.cluster import ClusterSpec
@@ -81,6 +82,7 @@ class LocalMaster:
         self._next_logical = 0
         self._dirty: list[set[int]] = [set() for _ in range(self.num_gms)]
         self._applied_through = [0] * self.num_gms
+        self._tick_armed = False
         self.inconsistencies = 0
         self.repartitions = 0
         self.launched = 0
@@ -89,14 +91,27 @@ class LocalMaster:
         if isinstance(msg, LaunchBatch):
             return self._on_launch(msg, now)
         if isinstance(msg, WorkerReport):
-            return self._on_report(msg)
+            return self._on_report(msg, now)
         if isinstance(msg, DeltaTick):
             return self._on_tick(now)
         raise TypeError(f"LM cannot handle {type(msg).__name__}")
 
     def start(self, now: float) -> list[Output]:
-        """The first timer: periodic delta updates every `delta_interval` seconds."""
-        return [Wake(now + self.delta_interval, lm_address(self.lm_id), DeltaTick())]
+        """Nothing to report yet; the first change arms the periodic delta timer."""
+        return []
+
+    def _arm_tick(self, now: float, out: list[Output]) -> None:
+        """Deltas go out on the next multiple of `delta_interval` after a change; while nothing changes the
+        timer stays off (a simulation of a quiet data centre costs nothing)."""
+        if not self._tick_armed and any(self._dirty):
+            self._tick_armed = True
+            out.append(
+                Wake(
+                    (math.floor(now / self.delta_interval) + 1) * self.delta_interval,
+                    lm_address(self.lm_id),
+                    DeltaTick(),
+                )
+            )
 
     # --------------------------------------------------------------- launches
 
@@ -140,6 +155,7 @@ class LocalMaster:
             self.launched += len(started)
             self.observer.launched(started, now)
             out.append(Send(worker_address(self.lm_id), WorkerLaunch(self.lm_id, started)))
+        self._arm_tick(now, out)
         return out
 
     def _validate(self, p: Placement, gm: int, current: Allocation | None) -> Rejection | None:
@@ -197,7 +213,7 @@ class LocalMaster:
 
     # ------------------------------------------------------------ completions
 
-    def _on_report(self, report: WorkerReport) -> list[Output]:
+    def _on_report(self, report: WorkerReport, now: float) -> list[Output]:
         by_gm: dict[int, list[Completion]] = {}
         for item in report.finished:
             alloc = self.running.pop(item.task_id, None)
@@ -210,10 +226,12 @@ class LocalMaster:
                 del self.logical_nodes[alloc.logical_id]
             completion = Completion(item.task_id, NodeState(n, self.free[n], self.version[n]))
             by_gm.setdefault(alloc.gm, []).append(completion)
-        return [
+        out: list[Output] = [
             Send(gm_address(gm), Completions(self.lm_id, gm, self._applied_through[gm], items))
             for gm, items in by_gm.items()
         ]
+        self._arm_tick(now, out)
+        return out
 
     # ----------------------------------------------------------------- deltas
 
@@ -225,11 +243,8 @@ class LocalMaster:
         return Delta(self.lm_id, gm, self._applied_through[gm], nodes)
 
     def _on_tick(self, now: float) -> list[Output]:
-        out: list[Output] = [
-            Send(gm_address(gm), self._take_delta(gm)) for gm in range(self.num_gms) if self._dirty[gm]
-        ]
-        out.append(Wake(now + self.delta_interval, lm_address(self.lm_id), DeltaTick()))
-        return out
+        self._tick_armed = False
+        return [Send(gm_address(gm), self._take_delta(gm)) for gm in range(self.num_gms) if self._dirty[gm]]
 
     def full_state(self, gm: int) -> Delta:
         """Every node's state, for a GM that (re)starts or asks for it (GET /v1/state)."""

@@ -1,0 +1,150 @@
+"""End-to-end replays through the embedded system, and the `megha replay` command line."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from megha.cli import main
+from megha.common.clusterfile import save_cluster
+from megha.common.core.cluster import ClusterSpec, PartitionSpec
+from megha.common.core.constraints import ALL_CONSTRAINTS_MASK
+from megha.loadgen.replay import ReplayConfig, replay
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SYN_250 = SHARED / "traces" / "syn_250.0.tr"
+REFERENCE = SHARED / "constraints" / "reference-cluster-10000-nodes.json"
+
+
+def _assert_nothing_lost(result) -> None:  # type: ignore[no-untyped-def]
+    m = result.metrics
+    assert m.not_exactly_once == ()
+    assert m.tasks_completed + m.tasks_failed == m.tasks
+    assert all(rec.completions == 1 for rec in result.recorder.tasks.values() if not rec.failed_reason)
+    assert all(lm.is_idle() for lm in result.system.lms), "some LM did not get all its resources back"
+
+
+def test_small_generated_replay_completes_every_task_once_with_three_hops_of_delay() -> None:
+    result = replay(ReplayConfig(trace="syn:40:30", lms=2, gms=3, workers_per_partition=30))
+    _assert_nothing_lost(result)
+    m = result.metrics
+    assert m.tasks == 1200 and m.jobs == 30
+    # Submit -> GM -> LM -> worker is three hops of 0.5 ms: no job can beat 1.5 ms of JRT delay.
+    assert m.jrt_delay.count + m.jobs_rejected == 30
+    assert m.jrt_delay.median >= 0.0015 - 1e-9
+    assert m.allocation_time.median >= 0.001 - 1e-9
+    assert math.isclose(m.components["communication"].median, 0.001, rel_tol=1e-6)
+
+
+def _versatile_cluster(
+    path: Path, lms: int, gms: int, per_partition: int, node: tuple[int, int] = (64000, 16384)
+) -> str:
+    """A cluster file whose nodes satisfy every constraint, so no job is rejected."""
+    spec = ClusterSpec(
+        tuple(
+            tuple(
+                PartitionSpec(lm, gm, (node,) * per_partition, (ALL_CONSTRAINTS_MASK,) * per_partition)
+                for gm in range(gms)
+            )
+            for lm in range(lms)
+        )
+    )
+    save_cluster(spec, path)
+    return str(path)
+
+
+def test_overloaded_cluster_queues_tasks_and_still_completes_every_one(tmp_path: Path) -> None:
+    # 2 LMs x 2 GMs x 2 workers = 8 slots for 60 one-second tasks arriving at once.
+    cluster = _versatile_cluster(tmp_path / "c.json", 2, 2, 2)
+    result = replay(ReplayConfig(trace="syn:20:3", cluster=cluster, seed=3))
+    _assert_nothing_lost(result)
+    m = result.metrics
+    assert m.jobs_rejected == 0 and m.tasks_completed == 60
+    assert m.reschedules > 0 and m.repartitions > 0
+    assert m.allocation_time.max > 1.0  # some task waited for a whole task to finish
+
+
+def test_scaled_mode_shares_workers_between_tasks(tmp_path: Path) -> None:
+    cluster = _versatile_cluster(tmp_path / "c.json", 1, 2, 2, node=(2000, 4096))
+    result = replay(ReplayConfig(trace="syn:50:5", mode="scaled", cluster=cluster))
+    _assert_nothing_lost(result)
+    m = result.metrics
+    assert m.jobs_rejected == 0 and m.tasks_completed == 250
+    assert len({(rec.lm, rec.node) for rec in result.recorder.tasks.values()}) <= 4
+
+
+def test_min_constraints_matching_runs_the_same_workload() -> None:
+    result = replay(ReplayConfig(trace="syn:40:10", lms=2, gms=2, workers_per_partition=20, matching="min-constraints"))
+    _assert_nothing_lost(result)
+
+
+def test_realtime_mode_runs_on_the_wall_clock() -> None:
+    result = replay(
+        ReplayConfig(trace="syn:5:3", time_scale=0.1, lms=1, gms=1, workers_per_partition=10, realtime=True)
+    )
+    _assert_nothing_lost(result)
+    # Sleeping until each event is due means the run cannot take less wall time than it simulates.
+    assert result.wall_seconds >= result.metrics.simulated_span * 0.99
+
+
+@pytest.mark.shared
+def test_reference_replay_of_syn_250_meets_the_published_delays() -> None:
+    if not (SYN_250.exists() and REFERENCE.exists()):
+        pytest.skip(f"needs {SYN_250} and {REFERENCE} (../shared is not present)")
+    result = replay(ReplayConfig(trace=str(SYN_250), first_jobs=200, cluster=str(REFERENCE)))
+    _assert_nothing_lost(result)
+    m = result.metrics
+    assert m.jobs == 200
+    assert m.jrt_delay.median < 0.010, m.jrt_delay
+    assert m.jrt_delay.p99 < 2.0, m.jrt_delay
+    # Jobs holding a task no node of the reference cluster satisfies are rejected at submission, not lost.
+    for job in result.recorder.jobs.values():
+        if job.rejected_reason:
+            assert "no node satisfies placement constraints" in job.rejected_reason
+
+
+def test_cli_replay_prints_the_report_and_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "replay",
+            "--trace",
+            "syn:10:5",
+            "--lms",
+            "1",
+            "--gms",
+            "2",
+            "--workers-per-partition",
+            "10",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "allocation time" in out and "JRT delay" in out and "tasks: 50  completed: " in out
+    for name in ("tasks.csv", "jobs.csv", "summary.json", "utilization.csv", "cdf.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lms", "0"], "--lms: must be at least 1"),
+        (["--hop-delay", "-1"], "--hop-delay: must be >= 0"),
+        (["--matching", "best"], "--matching: invalid choice"),
+        (["--mode", "big"], "--mode: invalid choice"),
+    ],
+)
+def test_cli_rejects_bad_options_naming_them(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_reports_a_missing_trace_file_as_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--trace", "no/such/file.tr", "--no-files", "--quiet"]) == 2
+    assert "no/such/file.tr" in capsys.readouterr().err
