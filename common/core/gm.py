@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from operator import gt
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.constraints import constraint_ids
@@ -73,6 +74,9 @@ class GlobalMaster:
         self._finished_early: set[str] = set()
         self._schedulable: dict[tuple[int, Resources], str | None] = {}
         self._grown: list[tuple[int, int]] = []
+        # Newest LM-reported state per node not yet in the view: node -> (free, version, applied_through).
+        self._pending: list[dict[int, tuple[Resources, int, int]]] = [{} for _ in range(cluster.num_lms)]
+        self._has_pending = False
         self.repartitions = 0
         self.inconsistencies = 0
         self.reschedules = 0
@@ -143,6 +147,8 @@ class GlobalMaster:
     def _drain(self, now: float) -> list[Output]:
         """Retry parked tasks that a freed node could take, then try every queued task once; batch the
         placements per LM; park what fits nowhere."""
+        if self._has_pending and (self.queue or self.waiting):
+            self._sync_view()
         batches: dict[int, list[Placement]] = {}
         if self._grown:
             grown, self._grown = self._grown, []
@@ -289,35 +295,48 @@ class GlobalMaster:
         self._apply_states(delta.lm, delta.nodes, delta.applied_through)
 
     def _apply_states(self, lm: int, states: list[NodeState], applied_through: int) -> None:
-        """Adopt LM-reported node states unless a newer one was already seen; re-apply this GM's own later
-        placements on a node that the LM had not processed when it read the state (read-your-writes)."""
+        """Keep the newest reported state of each node; they reach the view when it is next needed
+        (`_sync_view`), so a node that changed many times in between costs one update."""
         known = self._known_version[lm]
-        locate = self._locate[lm]
-        inflight = self._inflight[lm]
-        grown = self._grown
+        pending = self._pending[lm]
         for state in states:
-            node = state.node
-            if state.version <= known[node]:
+            node, version = state.node, state.version
+            if version > known[node]:
+                held = pending.get(node)
+                if held is None or version > held[1]:
+                    pending[node] = (state.free, version, applied_through)
+                    self._has_pending = True
+
+    def _sync_view(self) -> None:
+        """Adopt the held LM states, re-applying this GM's own placements on a node that the LM had not
+        processed when it read the state (read-your-writes); note which nodes gained free resources."""
+        self._has_pending = False
+        grown = self._grown
+        for lm, pending in enumerate(self._pending):
+            if not pending:
                 continue
-            known[node] = state.version
-            free = state.free
-            if inflight:
-                for seq, request in inflight.get(node, ()):
-                    if seq > applied_through:
-                        free = tuple(f - r for f, r in zip(free, request))
-            view, i = locate[node]
-            old = view.free[i]
-            if free != old:
-                for f, o in zip(free, old):
-                    if f > o:
+            known = self._known_version[lm]
+            locate = self._locate[lm]
+            inflight = self._inflight[lm]
+            for node, (free, version, applied_through) in pending.items():
+                known[node] = version
+                if inflight:
+                    for seq, request in inflight.get(node, ()):
+                        if seq > applied_through:
+                            free = tuple(f - r for f, r in zip(free, request))
+                view, i = locate[node]
+                old = view.free[i]
+                if free != old:
+                    if any(map(gt, free, old)):
                         grown.append((lm, node))
-                        break
-                view.set_free(i, free)
+                    view.set_free(i, free)
+            pending.clear()
 
     # ---------------------------------------------------------------- queries
 
     def view_snapshot(self) -> dict[str, object]:
         """The GM's current view, for debugging (GET /v1/state)."""
+        self._sync_view()
         return {
             "gm": self.gm_id,
             "queued": len(self.queue),

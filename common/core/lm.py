@@ -15,7 +15,6 @@ from megha.common.core.messages import (
     DeltaTick,
     LaunchBatch,
     LaunchResponse,
-    NodeState,
     Output,
     Placement,
     Rejection,
@@ -25,6 +24,7 @@ from megha.common.core.messages import (
     WorkerReport,
     gm_address,
     lm_address,
+    node_state,
     worker_address,
 )
 from megha.common.core.observer import CoreObserver
@@ -146,7 +146,7 @@ class LocalMaster:
                     batch.seq,
                     accepted,
                     rejected,
-                    [NodeState(n, self.free[n], self.version[n]) for n in touched if 0 <= n < len(self.free)],
+                    [node_state((n, self.free[n], self.version[n])) for n in touched if 0 <= n < len(self.free)],
                     self._take_delta(batch.gm),
                 ),
             )
@@ -224,7 +224,7 @@ class LocalMaster:
             self._set_free(n, tuple(f + r for f, r in zip(self.free[n], request)), except_gm=alloc.gm)
             if alloc.logical_id is not None:
                 del self.logical_nodes[alloc.logical_id]
-            completion = Completion(item.task_id, NodeState(n, self.free[n], self.version[n]))
+            completion = Completion(item.task_id, node_state((n, self.free[n], self.version[n])))
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [
             Send(gm_address(gm), Completions(self.lm_id, gm, self._applied_through[gm], items))
@@ -238,7 +238,8 @@ class LocalMaster:
     def _take_delta(self, gm: int) -> Delta:
         """What changed for `gm` since its last delta; clears its pending changes."""
         dirty = self._dirty[gm]
-        nodes = [NodeState(n, self.free[n], self.version[n]) for n in dirty]
+        free, version = self.free, self.version
+        nodes = [node_state((n, free[n], version[n])) for n in dirty]
         dirty.clear()
         return Delta(self.lm_id, gm, self._applied_through[gm], nodes)
 
@@ -248,7 +249,8 @@ class LocalMaster:
 
     def full_state(self, gm: int) -> Delta:
         """Every node's state, for a GM that (re)starts or asks for it (GET /v1/state)."""
-        nodes = [NodeState(n, self.free[n], self.version[n]) for n in range(len(self.free))]
+        free, version = self.free, self.version
+        nodes = [node_state((n, free[n], version[n])) for n in range(len(free))]
         return Delta(self.lm_id, gm, self._applied_through[gm], nodes)
 
     def is_idle(self) -> bool:

@@ -7,7 +7,10 @@ tell a fresh report from a stale one whatever order messages arrive in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
 
 from megha.common.core.resources import Resources
 from megha.common.core.task import TaskSpec
@@ -45,13 +48,17 @@ class Wake:
 Output = Send | Wake
 
 
-@dataclass(slots=True)
-class NodeState:
+class NodeState(NamedTuple):
     """An LM's authoritative free resources of one physical node, and the node's version when read."""
 
     node: int
     free: Resources
     version: int
+
+
+# Builds a NodeState from a (node, free, version) tuple without NamedTuple's Python-level __new__: LMs create
+# one per node change per GM, the hottest allocation of a simulation.
+node_state: Callable[[tuple[int, Resources, int]], NodeState] = partial(tuple.__new__, NodeState)  # type: ignore[assignment]
 
 
 @dataclass(slots=True)

@@ -8,6 +8,8 @@ Bitsets are Python ints, bit i = node i of the partition. Two caches keep matchi
 
 from __future__ import annotations
 
+from operator import ge
+
 from megha.common.core.cluster import PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, iter_bits
 from megha.common.core.resources import Resources
@@ -17,10 +19,7 @@ MAX_FIT_SHAPES = 64
 
 def covers(free: Resources, request: Resources) -> bool:
     """True when `free` has at least `request` of every resource."""
-    for f, r in zip(free, request):
-        if f < r:
-            return False
-    return True
+    return all(map(ge, free, request))
 
 
 class PartitionView:
@@ -104,7 +103,7 @@ class PartitionView:
         bit = 1 << i
         fit = self._fit
         for request, bits in fit.items():
-            fit[request] = bits | bit if covers(free, request) else bits & ~bit
+            fit[request] = bits | bit if all(map(ge, free, request)) else bits & ~bit
 
     def used_fraction(self) -> float:
         """Share of the partition's first resource in use, in this view (for reports and debugging)."""
