@@ -48,7 +48,9 @@ class EmbeddedSystem:
             GlobalMaster(g, cluster, make_choice(config.matching), config.seed, self.observer)
             for g in range(cluster.num_gms)
         ]
-        self.lms = [LocalMaster(lm, cluster, self.observer, config.delta_interval) for lm in range(cluster.num_lms)]
+        self.lms = [
+            LocalMaster.in_cluster(cluster, lm, self.observer, config.delta_interval) for lm in range(cluster.num_lms)
+        ]
         self.workers = [SimulatedExecution(lm, self.observer) for lm in range(cluster.num_lms)]
         self.rejected: list[tuple[JobSpec, str]] = []
         for gm in self.gms:

@@ -54,7 +54,7 @@ class Net:
     def build(cls, spec: ClusterSpec, **gm_kwargs: object) -> Net:
         return cls(
             [GlobalMaster(g, spec, **gm_kwargs) for g in range(spec.num_gms)],  # type: ignore[arg-type]
-            [LocalMaster(lm, spec) for lm in range(spec.num_lms)],
+            [LocalMaster.in_cluster(spec, lm) for lm in range(spec.num_lms)],
             [SimulatedExecution(lm) for lm in range(spec.num_lms)],
         )
 

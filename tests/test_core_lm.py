@@ -24,7 +24,7 @@ HALF = (CAP[0] // 2, CAP[1] // 4)
 
 def test_repartition_carves_exactly_the_request_into_a_logical_node_and_returns_it() -> None:
     spec = cluster([[[[]], [[]]]])  # one LM; node 0 is GM 0's, node 1 is GM 1's
-    lm = LocalMaster(0, spec)
+    lm = LocalMaster.in_cluster(spec, 0)
     t = task("j.0", request=HALF)
     out = lm.handle(LaunchBatch(gm=1, lm=0, seq=1, placements=[Placement(t, 0, 0, True)]), 0.0)
     resp = out[0].msg
@@ -39,7 +39,7 @@ def test_repartition_carves_exactly_the_request_into_a_logical_node_and_returns_
 
 def test_lm_never_overcommits_and_counts_the_inconsistency() -> None:
     spec = cluster([[[[]]]])
-    lm = LocalMaster(0, spec)
+    lm = LocalMaster.in_cluster(spec, 0)
     a, b, c = task("a.0", request=HALF), task("b.0", request=HALF), task("c.0", request=HALF)
     resp = lm.handle(LaunchBatch(0, 0, 1, [Placement(a, 0, 0, False), Placement(b, 0, 0, False)]), 0.0)[0].msg
     assert len(resp.accepted) == 2 and lm.free[0] == (0, CAP[1] - 2 * HALF[1])
@@ -52,7 +52,7 @@ def test_lm_never_overcommits_and_counts_the_inconsistency() -> None:
 
 def test_malformed_placements_are_rejected_but_are_not_inconsistencies() -> None:
     spec = cluster([[[[1]], [[]]]])
-    lm = LocalMaster(0, spec)
+    lm = LocalMaster.in_cluster(spec, 0)
     bad = [
         Placement(task("a.0", [2]), 0, 0, False),  # node lacks constraint 2
         Placement(task("b.0"), 0, 1, False),  # node 1 is GM 1's: must be a repartition
@@ -69,7 +69,7 @@ def test_malformed_placements_are_rejected_but_are_not_inconsistencies() -> None
 
 def test_repeated_launch_of_a_running_task_is_idempotent() -> None:
     spec = cluster([[[[]]]])
-    lm = LocalMaster(0, spec)
+    lm = LocalMaster.in_cluster(spec, 0)
     p = Placement(task("a.0", request=HALF), 0, 0, False)
     lm.handle(LaunchBatch(0, 0, 1, [p]), 0.0)
     out = lm.handle(LaunchBatch(0, 0, 1, [p]), 0.0)
@@ -79,7 +79,7 @@ def test_repeated_launch_of_a_running_task_is_idempotent() -> None:
 
 def test_deltas_carry_only_changes_by_other_gms_and_own_completions_come_by_message() -> None:
     spec = cluster([[[[]], [[]]]])
-    lm = LocalMaster(0, spec)
+    lm = LocalMaster.in_cluster(spec, 0)
     t = task("a.0", request=HALF)
     out = lm.handle(LaunchBatch(0, 0, 1, [Placement(t, 0, 0, False)]), 0.25)
     resp = out[0].msg

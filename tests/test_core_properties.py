@@ -80,7 +80,7 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
     finishes = Finishes()
     net = Net(
         [GlobalMaster(g, spec, seed=g, observer=finishes) for g in range(spec.num_gms)],
-        [LocalMaster(lm, spec) for lm in range(spec.num_lms)],
+        [LocalMaster.in_cluster(spec, lm) for lm in range(spec.num_lms)],
         [SimulatedExecution(lm, finishes) for lm in range(spec.num_lms)],
     )
     accepted: set[str] = set()

@@ -4,9 +4,10 @@ placement (the plan applier), repartition into logical nodes, and per-GM delta u
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from megha.common.core.cluster import ClusterSpec
+from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.messages import (
     Completion,
@@ -28,7 +29,7 @@ from megha.common.core.messages import (
     worker_address,
 )
 from megha.common.core.observer import CoreObserver
-from megha.common.core.resources import Resources, describe
+from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources, describe
 
 
 @dataclass(slots=True)
@@ -58,23 +59,25 @@ class LocalMaster:
     def __init__(
         self,
         lm_id: int,
-        cluster: ClusterSpec,
+        partitions: Sequence[PartitionSpec],
+        resource_names: tuple[str, ...] = DEFAULT_RESOURCE_NAMES,
         observer: CoreObserver | None = None,
         delta_interval: float = 1.0,
     ) -> None:
-        if not 0 <= lm_id < cluster.num_lms:
-            raise ValueError(f"LM id {lm_id} outside 0..{cluster.num_lms - 1}")
+        """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec)."""
+        if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
+            raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
             raise ValueError(f"delta_interval must be positive, got {delta_interval}")
         self.lm_id = lm_id
-        self.num_gms = cluster.num_gms
-        self.resource_names = cluster.resource_names
+        self.num_gms = len(partitions)
+        self.resource_names = resource_names
         self.observer = observer or CoreObserver()
         self.delta_interval = delta_interval
-        self.capacity: list[Resources] = cluster.lm_capacities(lm_id)
+        self.capacity: list[Resources] = [cap for p in partitions for cap in p.capacities]
         self.free: list[Resources] = list(self.capacity)
-        self.masks: list[int] = cluster.lm_constraint_masks(lm_id)
-        self.owner: list[int] = [cluster.partition_of(lm_id, n) for n in range(len(self.capacity))]
+        self.masks: list[int] = [m for p in partitions for m in p.constraint_masks]
+        self.owner: list[int] = [p.gm for p in partitions for _ in range(p.size)]
         self.version: list[int] = [0] * len(self.capacity)
         self._clock = 0
         self.running: dict[str, Allocation] = {}
@@ -86,6 +89,15 @@ class LocalMaster:
         self.inconsistencies = 0
         self.repartitions = 0
         self.launched = 0
+
+    @classmethod
+    def in_cluster(
+        cls, cluster: ClusterSpec, lm_id: int, observer: CoreObserver | None = None, delta_interval: float = 1.0
+    ) -> LocalMaster:
+        """LM `lm_id` of `cluster`."""
+        if not 0 <= lm_id < cluster.num_lms:
+            raise ValueError(f"LM id {lm_id} outside 0..{cluster.num_lms - 1}")
+        return cls(lm_id, cluster.partitions[lm_id], cluster.resource_names, observer, delta_interval)
 
     def handle(self, msg: object, now: float) -> list[Output]:
         if isinstance(msg, LaunchBatch):

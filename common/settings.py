@@ -1,0 +1,95 @@
+"""Service configuration: one pydantic settings model per service, read from MEGHA_* environment variables.
+
+The same names are used by docker-compose.yml, the local launcher (`megha local`) and the docs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from megha.common.core.constraints import NUM_CONSTRAINTS
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service shares."""
+
+    model_config = SettingsConfigDict(env_prefix="MEGHA_", extra="ignore")
+
+    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ connection URL")
+    host: str = Field("127.0.0.1", description="address the HTTP server binds")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
+    public_url: str = Field("", description="URL other services use to reach this one (default http://host:port)")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    run_id: str = Field(
+        "megha",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="prefix of exchanges and queues, so deployments on one broker do not mix",
+    )
+
+    def url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+
+class GMSettings(ServiceSettings):
+    """A Global Master."""
+
+    gm_id: int = Field(0, ge=0)
+    lm_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8100"],
+        description="every LM's URL, in LM-id order (JSON list or comma-separated)",
+    )
+    matching: Literal["random", "min-constraints"] = "random"
+    seed: int = 0
+    http_timeout: float = Field(10.0, gt=0, description="seconds for one LM call")
+
+    @field_validator("lm_urls", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+
+class LMSettings(ServiceSettings):
+    """A Local Master."""
+
+    port: int = Field(8100, ge=1, le=65535)
+    lm_id: int = Field(0, ge=0)
+    num_gms: int = Field(1, ge=1, description="GMs in the deployment: the LM's cluster has one partition per GM")
+    expected_nodes: int = Field(1, ge=1, description="nodes worker agents must register before launches are served")
+    delta_interval: float = Field(1.0, gt=0, description="seconds between delta updates to each GM")
+    http_timeout: float = Field(10.0, gt=0, description="seconds for one worker-agent call")
+
+
+class WorkerSettings(ServiceSettings):
+    """A worker agent: one node, or many in simulated-execution mode."""
+
+    port: int = Field(8200, ge=1, le=65535)
+    worker_id: str = Field("worker-0", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    lm_url: str = "http://127.0.0.1:8100"
+    execution: Literal["real", "simulated"] = Field(
+        "real", description="real: each task burns its CPU and memory in its own process; simulated: no burn"
+    )
+    nodes: int = Field(1, ge=1, description="nodes this agent stands for (more than one needs simulated execution)")
+    node_cpu_millicores: int = Field(2000, gt=0)
+    node_memory_mb: int = Field(4096, gt=0)
+    constraints: Annotated[list[int], NoDecode] = Field(
+        default_factory=list, description="machine constraint ids of this agent's nodes"
+    )
+    constraint_seed: int | None = Field(
+        None, description="draw each node's constraints with the published machine fractions instead"
+    )
+
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return [int(c) for c in value.split(",") if c.strip()] if isinstance(value, str) else value
+
+    @field_validator("constraints")
+    @classmethod
+    def _in_range(cls, value: list[int]) -> list[int]:
+        bad = [c for c in value if not 0 <= c < NUM_CONSTRAINTS]
+        if bad:
+            raise ValueError(f"constraint ids {bad} outside 0..{NUM_CONSTRAINTS - 1}")
+        return value

@@ -1,0 +1,1 @@
+"""Megha's services: GM, LM and worker agent wrapping the scheduling core (FastAPI, aio-pika, httpx)."""

@@ -1,0 +1,2 @@
+"""The Global Master service: job submission (REST), placement by the GM core, launches to LMs (REST), deltas and
+completions (RabbitMQ)."""

@@ -1,0 +1,68 @@
+"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs/{id}, GET /v1/state, GET /healthz."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from megha.common.core.gm import Unschedulable
+from megha.common.models import JobAccepted, JobStatus, JobSubmission
+from megha.common.settings import GMSettings
+from megha.common.transport.rabbit import Broker, gm_key
+from megha.services.gm.service import GMService
+from megha.services.http import configure_logging, error, install_error_handlers
+
+
+def create_app(settings: GMSettings, use_broker: bool = True) -> FastAPI:
+    log = configure_logging(settings.log_level, f"gm-{settings.gm_id}")
+    broker = Broker(settings.amqp_url, settings.run_id) if use_broker else None
+    service = GMService(settings, broker)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.discover()
+        if broker is not None:
+            await broker.connect()
+            await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
+        log.info("GM %d serving on %s with %s matching", settings.gm_id, settings.url(), settings.matching)
+        yield
+        await service.close()
+        if broker is not None:
+            await broker.close()
+
+    app = FastAPI(title=f"Megha GM {settings.gm_id}", lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, object]:
+        return {"status": "ok", "gm": settings.gm_id, "ready": service.core is not None}
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobAccepted)
+    async def submit(sub: JobSubmission) -> JobAccepted | JSONResponse:
+        try:
+            job = await service.submit(sub)
+        except Unschedulable as exc:
+            return error(422, str(exc), "tasks")
+        except KeyError as exc:
+            return error(409, f"job {exc.args[0]} already exists", "job_id")
+        return JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=settings.gm_id)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobStatus)
+    async def job_status(job_id: str) -> JobStatus | JSONResponse:
+        status = service.jobs.status(job_id)
+        if status is None:
+            return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
+        return status
+
+    @app.get("/v1/state")
+    async def state() -> dict[str, object]:
+        assert service.core is not None
+        snapshot = service.core.view_snapshot()
+        snapshot["unfinished_tasks"] = service.jobs.unfinished()
+        return snapshot
+
+    return app

@@ -1,0 +1,145 @@
+"""The GM service's state: the cluster learnt from the LMs, the GM core, and its outputs turned into batched
+launch calls to LMs."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+import httpx
+
+from megha.common.core.cluster import ClusterSpec, PartitionSpec
+from megha.common.core.constraints import constraint_mask
+from megha.common.core.gm import GlobalMaster
+from megha.common.core.messages import LaunchBatch, Output, Send
+from megha.common.core.placement.choice import make_choice
+from megha.common.core.task import JobSpec
+from megha.common.models import BrokerMessage, JobSubmission, LaunchBatchModel, LaunchResponseModel
+from megha.common.settings import GMSettings
+from megha.common.transport.rabbit import Broker
+from megha.services.gm.jobs import JobTable
+
+log = logging.getLogger("megha.gm")
+
+
+class GMService:
+    def __init__(self, settings: GMSettings, broker: Broker | None = None) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.jobs = JobTable(settings.gm_id)
+        self.core: GlobalMaster | None = None
+        self._lock = asyncio.Lock()
+        self._http = httpx.AsyncClient(timeout=settings.http_timeout, limits=httpx.Limits(max_keepalive_connections=32))
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._job_numbers = itertools.count()
+
+    async def discover(self, timeout: float = 120.0) -> ClusterSpec:
+        """Ask every LM for its partitions, waiting for LMs whose workers have not all registered yet."""
+        rows = []
+        deadline = time.monotonic() + timeout
+        names: tuple[str, ...] = ()
+        for lm, url in enumerate(self.settings.lm_urls):
+            while True:
+                try:
+                    r = await self._http.get(f"{url}/v1/cluster")
+                    if r.status_code == 200:
+                        break
+                    reason = r.text
+                except httpx.HTTPError as exc:
+                    reason = str(exc)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"LM {lm} at {url} not ready after {timeout} s: {reason}")
+                await asyncio.sleep(0.2)
+            doc = r.json()
+            if doc["lm"] != lm:
+                raise RuntimeError(f"{url} is LM {doc['lm']}, but it is listed as LM {lm}")
+            names = tuple(doc["resource_names"])
+            rows.append(
+                tuple(
+                    PartitionSpec(
+                        lm,
+                        p["gm"],
+                        tuple(tuple(c) for c in p["capacities"]),
+                        tuple(constraint_mask(ids) for ids in p["constraints"]),
+                    )
+                    for p in doc["partitions"]
+                )
+            )
+        cluster = ClusterSpec(tuple(rows), names)
+        self.core = GlobalMaster(
+            self.settings.gm_id, cluster, make_choice(self.settings.matching), self.settings.seed, self.jobs
+        )
+        log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)
+        return cluster
+
+    async def submit(self, sub: JobSubmission) -> JobSpec:
+        """Queue a job; raises Unschedulable (a 422) when some task could never run anywhere."""
+        assert self.core is not None
+        job_id = sub.job_id or f"g{self.settings.gm_id}-{next(self._job_numbers)}"
+        if job_id in self.jobs.jobs:
+            raise KeyError(job_id)
+        job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), time.time())
+        async with self._lock:
+            outputs = self.core.submit(job, time.time())
+        self._dispatch(outputs)
+        return job
+
+    async def on_broker_message(self, body: bytes) -> None:
+        msg = BrokerMessage.model_validate_json(body)
+        assert self.core is not None
+        now = time.time()
+        if msg.completions is not None:
+            for item in msg.completions.items:
+                self.jobs.completed(item.task_id, now)
+            core_msg: object = msg.completions.to_core()
+        elif msg.delta is not None:
+            core_msg = msg.delta.to_core()
+        else:
+            return
+        async with self._lock:
+            outputs = self.core.handle(core_msg, now)
+        self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[Output]) -> None:
+        for out in outputs:
+            if isinstance(out, Send) and isinstance(out.msg, LaunchBatch):
+                task = asyncio.get_running_loop().create_task(self._launch(out.msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                raise TypeError(f"GM cannot send {out!r}")
+
+    async def _launch(self, batch: LaunchBatch) -> None:
+        """POST the batch to its LM. Launch is idempotent per task at the LM, so transport errors are retried."""
+        url = self.settings.lm_urls[batch.lm]
+        body = LaunchBatchModel.from_core(batch).model_dump_json()
+        for attempt in range(5):
+            try:
+                r = await self._http.post(
+                    f"{url}/v1/launch", content=body, headers={"content-type": "application/json"}
+                )
+                if r.status_code == 503:
+                    raise httpx.HTTPStatusError("LM not ready", request=r.request, response=r)
+                r.raise_for_status()
+                break
+            except httpx.HTTPError as exc:
+                log.warning("launch batch %d to LM %d failed (attempt %d): %s", batch.seq, batch.lm, attempt + 1, exc)
+                await asyncio.sleep(0.1 * 2**attempt)
+        else:
+            async with self._lock:
+                assert self.core is not None
+                for p in batch.placements:
+                    self.core.observer.task_failed(p.task, f"LM {batch.lm} unreachable at {url}", time.time())
+            return
+        response = LaunchResponseModel.model_validate_json(r.content).to_core()
+        assert self.core is not None
+        async with self._lock:
+            outputs = self.core.handle(response, time.time())
+        self._dispatch(outputs)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self._http.aclose()

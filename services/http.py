@@ -1,0 +1,58 @@
+"""What every service's HTTP edge shares: explicit 4xx error bodies, a body-size limit, JSON logging set-up."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.responses import Response
+
+from megha.common.models import MAX_BODY_BYTES, ROOT_FIELD, ErrorBody, FieldError, validation_error_body
+
+
+def error(status: int, message: str, field: str = ROOT_FIELD) -> JSONResponse:
+    """An explicit error response naming the offending field."""
+    body = ErrorBody(error=message, detail=[FieldError(field=field, message=message)])
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+class BodyLimit(BaseHTTPMiddleware):
+    """413 for bodies over MAX_BODY_BYTES, before they are parsed."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        if length is None and request.method in ("POST", "PUT", "PATCH"):
+            body = await request.body()
+            if len(body) > MAX_BODY_BYTES:
+                return error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        return await call_next(request)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Validation failures become 422 bodies naming each field; nothing leaks out as a 500."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [
+            FieldError(field=".".join(str(p) for p in e["loc"][1:]) or ROOT_FIELD, message=e["msg"])
+            for e in exc.errors()
+        ]
+        return JSONResponse(ErrorBody(error="invalid request body", detail=detail).model_dump(), status_code=422)
+
+    @app.exception_handler(ValidationError)
+    async def _model_invalid(request: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse(validation_error_body(exc).model_dump(), status_code=422)
+
+    app.add_middleware(BodyLimit)
+
+
+def configure_logging(level: str, name: str) -> logging.Logger:
+    logging.basicConfig(level=level.upper(), format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the decisions
+    return logging.getLogger(name)

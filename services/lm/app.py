@@ -1,0 +1,92 @@
+"""The LM's HTTP API: POST /v1/workers, POST /v1/launch, GET /v1/cluster, GET /v1/state, GET /healthz."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from megha.common.core.constraints import constraint_ids
+from megha.common.models import LaunchBatchModel, LaunchResponseModel, WorkerRegistered, WorkerRegistration
+from megha.common.settings import LMSettings
+from megha.common.transport.rabbit import Broker, lm_key
+from megha.services.http import configure_logging, error, install_error_handlers
+from megha.services.lm.service import LMService, NotReady, RegistrationError
+
+
+def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
+    log = configure_logging(settings.log_level, f"lm-{settings.lm_id}")
+    broker = Broker(settings.amqp_url, settings.run_id) if use_broker else None
+    service = LMService(settings, broker)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if broker is not None:
+            await broker.connect()
+            await broker.consume("lm", lm_key(settings.lm_id), service.on_broker_message)
+        log.info(
+            "LM %d serving on %s, expecting %d nodes for %d GMs",
+            settings.lm_id,
+            settings.url(),
+            settings.expected_nodes,
+            settings.num_gms,
+        )
+        yield
+        await service.close()
+        if broker is not None:
+            await broker.close()
+
+    app = FastAPI(title=f"Megha LM {settings.lm_id}", lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, object]:
+        return {"status": "ok", "lm": settings.lm_id, "ready": service.core is not None}
+
+    @app.post("/v1/workers", status_code=201, response_model=WorkerRegistered)
+    async def register(reg: WorkerRegistration) -> WorkerRegistered | JSONResponse:
+        try:
+            return service.register(reg)
+        except RegistrationError as exc:
+            return error(409, str(exc), "nodes")
+
+    @app.get("/v1/cluster", response_model=None)
+    async def cluster() -> object:
+        """This LM's partitions (one per GM): each node's capacity and machine constraints."""
+        try:
+            parts = service.partitions()
+        except NotReady as exc:
+            return error(503, f"LM {settings.lm_id} not ready: {exc}")
+        return {
+            "lm": settings.lm_id,
+            "resource_names": list(service.resource_names),
+            "partitions": [
+                {
+                    "gm": p.gm,
+                    "capacities": [list(c) for c in p.capacities],
+                    "constraints": [constraint_ids(m) for m in p.constraint_masks],
+                }
+                for p in parts
+            ],
+        }
+
+    @app.post("/v1/launch", response_model=LaunchResponseModel)
+    async def launch(batch: LaunchBatchModel) -> LaunchResponseModel | JSONResponse:
+        if batch.lm != settings.lm_id:
+            return error(422, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm")
+        if not 0 <= batch.gm < settings.num_gms:
+            return error(422, f"no GM {batch.gm}; this deployment has {settings.num_gms}", "gm")
+        try:
+            response = await service.launch(batch.to_core())
+        except NotReady as exc:
+            return error(503, f"LM {settings.lm_id} not ready: {exc}")
+        return LaunchResponseModel.from_core(response)
+
+    @app.get("/v1/state")
+    async def state() -> dict[str, object]:
+        return service.state()
+
+    return app

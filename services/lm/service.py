@@ -1,0 +1,235 @@
+"""The LM service's state: registered workers, the LM core once the cluster is complete, and the core's outputs
+turned into HTTP calls (to worker agents), broker messages (to GMs) and timers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+
+from megha.common.core.cluster import PartitionSpec
+from megha.common.core.constraints import constraint_mask
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import (
+    Completions,
+    Delta,
+    DeltaTick,
+    LaunchBatch,
+    LaunchResponse,
+    Output,
+    Send,
+    WorkerLaunch,
+    WorkerReport,
+)
+from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
+from megha.common.models import (
+    BrokerMessage,
+    CompletionsModel,
+    DeltaModel,
+    WorkerLaunchModel,
+    WorkerRegistered,
+    WorkerRegistration,
+)
+from megha.common.settings import LMSettings
+from megha.common.transport.rabbit import Broker, gm_key
+
+log = logging.getLogger("megha.lm")
+
+
+class NotReady(RuntimeError):
+    """The LM is still waiting for worker agents to register its nodes."""
+
+
+class RegistrationError(ValueError):
+    """A worker registration the LM cannot accept; the message names why."""
+
+
+class LMService:
+    def __init__(self, settings: LMSettings, broker: Broker | None = None) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.resource_names = DEFAULT_RESOURCE_NAMES
+        self._capacities: list[Resources] = []
+        self._masks: list[int] = []
+        self._node_worker: list[str] = []  # node -> agent URL
+        self._workers: dict[str, WorkerRegistered] = {}
+        self.core: LocalMaster | None = None
+        self.partitions_spec: tuple[PartitionSpec, ...] = ()
+        self._lock = asyncio.Lock()
+        self._http = httpx.AsyncClient(timeout=settings.http_timeout)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.failed_launches = 0
+
+    # --------------------------------------------------------- registration
+
+    def register(self, reg: WorkerRegistration) -> WorkerRegistered:
+        known = self._workers.get(reg.worker_id)
+        if known is not None:
+            return known  # an agent that re-registers after a restart keeps its nodes
+        if self.core is not None or len(self._capacities) + len(reg.nodes) > self.settings.expected_nodes:
+            raise RegistrationError(
+                f"LM {self.settings.lm_id} expects {self.settings.expected_nodes} nodes and has "
+                f"{len(self._capacities)}; {len(reg.nodes)} more do not fit"
+            )
+        try:
+            caps = [n.resources(self.resource_names) for n in reg.nodes]
+        except ValueError as exc:
+            raise RegistrationError(str(exc)) from None
+        first = len(self._capacities)
+        self._capacities.extend(caps)
+        self._masks.extend(constraint_mask(n.constraints) for n in reg.nodes)
+        self._node_worker.extend([reg.url] * len(reg.nodes))
+        registered = WorkerRegistered(
+            worker_id=reg.worker_id, lm=self.settings.lm_id, first_node=first, nodes=len(reg.nodes)
+        )
+        self._workers[reg.worker_id] = registered
+        log.info(
+            "registered %s (%d nodes from %d); %d/%d nodes",
+            reg.worker_id,
+            len(reg.nodes),
+            first,
+            len(self._capacities),
+            self.settings.expected_nodes,
+        )
+        if len(self._capacities) == self.settings.expected_nodes:
+            self._build_core()
+        return registered
+
+    def _build_core(self) -> None:
+        """Split the nodes, in registration order, into one contiguous partition per GM."""
+        n, g, lm = len(self._capacities), self.settings.num_gms, self.settings.lm_id
+        bounds = [k * n // g for k in range(g + 1)]
+        parts = tuple(
+            PartitionSpec(
+                lm,
+                gm,
+                tuple(self._capacities[bounds[gm] : bounds[gm + 1]]),
+                tuple(self._masks[bounds[gm] : bounds[gm + 1]]),
+            )
+            for gm in range(g)
+        )
+        self.partitions_spec = parts
+        self.core = LocalMaster(lm, parts, self.resource_names, delta_interval=self.settings.delta_interval)
+        log.info(
+            "cluster complete: %d nodes in %d partitions of sizes %s",
+            n,
+            g,
+            [bounds[k + 1] - bounds[k] for k in range(g)],
+        )
+
+    def partitions(self) -> tuple[PartitionSpec, ...]:
+        if self.core is None:
+            raise NotReady(f"{len(self._capacities)}/{self.settings.expected_nodes} nodes registered")
+        return self.partitions_spec
+
+    # -------------------------------------------------------------- launches
+
+    async def launch(self, batch: LaunchBatch) -> LaunchResponse:
+        if self.core is None:
+            raise NotReady(f"{len(self._capacities)}/{self.settings.expected_nodes} nodes registered")
+        async with self._lock:
+            outputs = self.core.handle(batch, time.time())
+        response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, LaunchResponse))
+        self._dispatch([o for o in outputs if o.msg is not response])
+        return response
+
+    async def on_broker_message(self, body: bytes) -> None:
+        msg = BrokerMessage.model_validate_json(body)
+        if msg.worker_report is not None:
+            if self.core is None:
+                raise NotReady("report before the cluster is complete")
+            async with self._lock:
+                outputs = self.core.handle(msg.worker_report.to_core(), time.time())
+            self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[Output]) -> None:
+        for out in outputs:
+            if isinstance(out, Send):
+                if isinstance(out.msg, WorkerLaunch):
+                    self._spawn(self._send_to_workers(out.msg))
+                elif isinstance(out.msg, Completions):
+                    self._spawn(
+                        self._publish(out.msg.gm, BrokerMessage(completions=CompletionsModel.from_core(out.msg)))
+                    )
+                elif isinstance(out.msg, Delta):
+                    self._spawn(self._publish(out.msg.gm, BrokerMessage(delta=DeltaModel.from_core(out.msg))))
+                else:
+                    raise TypeError(f"LM cannot send {type(out.msg).__name__}")
+            else:
+                self._spawn(self._timer(out.at))
+
+    async def _timer(self, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.time()))
+        assert self.core is not None
+        async with self._lock:
+            outputs = self.core.handle(DeltaTick(), time.time())
+        self._dispatch(outputs)
+
+    async def _publish(self, gm: int, message: BrokerMessage) -> None:
+        assert self.broker is not None, "the LM needs a broker to reach GMs"
+        await self.broker.publish("gm", gm_key(gm), message.model_dump_json().encode())
+
+    async def _send_to_workers(self, launch: WorkerLaunch) -> None:
+        """One POST per agent; an agent that cannot be reached gets its tasks reported failed, never lost."""
+        by_url: dict[str, list] = {}
+        for p in launch.launches:
+            by_url.setdefault(self._node_worker[p.node], []).append(p)
+        for url, placements in by_url.items():
+            body = WorkerLaunchModel.from_core(WorkerLaunch(launch.lm, placements)).model_dump_json()
+            for attempt in range(3):
+                try:
+                    r = await self._http.post(
+                        f"{url}/v1/tasks", content=body, headers={"content-type": "application/json"}
+                    )
+                    r.raise_for_status()
+                    break
+                except httpx.HTTPError as exc:
+                    log.warning(
+                        "launch of %d tasks on %s failed (attempt %d): %s", len(placements), url, attempt + 1, exc
+                    )
+                    await asyncio.sleep(0.2 * (attempt + 1))
+            else:
+                await self._fail_unlaunched(placements, f"worker agent {url} unreachable")
+
+    async def _fail_unlaunched(self, placements: list, reason: str) -> None:
+        from megha.common.core.messages import FinishedTask
+
+        self.failed_launches += len(placements)
+        report = WorkerReport(
+            self.settings.lm_id, [FinishedTask(p.task.task_id, p.node, error=reason) for p in placements]
+        )
+        assert self.core is not None
+        async with self._lock:
+            outputs = self.core.handle(report, time.time())
+        self._dispatch(outputs)
+
+    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self._http.aclose()
+
+    def state(self) -> dict[str, object]:
+        core = self.core
+        return {
+            "lm": self.settings.lm_id,
+            "ready": core is not None,
+            "registered_nodes": len(self._capacities),
+            "expected_nodes": self.settings.expected_nodes,
+            "workers": len(self._workers),
+            "running": len(core.running) if core else 0,
+            "logical_nodes": len(core.logical_nodes) if core else 0,
+            "inconsistencies": core.inconsistencies if core else 0,
+            "repartitions": core.repartitions if core else 0,
+            "launched": core.launched if core else 0,
+            "failed_launches": self.failed_launches,
+            "free": [list(f) for f in core.free] if core else [],
+            "capacity": [list(c) for c in core.capacity] if core else [],
+            "idle": core.is_idle() if core else True,
+        }

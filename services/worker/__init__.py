@@ -1,0 +1,5 @@
+"""The worker agent: runs the tasks an LM launches on its node, really consuming their CPU and memory.
+
+`agent` talks to the LM and the broker; `executor` owns task execution (one OS process per task running `burn`,
+or the clearly named simulated mode); `burn` is the program each task runs.
+"""

@@ -1,0 +1,130 @@
+"""The worker agent: registers its node(s) with its LM, runs launched tasks, and reports starts and completions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+import httpx
+
+from megha.common.constraint_stats import load_constraint_stats
+from megha.common.core.messages import Placement
+from megha.common.core.resources import CPU, MEMORY
+from megha.common.models import (
+    BrokerMessage,
+    FinishedTaskModel,
+    TaskEvent,
+    WorkerNode,
+    WorkerRegistered,
+    WorkerRegistration,
+    WorkerReportModel,
+)
+from megha.common.settings import WorkerSettings
+from megha.common.transport.rabbit import Broker, lm_key
+from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
+
+log = logging.getLogger("megha.worker")
+
+
+class WorkerAgent:
+    def __init__(self, settings: WorkerSettings, broker: Broker | None) -> None:
+        if settings.execution == "real" and settings.nodes != 1:
+            raise ValueError("MEGHA_NODES > 1 needs MEGHA_EXECUTION=simulated: a real agent is one node")
+        self.settings = settings
+        self.broker = broker
+        executor_cls = TaskExecutor if settings.execution == "real" else SimulatedExecutor
+        self.executor = executor_cls(self._on_finished)
+        self.registered: WorkerRegistered | None = None
+        self._placements: dict[str, Placement] = {}
+        self._http = httpx.AsyncClient(timeout=10.0)
+
+    def nodes(self) -> list[WorkerNode]:
+        s = self.settings
+        capacity = {CPU: s.node_cpu_millicores, MEMORY: s.node_memory_mb}
+        if s.constraint_seed is None:
+            return [WorkerNode(capacity=capacity, constraints=sorted(set(s.constraints)))] * s.nodes
+        rng = random.Random(s.constraint_seed)
+        fractions = load_constraint_stats().machine_fraction
+        return [
+            WorkerNode(capacity=capacity, constraints=[k for k, f in enumerate(fractions) if rng.random() < f])
+            for _ in range(s.nodes)
+        ]
+
+    async def register(self, timeout: float = 120.0) -> WorkerRegistered:
+        """Register with the LM, retrying until it answers (it may start after us)."""
+        body = WorkerRegistration(worker_id=self.settings.worker_id, url=self.settings.url(), nodes=self.nodes())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                r = await self._http.post(
+                    f"{self.settings.lm_url}/v1/workers",
+                    content=body.model_dump_json(),
+                    headers={"content-type": "application/json"},
+                )
+                if r.status_code == 201:
+                    self.registered = WorkerRegistered.model_validate_json(r.content)
+                    log.info(
+                        "registered with LM %d as nodes %d..%d",
+                        self.registered.lm,
+                        self.registered.first_node,
+                        self.registered.first_node + self.registered.nodes - 1,
+                    )
+                    return self.registered
+                reason = f"{r.status_code} {r.text}"
+                if r.status_code < 500:
+                    raise RuntimeError(f"LM refused registration: {reason}")
+            except httpx.HTTPError as exc:
+                reason = str(exc)
+            if loop.time() > deadline:
+                raise RuntimeError(f"LM at {self.settings.lm_url} unreachable for {timeout} s: {reason}")
+            await asyncio.sleep(0.2)
+
+    async def launch(self, placements: list[Placement]) -> None:
+        for p in placements:
+            if p.task.task_id in self._placements:
+                continue  # a repeated launch: the task already runs here
+            self._placements[p.task.task_id] = p
+            await self.executor.start(p.task.task_id, p.task.request[0], p.task.request[1], p.task.duration)
+            await self._event("started", p, at=time.time())
+
+    async def _on_finished(self, result: ExecutionResult) -> None:
+        """Report the end of a task to the LM (which frees its resources) and to whoever watches task events."""
+        placement = self._placements.pop(result.task_id)
+        kind = "preempted" if result.preempted else ("failed" if result.error else "finished")
+        await self._event(kind, placement, at=result.finished_at, result=result)
+        finished = FinishedTaskModel(
+            task_id=result.task_id,
+            node=placement.node,
+            preempted=result.preempted,
+            cpu_seconds=result.cpu_seconds,
+            execution_delay=max(0.0, result.execution_delay),
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            error=result.error,
+        )
+        message = BrokerMessage(worker_report=WorkerReportModel(lm=placement.lm, finished=[finished]))
+        assert self.broker is not None
+        await self.broker.publish("lm", lm_key(placement.lm), message.model_dump_json().encode())
+
+    async def _event(self, kind: str, p: Placement, at: float, result: ExecutionResult | None = None) -> None:
+        if self.broker is None:
+            return
+        event = TaskEvent(
+            kind=kind,  # type: ignore[arg-type]
+            task_id=p.task.task_id,
+            job_id=p.task.job_id,
+            lm=p.lm,
+            node=p.node,
+            at=at,
+            cpu_seconds=result.cpu_seconds if result else 0.0,
+            execution_delay=max(0.0, result.execution_delay) if result else 0.0,
+            error=result.error if result else "",
+        )
+        await self.broker.publish("events", "", event.model_dump_json().encode())
+
+    async def close(self) -> None:
+        await self.executor.shutdown()
+        await self._http.aclose()

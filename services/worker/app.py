@@ -1,0 +1,67 @@
+"""The worker agent's HTTP API: POST /v1/tasks (launch), GET /v1/state, GET /healthz."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from megha.common.models import WorkerLaunchModel
+from megha.common.settings import WorkerSettings
+from megha.common.transport.rabbit import Broker
+from megha.services.http import configure_logging, error, install_error_handlers
+from megha.services.worker.agent import WorkerAgent
+
+
+def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
+    log = configure_logging(settings.log_level, settings.worker_id)
+    broker = Broker(settings.amqp_url, settings.run_id) if use_broker else None
+    agent = WorkerAgent(settings, broker)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if broker is not None:
+            await broker.connect()
+        await agent.register()
+        log.info(
+            "%s serving on %s (%s execution, %d node(s))",
+            settings.worker_id,
+            settings.url(),
+            settings.execution,
+            settings.nodes,
+        )
+        yield
+        await agent.close()
+        if broker is not None:
+            await broker.close()
+
+    app = FastAPI(title=f"Megha worker {settings.worker_id}", lifespan=lifespan)
+    app.state.agent = agent
+    install_error_handlers(app)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, object]:
+        return {"status": "ok", "worker": settings.worker_id, "registered": agent.registered is not None}
+
+    @app.post("/v1/tasks", status_code=202, response_model=None)
+    async def launch(body: WorkerLaunchModel) -> dict[str, object] | JSONResponse:
+        registered = agent.registered
+        if registered is None:
+            return error(503, "not registered with an LM yet")
+        if body.lm != registered.lm:
+            return error(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
+        mine = range(registered.first_node, registered.first_node + registered.nodes)
+        stray = [p.node for p in body.launches if p.node not in mine]
+        if stray:
+            return error(422, f"nodes {stray} are not this agent's ({mine.start}..{mine.stop - 1})", "launches")
+        placements = body.to_core().launches
+        await agent.launch(placements)
+        return {"accepted": [p.task.task_id for p in placements]}
+
+    @app.get("/v1/state")
+    async def state() -> dict[str, object]:
+        return {"worker": settings.worker_id, "execution": settings.execution, "running": agent.executor.running()}
+
+    return app

@@ -1,0 +1,340 @@
+"""Task execution on a worker node: one OS process per task (really burning CPU and holding memory), or simulated.
+
+`TaskExecutor` runs each task as ``python -m megha.services.worker.burn`` in its own process group, so a kill
+reaches the burning child processes too. `SimulatedExecutor` has the same interface but only sleeps for the
+duration and reports no CPU: the "simulated-execution mode" for scale tests.
+
+Both report every task that ends exactly once, as an `ExecutionResult`: to the `on_finished` callback (if given)
+and to `wait()`. A task ends by finishing, by `kill()` (preemption: ``preempted=True``) or by its process
+failing (``error`` says how). Timestamps are wall-clock (`time.time()`) because they are compared across the
+processes of one host; durations are measured on the monotonic clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+BURN_MODULE = "megha.services.worker.burn"
+DEFAULT_KILL_GRACE_SECONDS = 2.0
+DEFAULT_KEEP_RESULTS = 1024
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """How one task's execution ended; ``execution_delay`` is the paper's (section VI-F): wall minus duration."""
+
+    task_id: str
+    started_at: float
+    finished_at: float
+    cpu_seconds: float
+    wall_seconds: float
+    execution_delay: float
+    memory_mb_touched: int
+    peak_rss_mb: float
+    exit_code: int
+    preempted: bool
+    error: str
+
+    @property
+    def succeeded(self) -> bool:
+        return not self.preempted and not self.error
+
+
+OnFinished = Callable[[ExecutionResult], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What a finished run reports before the executor adds times and the task's identity."""
+
+    exit_code: int
+    cpu_seconds: float = 0.0
+    memory_mb_touched: int = 0
+    peak_rss_mb: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class _Task:
+    task_id: str
+    duration: float
+    started_at: float
+    started_monotonic: float
+    watcher: asyncio.Task[ExecutionResult] | None = None
+    killed: bool = False
+
+
+class _Executor(ABC):
+    """Bookkeeping shared by both executors: duplicates, results, the callback, kill and shutdown."""
+
+    def __init__(
+        self,
+        on_finished: OnFinished | None = None,
+        *,
+        kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
+        keep_results: int = DEFAULT_KEEP_RESULTS,
+    ) -> None:
+        """`kill_grace`: seconds between SIGTERM and SIGKILL. `keep_results`: how many finished results not yet
+        collected by `wait()` are kept (oldest dropped first); the callback sees every result regardless."""
+        self._on_finished = on_finished
+        self._kill_grace = kill_grace
+        self._keep_results = keep_results
+        self._tasks: dict[str, _Task] = {}
+        self._results: OrderedDict[str, ExecutionResult] = OrderedDict()
+        self._watchers: set[asyncio.Task[ExecutionResult]] = set()
+        self._closed = False
+
+    async def start(self, task_id: str, cpu_millicores: int, memory_mb: int, duration: float) -> None:
+        """Launch a task; raises ValueError for a task id already running or for negative/non-finite requests."""
+        if self._closed:
+            raise RuntimeError("executor is shut down")
+        if task_id in self._tasks:
+            raise ValueError(f"task {task_id!r} is already running")
+        for name, value in (("cpu_millicores", cpu_millicores), ("memory_mb", memory_mb), ("duration", duration)):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r} for task {task_id!r}")
+        task = _Task(task_id, duration, time.time(), time.monotonic())
+        self._tasks[task_id] = task
+        try:
+            await self._launch(task, int(cpu_millicores), int(memory_mb), float(duration))
+        except BaseException:
+            del self._tasks[task_id]
+            raise
+        self._results.pop(task_id, None)
+        task.watcher = asyncio.create_task(self._watch(task), name=f"megha-task-{task_id}")
+        self._watchers.add(task.watcher)
+        task.watcher.add_done_callback(self._watchers.discard)
+        if self._closed:  # shut down while this task was being launched
+            await self.kill(task_id)
+
+    async def wait(self, task_id: str) -> ExecutionResult:
+        """The result of a running task once it ends, or of an ended one not yet collected; KeyError otherwise."""
+        task = self._tasks.get(task_id)
+        if task is not None and task.watcher is not None:
+            result = await asyncio.shield(task.watcher)
+            if self._results.get(task_id) is result:
+                del self._results[task_id]
+            return result
+        return self._results.pop(task_id)
+
+    async def kill(self, task_id: str) -> bool:
+        """Preempt a running task: SIGTERM, SIGKILL after the grace period; False if it is not running.
+
+        Returns once the task has ended and been reported (with ``preempted=True``).
+        """
+        task = self._tasks.get(task_id)
+        if task is None or task.watcher is None:
+            return False
+        task.killed = True
+        self._terminate(task_id)
+        try:
+            await asyncio.wait_for(asyncio.shield(task.watcher), self._kill_grace)
+        except TimeoutError:
+            self._force_kill(task_id)
+            await asyncio.shield(task.watcher)
+        return True
+
+    def running(self) -> list[str]:
+        """Ids of the tasks started and not yet ended, oldest first."""
+        return list(self._tasks)
+
+    async def shutdown(self) -> None:
+        """Refuse new tasks, kill every running one (each is still reported, as preempted) and return once every
+        task's process is gone and its `on_finished` callback has returned."""
+        self._closed = True
+        await asyncio.gather(*(self.kill(task_id) for task_id in list(self._tasks)))
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def _watch(self, task: _Task) -> ExecutionResult:
+        try:
+            outcome = await self._outcome(task.task_id)
+        except Exception as exc:
+            log.exception("task %s: lost track of its execution", task.task_id)
+            outcome = _Outcome(exit_code=-1, error=f"executor failed: {exc!r}")
+        wall = time.monotonic() - task.started_monotonic
+        preempted = task.killed and outcome.exit_code != 0
+        result = ExecutionResult(
+            task_id=task.task_id,
+            started_at=task.started_at,
+            finished_at=task.started_at + wall,
+            cpu_seconds=outcome.cpu_seconds,
+            wall_seconds=wall,
+            execution_delay=wall - task.duration,
+            memory_mb_touched=outcome.memory_mb_touched,
+            peak_rss_mb=outcome.peak_rss_mb,
+            exit_code=outcome.exit_code,
+            preempted=preempted,
+            error="" if preempted else outcome.error,
+        )
+        del self._tasks[task.task_id]
+        self._results[task.task_id] = result
+        while len(self._results) > self._keep_results:
+            self._results.popitem(last=False)
+        if self._on_finished is not None:
+            try:
+                await self._on_finished(result)
+            except Exception:
+                log.exception("task %s: on_finished callback failed", task.task_id)
+        return result
+
+    @abstractmethod
+    async def _launch(self, task: _Task, cpu_millicores: int, memory_mb: int, duration: float) -> None:
+        """Begin executing the task."""
+
+    @abstractmethod
+    async def _outcome(self, task_id: str) -> _Outcome:
+        """Wait for the task's execution to end and say how it ended."""
+
+    @abstractmethod
+    def _terminate(self, task_id: str) -> None:
+        """Ask the task's execution to stop (SIGTERM)."""
+
+    @abstractmethod
+    def _force_kill(self, task_id: str) -> None:
+        """Stop the task's execution now (SIGKILL)."""
+
+
+class TaskExecutor(_Executor):
+    """Runs each task as a real `burn` process (its own process group) that consumes the CPU and memory asked for."""
+
+    def __init__(
+        self,
+        on_finished: OnFinished | None = None,
+        *,
+        kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
+        keep_results: int = DEFAULT_KEEP_RESULTS,
+    ) -> None:
+        super().__init__(on_finished, kill_grace=kill_grace, keep_results=keep_results)
+        self._processes: dict[str, asyncio.subprocess.Process] = {}
+
+    def pid(self, task_id: str) -> int | None:
+        """The pid (and process-group id) of a running task's burn process, None if it is not running."""
+        process = self._processes.get(task_id)
+        return None if process is None else process.pid
+
+    async def _launch(self, task: _Task, cpu_millicores: int, memory_mb: int, duration: float) -> None:
+        # A process group of its own: kill() signals the group, so the burning children go too.
+        self._processes[task.task_id] = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            BURN_MODULE,
+            "--cpu-millicores",
+            str(cpu_millicores),
+            "--memory-mb",
+            str(memory_mb),
+            "--duration",
+            repr(duration),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    async def _outcome(self, task_id: str) -> _Outcome:
+        process = self._processes[task_id]
+        try:
+            stdout, stderr = await process.communicate()
+        finally:
+            if process.returncode != 0:
+                # The burn process stops its children itself; this catches any left behind by a crash.
+                self._signal_group(process, signal.SIGKILL)
+            del self._processes[task_id]
+        exit_code = process.returncode
+        assert exit_code is not None
+        report = _parse_report(stdout)
+        if exit_code == 0 and report is None:
+            error = f"burn process exited 0 without a report; stderr: {_tail(stderr)}"
+        elif exit_code < 0:
+            error = f"burn process killed by signal {-exit_code}"
+        elif exit_code != 0:
+            error = f"burn process exited with code {exit_code}; stderr: {_tail(stderr)}"
+        else:
+            error = ""
+        report = report or {}
+        return _Outcome(
+            exit_code=exit_code,
+            cpu_seconds=float(report.get("cpu_seconds", 0.0)),
+            memory_mb_touched=int(report.get("memory_mb_touched", 0)),
+            peak_rss_mb=float(report.get("peak_rss_mb", 0.0)),
+            error=error,
+        )
+
+    def _terminate(self, task_id: str) -> None:
+        self._signal_group(self._processes.get(task_id), signal.SIGTERM)
+
+    def _force_kill(self, task_id: str) -> None:
+        self._signal_group(self._processes.get(task_id), signal.SIGKILL)
+
+    @staticmethod
+    def _signal_group(process: asyncio.subprocess.Process | None, signum: int) -> None:
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signum)
+
+
+class SimulatedExecutor(_Executor):
+    """Simulated-execution mode: sleeps each task's duration, burns nothing, reports 0 CPU-seconds and 0 MB."""
+
+    def __init__(
+        self,
+        on_finished: OnFinished | None = None,
+        *,
+        kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
+        keep_results: int = DEFAULT_KEEP_RESULTS,
+    ) -> None:
+        super().__init__(on_finished, kill_grace=kill_grace, keep_results=keep_results)
+        self._sleeps: dict[str, asyncio.Task[None]] = {}
+
+    async def _launch(self, task: _Task, cpu_millicores: int, memory_mb: int, duration: float) -> None:
+        self._sleeps[task.task_id] = asyncio.create_task(asyncio.sleep(duration))
+
+    async def _outcome(self, task_id: str) -> _Outcome:
+        sleep = self._sleeps[task_id]
+        try:
+            await asyncio.wait({sleep})  # unlike awaiting it, cancelling the watcher does not cancel the sleep
+        finally:
+            sleep.cancel()  # a no-op once it is done
+            del self._sleeps[task_id]
+        if sleep.cancelled():
+            return _Outcome(exit_code=-signal.SIGTERM, error="simulated task cancelled")
+        return _Outcome(exit_code=0)
+
+    def _terminate(self, task_id: str) -> None:
+        sleep = self._sleeps.get(task_id)
+        if sleep is not None:
+            sleep.cancel()
+
+    def _force_kill(self, task_id: str) -> None:
+        self._terminate(task_id)
+
+
+def _parse_report(stdout: bytes) -> dict[str, float] | None:
+    """The burn process's JSON report: its last non-empty stdout line, None if there is none or it is not JSON."""
+    lines = stdout.decode(errors="replace").strip().splitlines()
+    if not lines:
+        return None
+    try:
+        report = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _tail(stderr: bytes, limit: int = 500) -> str:
+    text = stderr.decode(errors="replace").strip()
+    return text[-limit:] if text else "(empty)"

@@ -1,0 +1,385 @@
+"""Wire models: lossless round trips of every core message through JSON, and validation errors naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+from megha.common import models
+from megha.common.core import messages
+from megha.common.core.constraints import ALL_CONSTRAINTS_MASK, constraint_mask
+from megha.common.core.messages import (
+    Completion,
+    Completions,
+    Delta,
+    FinishedTask,
+    LaunchBatch,
+    LaunchResponse,
+    NodeState,
+    Placement,
+    Rejection,
+    WorkerLaunch,
+    WorkerReport,
+)
+from megha.common.core.resources import CPU, MEMORY
+from megha.common.core.task import TaskSpec
+from megha.common.models import (
+    MAX_BODY_BYTES,
+    BrokerMessage,
+    ErrorBody,
+    FinishedTaskModel,
+    JobStatus,
+    JobSubmission,
+    NodeStateModel,
+    TaskEvent,
+    TaskSpecModel,
+    WorkerNode,
+    WorkerRegistration,
+    to_wire,
+    validation_error_body,
+)
+
+# --- strategies for core messages ----------------------------------------------------------------------------
+
+ids = st.text("abcdefghijklmnopqrstuvwxyz0123456789_.-", min_size=1, max_size=20)
+index = st.integers(0, 2**40)
+seconds = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+amounts = st.lists(st.integers(0, 2**40), min_size=1, max_size=4).map(tuple)
+
+task_specs = st.builds(
+    TaskSpec,
+    task_id=ids,
+    job_id=ids,
+    user=ids,
+    duration=seconds,
+    request=amounts,
+    constraints=st.integers(0, ALL_CONSTRAINTS_MASK),
+)
+placements = st.builds(Placement, task=task_specs, lm=index, node=index, repartition=st.booleans())
+node_states = st.builds(NodeState, node=index, free=amounts, version=index)
+deltas = st.builds(Delta, lm=index, gm=index, applied_through=index, nodes=st.lists(node_states, max_size=4))
+rejections = st.builds(Rejection, placement=placements, reason=st.text(max_size=40), inconsistency=st.booleans())
+completions = st.builds(Completion, task_id=ids, state=node_states)
+finished_tasks = st.builds(FinishedTask, task_id=ids, node=index, preempted=st.booleans())
+
+CORE_MESSAGES: dict[type, st.SearchStrategy[Any]] = {
+    TaskSpec: task_specs,
+    Placement: placements,
+    LaunchBatch: st.builds(LaunchBatch, gm=index, lm=index, seq=index, placements=st.lists(placements, max_size=4)),
+    Rejection: rejections,
+    NodeState: node_states,
+    Delta: deltas,
+    LaunchResponse: st.builds(
+        LaunchResponse,
+        gm=index,
+        lm=index,
+        seq=index,
+        accepted=st.lists(placements, max_size=3),
+        rejected=st.lists(rejections, max_size=3),
+        states=st.lists(node_states, max_size=3),
+        delta=deltas,
+    ),
+    Completion: completions,
+    Completions: st.builds(
+        Completions, lm=index, gm=index, applied_through=index, items=st.lists(completions, max_size=4)
+    ),
+    WorkerLaunch: st.builds(WorkerLaunch, lm=index, launches=st.lists(placements, max_size=4)),
+    FinishedTask: finished_tasks,
+    WorkerReport: st.builds(WorkerReport, lm=index, finished=st.lists(finished_tasks, max_size=4)),
+}
+
+
+def _same(a: object, b: object) -> None:
+    """Equal, and of the same types all the way down (a list where the core has a tuple would be a bug)."""
+    assert type(a) is type(b), (type(a), type(b))
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _same(getattr(a, f.name), getattr(b, f.name))
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)  # type: ignore[arg-type]
+        for x, y in zip(a, b):  # type: ignore[call-overload]
+            _same(x, y)
+    else:
+        assert a == b
+
+
+# --- round trips ---------------------------------------------------------------------------------------------
+
+
+def test_every_core_message_has_a_mirror() -> None:
+    timers_and_envelopes = {messages.Send, messages.Wake, messages.DeltaTick, messages.FinishTick}
+    core = {
+        obj
+        for obj in vars(messages).values()
+        if isinstance(obj, type) and obj.__module__ == messages.__name__ and obj not in timers_and_envelopes
+    }
+    assert core == set(CORE_MESSAGES) - {TaskSpec}
+    assert set(models.CORE_MIRRORS) == set(CORE_MESSAGES)
+
+
+@pytest.mark.parametrize("core_type", list(CORE_MESSAGES), ids=lambda t: t.__name__)
+def test_round_trip_through_json_is_lossless(core_type: type) -> None:
+    model_type = models.CORE_MIRRORS[core_type]
+
+    @given(CORE_MESSAGES[core_type])
+    def check(obj: Any) -> None:
+        wire = to_wire(obj)
+        assert type(wire) is model_type
+        payload = wire.model_dump_json()
+        back = model_type.model_validate_json(payload).to_core()
+        _same(back, obj)
+
+    check()
+
+
+def test_wire_format_of_a_placement() -> None:
+    task = TaskSpec("j.0", "j", "alice", 2.5, (1000, 512), constraint_mask([20, 0, 4]))
+    wire = json.loads(to_wire(Placement(task, 1, 7, True)).model_dump_json())
+    assert wire == {
+        "task": {
+            "task_id": "j.0",
+            "job_id": "j",
+            "user": "alice",
+            "duration": 2.5,
+            "request": [1000, 512],
+            "constraints": [0, 4, 20],
+        },
+        "lm": 1,
+        "node": 7,
+        "repartition": True,
+    }
+
+
+def test_unsorted_constraints_on_the_wire_give_the_same_mask() -> None:
+    body = {"task_id": "t", "job_id": "j", "user": "u", "duration": 1, "request": [1], "constraints": [9, 2]}
+    assert TaskSpecModel.model_validate(body).to_core().constraints == constraint_mask([2, 9])
+
+
+def test_to_wire_refuses_a_type_without_a_mirror() -> None:
+    with pytest.raises(TypeError, match="DeltaTick"):
+        to_wire(messages.DeltaTick())
+
+
+def test_finished_task_measurements_default_from_the_core_and_are_dropped_to_it() -> None:
+    wire = FinishedTaskModel.from_core(FinishedTask("t", 3, preempted=True))
+    assert (wire.cpu_seconds, wire.execution_delay, wire.started_at, wire.finished_at, wire.error) == (
+        0.0,
+        0.0,
+        None,
+        None,
+        "",
+    )
+    measured = FinishedTaskModel(task_id="t", node=3, cpu_seconds=1.5, started_at=10.0, finished_at=12.0, error="oom")
+    assert measured.to_core() == FinishedTask("t", 3, False)
+
+
+# --- submission API ------------------------------------------------------------------------------------------
+
+
+def _task(**overrides: Any) -> dict[str, Any]:
+    return {"duration": 1.5, "cpu_millicores": 500, "memory_mb": 256, "constraints": [1, 4], **overrides}
+
+
+def _fields(model: type[BaseModel], body: Any) -> list[str]:
+    """The field paths a body's validation errors name (the body is sent as JSON text, as a service gets it)."""
+    raw = body if isinstance(body, str) else json.dumps(body)
+    with pytest.raises(ValidationError) as err:
+        model.model_validate_json(raw)
+    return [d.field for d in validation_error_body(err.value).detail]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tasks": [_task(), _task(cpu_millicores=-1)]}, "tasks.1.cpu_millicores"),
+        ({"tasks": [_task(memory_mb=0)]}, "tasks.0.memory_mb"),
+        ({"tasks": [_task(constraints=[3, 21])]}, "tasks.0.constraints.1"),
+        ({"tasks": [_task(constraints=[-1])]}, "tasks.0.constraints.0"),
+        ({"tasks": [_task(constraints=[3, 5, 3])]}, "tasks.0.constraints"),
+        ({"tasks": [_task(constraints=list(range(21)) * 2)]}, "tasks.0.constraints"),
+        ({"tasks": []}, "tasks"),
+        ({}, "tasks"),
+        ({"tasks": [_task()] * 10_001}, "tasks"),
+        ({"tasks": [_task(), _task(), _task(), _task(cpu_millicores="5")]}, "tasks.3.cpu_millicores"),
+        ({"tasks": [_task(cpu_millicores=5.0)]}, "tasks.0.cpu_millicores"),
+        ({"tasks": [_task(cpu_millicores=True)]}, "tasks.0.cpu_millicores"),
+        ({"tasks": [_task(duration="1.5")]}, "tasks.0.duration"),
+        ({"tasks": [_task(duration=0)]}, "tasks.0.duration"),
+        ({"tasks": [_task(duration=-2.0)]}, "tasks.0.duration"),
+        ('{"tasks": [{"duration": NaN, "cpu_millicores": 1, "memory_mb": 1}]}', "tasks.0.duration"),
+        ('{"tasks": [{"duration": Infinity, "cpu_millicores": 1, "memory_mb": 1}]}', "tasks.0.duration"),
+        ({"tasks": [_task(gpus=1)]}, "tasks.0.gpus"),
+        ({"tasks": [_task()], "priority": 3}, "priority"),
+        ({"tasks": [_task()], "user": "u" * 65}, "user"),
+        ({"tasks": [_task()], "user": ""}, "user"),
+        ({"tasks": [_task(user="u" * 65)]}, "tasks.0.user"),
+        ({"tasks": [_task()], "job_id": "a/b"}, "job_id"),
+        ({"tasks": [_task()], "job_id": "j" * 65}, "job_id"),
+        ({"tasks": [_task()], "job_id": 7}, "job_id"),
+        ("{not json", models.ROOT_FIELD),
+        ("[]", models.ROOT_FIELD),
+    ],
+)
+def test_bad_submission_names_the_field(body: Any, field: str) -> None:
+    assert _fields(JobSubmission, body) == [field]
+
+
+def test_python_nan_and_inf_durations_are_refused() -> None:
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ValidationError) as err:
+            JobSubmission.model_validate({"tasks": [_task(duration=bad)]})
+        assert [d.field for d in validation_error_body(err.value).detail] == ["tasks.0.duration"]
+
+
+def test_every_error_of_a_body_is_reported() -> None:
+    body = {"tasks": [_task(cpu_millicores=0, memory_mb=-5)], "extra": 1}
+    assert sorted(_fields(JobSubmission, body)) == ["extra", "tasks.0.cpu_millicores", "tasks.0.memory_mb"]
+
+
+def test_error_body_is_itself_a_valid_wire_message() -> None:
+    with pytest.raises(ValidationError) as err:
+        JobSubmission.model_validate_json(json.dumps({"tasks": [_task(memory_mb=0)]}))
+    body = validation_error_body(err.value)
+    assert body.error == "invalid JobSubmission"
+    assert "greater than 0" in body.detail[0].message
+    assert ErrorBody.model_validate_json(body.model_dump_json()) == body
+
+
+def test_valid_submission_defaults_and_json_ints_for_floats() -> None:
+    sub = JobSubmission.model_validate_json(
+        json.dumps({"tasks": [{"duration": 3, "cpu_millicores": 1, "memory_mb": 2}]})
+    )
+    assert sub.user == "default"
+    assert sub.job_id is None
+    assert sub.tasks[0].duration == 3.0
+    assert sub.tasks[0].constraints == []
+
+
+def test_to_tasks_builds_core_task_specs() -> None:
+    sub = JobSubmission.model_validate(
+        {
+            "user": "alice",
+            "job_id": "job-1",
+            "tasks": [_task(constraints=[20, 0]), _task(duration=7, cpu_millicores=9, memory_mb=11, user="bob")],
+        }
+    )
+    assert sub.to_tasks("job-1", (CPU, MEMORY)) == (
+        TaskSpec("job-1.0", "job-1", "alice", 1.5, (500, 256), (1 << 20) | 1),
+        TaskSpec("job-1.1", "job-1", "bob", 7.0, (9, 11), constraint_mask([1, 4])),
+    )
+
+
+def test_to_tasks_aligns_requests_to_the_resource_names() -> None:
+    sub = JobSubmission.model_validate({"tasks": [_task()]})
+    (task,) = sub.to_tasks("j", ("gpus", MEMORY, CPU))
+    assert task.request == (0, 256, 500)
+    with pytest.raises(ValueError, match=MEMORY):
+        sub.to_tasks("j", (CPU, "gpus"))
+
+
+def test_a_maximal_submission_fits_the_body_limit() -> None:
+    task = _task(duration=1234567.891234567, cpu_millicores=2**31, memory_mb=2**31, constraints=list(range(21)))
+    sub = JobSubmission(
+        tasks=[models.TaskRequest(**task, user="u" * 64)] * models.MAX_TASKS_PER_JOB,
+        user="u" * 64,
+        job_id="j" * 64,
+    )
+    assert len(sub.model_dump_json(indent=1).encode()) < MAX_BODY_BYTES
+
+
+def test_job_status_round_trips_and_checks_states() -> None:
+    status = {
+        "job_id": "j",
+        "user": "alice",
+        "gm": 0,
+        "tasks": [
+            {"task_id": "j.0", "state": "finished", "arrival": 1.0, "launched_at": 1.1, "started_at": 1.2,
+             "finished_at": 3.0, "lm": 2, "node": 17, "attempts": 2, "inconsistencies": 1, "repartitioned": True},
+            {"task_id": "j.1", "state": "queued", "arrival": 1.0},
+        ],
+    }  # fmt: skip
+    parsed = JobStatus.model_validate_json(json.dumps(status))
+    assert parsed.tasks[1].lm is None and parsed.tasks[1].failed_reason is None
+    assert JobStatus.model_validate_json(parsed.model_dump_json()) == parsed
+    status["tasks"][1]["state"] = "lost"
+    assert _fields(JobStatus, status) == ["tasks.1.state"]
+
+
+# --- mirrors, registration and events validate too -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"node": 0, "free": [1, -1], "version": 0}, "free.1"),
+        ({"node": 0, "free": [], "version": 0}, "free"),
+        ({"node": -1, "free": [1], "version": 0}, "node"),
+        ({"node": 0, "free": [1], "version": "3"}, "version"),
+        ({"node": 0, "free": [1], "version": 0, "gm": 1}, "gm"),
+    ],
+)
+def test_bad_node_state_names_the_field(body: dict[str, Any], field: str) -> None:
+    assert _fields(NodeStateModel, body) == [field]
+
+
+def _registration(**overrides: Any) -> dict[str, Any]:
+    node = {"capacity": {CPU: 2000, MEMORY: 4096}, "constraints": [0, 3]}
+    return {"worker_id": "w-1", "url": "http://10.0.0.5:8080", "nodes": [node, node], **overrides}
+
+
+def test_worker_registration_gives_core_capacities() -> None:
+    reg = WorkerRegistration.model_validate_json(json.dumps(_registration()))
+    node = reg.nodes[0]
+    assert node.resources((MEMORY, CPU)) == (4096, 2000)
+    assert constraint_mask(node.constraints) == 0b1001
+    with pytest.raises(ValueError, match="differ"):
+        node.resources((CPU, MEMORY, "gpus"))
+    with pytest.raises(ValueError, match="differ"):
+        WorkerNode(capacity={CPU: 1}).resources((CPU, MEMORY))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"nodes": []}, "nodes"),
+        ({"nodes": [{"capacity": {CPU: 0, MEMORY: 1}}]}, f"nodes.0.capacity.{CPU}"),
+        ({"nodes": [{"capacity": {}}]}, "nodes.0.capacity"),
+        ({"nodes": [{"capacity": {CPU: 1}, "constraints": [21]}]}, "nodes.0.constraints.0"),
+        ({"url": "ftp://x"}, "url"),
+        ({"worker_id": ""}, "worker_id"),
+    ],
+)
+def test_bad_registration_names_the_field(overrides: dict[str, Any], field: str) -> None:
+    assert _fields(WorkerRegistration, _registration(**overrides)) == [field]
+
+
+def test_task_event_kinds_and_times() -> None:
+    event = {"kind": "finished", "task_id": "j.0", "job_id": "j", "gm": 0, "lm": 1, "node": 2, "at": 1.7e9}
+    parsed = TaskEvent.model_validate_json(json.dumps(event))
+    assert (parsed.cpu_seconds, parsed.execution_delay, parsed.error) == (0.0, 0.0, "")
+    assert TaskEvent.model_validate_json(parsed.model_dump_json()) == parsed
+    assert _fields(TaskEvent, {**event, "kind": "killed"}) == ["kind"]
+    assert _fields(TaskEvent, {**event, "cpu_seconds": -1}) == ["cpu_seconds"]
+    assert _fields(TaskEvent, '{"kind": "started", "task_id": "t", "job_id": "j", "gm": 0, "lm": 0, "node": 0, '
+                              '"at": NaN}') == ["at"]  # fmt: skip
+
+
+def test_broker_message_carries_exactly_one_message() -> None:
+    delta = Delta(1, 0, 3, [NodeState(2, (5, 6), 9)])
+    envelope = BrokerMessage(delta=models.DeltaModel.from_core(delta))
+    back = BrokerMessage.model_validate_json(envelope.model_dump_json())
+    assert back.completions is None and back.worker_report is None
+    assert back.delta is not None
+    _same(back.delta.to_core(), delta)
+    report = json.loads(models.WorkerReportModel.from_core(WorkerReport(0, [])).model_dump_json())
+    assert _fields(BrokerMessage, {}) == [models.ROOT_FIELD]
+    assert _fields(BrokerMessage, {"delta": envelope.delta.model_dump(), "worker_report": report}) == [
+        models.ROOT_FIELD
+    ]
+    assert _fields(BrokerMessage, {"heartbeat": {}}) == ["heartbeat"]
