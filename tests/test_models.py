@@ -360,13 +360,13 @@ def test_bad_registration_names_the_field(overrides: dict[str, Any], field: str)
 
 
 def test_task_event_kinds_and_times() -> None:
-    event = {"kind": "finished", "task_id": "j.0", "job_id": "j", "gm": 0, "lm": 1, "node": 2, "at": 1.7e9}
+    event = {"kind": "finished", "task_id": "j.0", "job_id": "j", "lm": 1, "node": 2, "at": 1.7e9}
     parsed = TaskEvent.model_validate_json(json.dumps(event))
     assert (parsed.cpu_seconds, parsed.execution_delay, parsed.error) == (0.0, 0.0, "")
     assert TaskEvent.model_validate_json(parsed.model_dump_json()) == parsed
     assert _fields(TaskEvent, {**event, "kind": "killed"}) == ["kind"]
     assert _fields(TaskEvent, {**event, "cpu_seconds": -1}) == ["cpu_seconds"]
-    assert _fields(TaskEvent, '{"kind": "started", "task_id": "t", "job_id": "j", "gm": 0, "lm": 0, "node": 0, '
+    assert _fields(TaskEvent, '{"kind": "started", "task_id": "t", "job_id": "j", "lm": 0, "node": 0, '
                               '"at": NaN}') == ["at"]  # fmt: skip
 
 
