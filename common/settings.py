@@ -93,3 +93,27 @@ class WorkerSettings(ServiceSettings):
         if bad:
             raise ValueError(f"constraint ids {bad} outside 0..{NUM_CONSTRAINTS - 1}")
         return value
+
+
+class LoadgenSettings(ServiceSettings):
+    """The request generator: replays a trace against the GM services in open loop and reports."""
+
+    gm_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000"], description="every GM's URL (JSON list or comma-separated)"
+    )
+    trace: str = Field("demo", description="a .tr file, 'demo' or syn:<tasks>:<jobs>")
+    first_jobs: int | None = Field(None, ge=1)
+    time_scale: float = Field(1.0, gt=0, description="multiplies arrival times and durations")
+    mode: Literal["slot", "scaled"] = "scaled"
+    seed: int = 0
+    node_cpu_millicores: int = Field(2000, gt=0, description="slot mode: what one task asks for")
+    node_memory_mb: int = Field(4096, gt=0, description="slot mode: what one task asks for")
+    cpu_scale: int = Field(400, ge=1, description="scaled mode: divide the drawn CPU request by this")
+    mem_scale: int = Field(50, ge=1, description="scaled mode: divide the drawn memory request by this")
+    out: str = Field("out/services", description="directory for the report files")
+    timeout: float = Field(600.0, gt=0, description="seconds to wait for every task to finish after the last submit")
+
+    @field_validator("gm_urls", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value

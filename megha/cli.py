@@ -119,7 +119,114 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add_argument("--no-files", action="store_true", help="print the report only")
     o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    for name, what in (
+        ("gm", "a Global Master"),
+        ("lm", "a Local Master"),
+        ("worker", "a worker agent"),
+        ("loadgen", "the request generator against running GMs"),
+    ):
+        sub.add_parser(name, help=f"run {what}, configured by MEGHA_* environment variables (see docs/deploy.md)")
+    loc = sub.add_parser(
+        "local",
+        help="start GMs, LMs and worker agents as local processes, replay a trace through them, report, stop",
+        description="Start a whole deployment on this host (separate processes, real RabbitMQ), replay a trace "
+        "through the GMs' REST API, print the report, and shut everything down (also on Ctrl-C).",
+    )
+    loc.add_argument("--gms", type=_positive_int, default=2, help="GMs (default: %(default)s)")
+    loc.add_argument("--lms", type=_positive_int, default=2, help="LMs (default: %(default)s)")
+    loc.add_argument("--workers-per-lm", type=_positive_int, default=2, help="worker agents per LM (default: 2)")
+    loc.add_argument(
+        "--nodes-per-worker",
+        type=_positive_int,
+        default=1,
+        help="nodes each agent stands for; more than 1 needs --execution simulated (default: 1)",
+    )
+    loc.add_argument(
+        "--execution",
+        choices=("real", "simulated"),
+        default="real",
+        help="real: tasks burn their CPU and memory; simulated: no burn (default: %(default)s)",
+    )
+    loc.add_argument("--node-cpu", type=_positive_int, default=2000, help="node CPU, millicores (default: 2000)")
+    loc.add_argument("--node-mem", type=_positive_int, default=4096, help="node memory, MB (default: 4096)")
+    loc.add_argument(
+        "--constraint-seed",
+        type=int,
+        default=None,
+        help="draw node constraints with the published fractions (default: nodes satisfy all)",
+    )
+    loc.add_argument("--trace", default="demo", help="a .tr file, 'demo' or syn:<tasks>:<jobs> (default: demo)")
+    loc.add_argument("--first-jobs", type=_positive_int, default=20, help="jobs to replay (default: 20)")
+    loc.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=0.0002,
+        help="multiply arrivals and durations; the demo's tasks last hours (default: %(default)s)",
+    )
+    loc.add_argument("--mode", choices=("slot", "scaled"), default="scaled", help="request mode (default: scaled)")
+    loc.add_argument("--cpu-scale", type=_positive_int, default=400, help="scaled mode CPU divisor (default: 400)")
+    loc.add_argument(
+        "--mem-scale",
+        type=_positive_int,
+        default=1000,
+        help="scaled mode memory divisor; 1000 keeps a laptop's memory safe (default: 1000)",
+    )
+    loc.add_argument("--seed", type=int, default=0)
+    loc.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    loc.add_argument("--out", type=Path, default=Path("out/local"), help="report files and service logs")
     return parser
+
+
+def _local(args: argparse.Namespace) -> int:
+    from megha.common.settings import LoadgenSettings
+    from megha.deploy.local import LocalDeployment, run_local
+    from megha.loadgen.report import format_table, write_outputs
+
+    deployment = LocalDeployment(
+        gms=args.gms,
+        lms=args.lms,
+        workers_per_lm=args.workers_per_lm,
+        nodes_per_worker=args.nodes_per_worker,
+        execution=args.execution,
+        node_cpu_millicores=args.node_cpu,
+        node_memory_mb=args.node_mem,
+        constraint_seed=args.constraint_seed,
+        amqp_url=args.amqp_url,
+        log_dir=args.out / "logs",
+    )
+    settings = LoadgenSettings(
+        trace=args.trace,
+        first_jobs=args.first_jobs,
+        time_scale=args.time_scale,
+        mode=args.mode,
+        cpu_scale=args.cpu_scale,
+        mem_scale=args.mem_scale,
+        seed=args.seed,
+        out=str(args.out),
+    )
+    try:
+        run, states = run_local(deployment, settings)
+    except KeyboardInterrupt:
+        print("interrupted: every service was stopped", file=sys.stderr)
+        return 130
+    assert run.metrics is not None
+    title = f"Megha local deployment ({args.gms} GMs, {args.lms} LMs, {args.workers_per_lm} agents per LM)"
+    print(format_table(run.metrics, title))
+    for state in states:
+        print(
+            f"LM {state['lm']}: {state['launched']} launched, {state['inconsistencies']} inconsistencies, "
+            f"{state['repartitions']} repartitions, back to full capacity: {state['idle']}"
+        )
+    paths = write_outputs(
+        run.metrics,
+        list(run.tasks.values()),
+        list(run.jobs.values()),
+        args.out,
+        title,
+        {"args": {k: str(v) for k, v in vars(args).items()}},
+    )
+    print(f"wrote {', '.join(str(p) for p in paths.values())}; service logs in {args.out / 'logs'}")
+    return 1 if run.metrics.not_exactly_once or run.timed_out or not all(s["idle"] for s in states) else 0
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -175,6 +282,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "replay":
             return _replay(args)
+        if args.command == "local":
+            return _local(args)
+        if args.command in ("gm", "lm", "worker"):
+            from megha.services import run
+
+            getattr(run, f"serve_{args.command}")()
+            return 0
+        if args.command == "loadgen":
+            from megha.loadgen.services import main as loadgen_main
+
+            return loadgen_main()
     except (ValueError, FileNotFoundError) as exc:
         print(f"megha {args.command}: error: {exc}", file=sys.stderr)
         return 2

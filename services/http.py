@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,15 +36,22 @@ class BodyLimit(BaseHTTPMiddleware):
         return await call_next(request)
 
 
+def _field_error(e: Mapping[str, Any]) -> FieldError:
+    """One request-validation error; malformed JSON is about the body as a whole (its loc is a character
+    position, not a field)."""
+    if e["type"] == "json_invalid":
+        return FieldError(
+            field=ROOT_FIELD, message=f"malformed JSON at character {e['loc'][-1]}: {e.get('ctx', {}).get('error', '')}"
+        )
+    return FieldError(field=".".join(str(p) for p in e["loc"][1:]) or ROOT_FIELD, message=e["msg"])
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Validation failures become 422 bodies naming each field; nothing leaks out as a 500."""
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [
-            FieldError(field=".".join(str(p) for p in e["loc"][1:]) or ROOT_FIELD, message=e["msg"])
-            for e in exc.errors()
-        ]
+        detail = [_field_error(e) for e in exc.errors()]
         return JSONResponse(ErrorBody(error="invalid request body", detail=detail).model_dump(), status_code=422)
 
     @app.exception_handler(ValidationError)

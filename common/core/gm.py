@@ -345,6 +345,10 @@ class GlobalMaster:
             "repartitions": self.repartitions,
             "inconsistencies": self.inconsistencies,
             "reschedules": self.reschedules,
+            "total_capacity": [
+                sum(c[k] for row in self.views for v in row for c in v.capacity)
+                for k in range(len(self.resource_names))
+            ],
             "partitions": [
                 {"lm": v.lm, "gm": v.gm, "nodes": v.size, "used_fraction": round(v.used_fraction(), 4)}
                 for row in self.views

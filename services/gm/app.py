@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
 from megha.common.models import JobAccepted, JobStatus, JobSubmission
 from megha.common.settings import GMSettings
@@ -16,14 +17,18 @@ from megha.services.gm.service import GMService
 from megha.services.http import configure_logging, error, install_error_handlers
 
 
-def create_app(settings: GMSettings, use_broker: bool = True) -> FastAPI:
+def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSpec | None = None) -> FastAPI:
+    """The GM app. It learns the cluster from its LMs at start-up unless `cluster` is given (tests)."""
     log = configure_logging(settings.log_level, f"gm-{settings.gm_id}")
     broker = Broker(settings.amqp_url, settings.run_id) if use_broker else None
     service = GMService(settings, broker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await service.discover()
+        if cluster is None:
+            await service.discover()
+        else:
+            service.adopt(cluster)
         if broker is not None:
             await broker.connect()
             await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)

@@ -48,6 +48,13 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
 
     @app.post("/v1/workers", status_code=201, response_model=WorkerRegistered)
     async def register(reg: WorkerRegistration) -> WorkerRegistered | JSONResponse:
+        for i, node in enumerate(reg.nodes):
+            if set(node.capacity) != set(service.resource_names):
+                return error(
+                    422,
+                    f"capacity names {sorted(node.capacity)} differ from {sorted(service.resource_names)}",
+                    f"nodes.{i}.capacity",
+                )
         try:
             return service.register(reg)
         except RegistrationError as exc:
@@ -79,6 +86,10 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return error(422, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm")
         if not 0 <= batch.gm < settings.num_gms:
             return error(422, f"no GM {batch.gm}; this deployment has {settings.num_gms}", "gm")
+        for i, p in enumerate(batch.placements):
+            if len(p.task.request) != len(service.resource_names):
+                names = list(service.resource_names)
+                return error(422, f"request {p.task.request} is not aligned to {names}", f"placements.{i}.task.request")
         try:
             response = await service.launch(batch.to_core())
         except NotReady as exc:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import OrderedDict
 
 import httpx
 
@@ -27,6 +28,9 @@ from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, T
 
 log = logging.getLogger("megha.worker")
 
+REMEMBER_FINISHED = 100_000
+"""How many finished task ids an agent remembers so that a repeated launch does not run a task twice."""
+
 
 class WorkerAgent:
     def __init__(self, settings: WorkerSettings, broker: Broker | None) -> None:
@@ -37,7 +41,9 @@ class WorkerAgent:
         executor_cls = TaskExecutor if settings.execution == "real" else SimulatedExecutor
         self.executor = executor_cls(self._on_finished)
         self.registered: WorkerRegistered | None = None
-        self._placements: dict[str, Placement] = {}
+        self._placements: dict[str, Placement] = {}  # launched and not yet reported
+        self._done: OrderedDict[str, None] = OrderedDict()  # recently reported, for idempotent launches
+        self._starting: set[asyncio.Task[None]] = set()
         self._http = httpx.AsyncClient(timeout=10.0)
 
     def nodes(self) -> list[WorkerNode]:
@@ -82,17 +88,37 @@ class WorkerAgent:
                 raise RuntimeError(f"LM at {self.settings.lm_url} unreachable for {timeout} s: {reason}")
             await asyncio.sleep(0.2)
 
-    async def launch(self, placements: list[Placement]) -> None:
-        for p in placements:
-            if p.task.task_id in self._placements:
-                continue  # a repeated launch: the task already runs here
+    def launch(self, placements: list[Placement]) -> list[str]:
+        """Accept a launch and start its tasks in the background; returns the ids accepted. Idempotent: a task
+        that runs or ran here (the LM retries calls that timed out) is not started again."""
+        fresh = [p for p in placements if p.task.task_id not in self._placements and p.task.task_id not in self._done]
+        for p in fresh:
             self._placements[p.task.task_id] = p
-            await self.executor.start(p.task.task_id, p.task.request[0], p.task.request[1], p.task.duration)
+        if fresh:
+            task = asyncio.get_running_loop().create_task(self._start_all(fresh))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+        return [p.task.task_id for p in placements]
+
+    async def _start_all(self, placements: list[Placement]) -> None:
+        for p in placements:
+            try:
+                await self.executor.start(p.task.task_id, p.task.request[0], p.task.request[1], p.task.duration)
+            except Exception as exc:  # the task must still be reported, never silently dropped
+                log.exception("could not start %s", p.task.task_id)
+                await self._report(p, ExecutionResult.failed_to_start(p.task.task_id, str(exc)))
+                continue
             await self._event("started", p, at=time.time())
 
     async def _on_finished(self, result: ExecutionResult) -> None:
+        await self._report(self._placements[result.task_id], result)
+
+    async def _report(self, placement: Placement, result: ExecutionResult) -> None:
         """Report the end of a task to the LM (which frees its resources) and to whoever watches task events."""
-        placement = self._placements.pop(result.task_id)
+        self._placements.pop(result.task_id, None)
+        self._done[result.task_id] = None
+        if len(self._done) > REMEMBER_FINISHED:
+            self._done.popitem(last=False)
         kind = "preempted" if result.preempted else ("failed" if result.error else "finished")
         await self._event(kind, placement, at=result.finished_at, result=result)
         finished = FinishedTaskModel(

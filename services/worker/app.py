@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.models import WorkerLaunchModel
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker
@@ -56,9 +57,11 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         stray = [p.node for p in body.launches if p.node not in mine]
         if stray:
             return error(422, f"nodes {stray} are not this agent's ({mine.start}..{mine.stop - 1})", "launches")
-        placements = body.to_core().launches
-        await agent.launch(placements)
-        return {"accepted": [p.task.task_id for p in placements]}
+        for i, p in enumerate(body.launches):
+            if len(p.task.request) != len(DEFAULT_RESOURCE_NAMES):
+                names = list(DEFAULT_RESOURCE_NAMES)
+                return error(422, f"request {p.task.request} is not aligned to {names}", f"launches.{i}.task.request")
+        return {"accepted": agent.launch(body.to_core().launches)}
 
     @app.get("/v1/state")
     async def state() -> dict[str, object]:

@@ -53,6 +53,12 @@ class ExecutionResult:
     def succeeded(self) -> bool:
         return not self.preempted and not self.error
 
+    @classmethod
+    def failed_to_start(cls, task_id: str, error: str) -> ExecutionResult:
+        """The result of a task whose process could not even be started."""
+        now = time.time()
+        return cls(task_id, now, now, 0.0, 0.0, 0.0, 0, 0.0, -1, False, f"could not start: {error}")
+
 
 OnFinished = Callable[[ExecutionResult], Awaitable[None]]
 

@@ -1,0 +1,194 @@
+"""`megha local`: start G GMs, L LMs and W worker agents per LM as separate processes against RabbitMQ, wait until
+they are healthy, replay a trace through them, print the report, and shut everything down (also on Ctrl-C)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+
+import httpx
+
+from megha.common.core.constraints import NUM_CONSTRAINTS
+from megha.common.settings import LoadgenSettings
+from megha.loadgen.services import ServicesRun, replay_services
+
+ALL_CONSTRAINTS = ",".join(str(c) for c in range(NUM_CONSTRAINTS))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Process:
+    name: str
+    url: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LocalDeployment:
+    """A deployment on this host. Worker nodes satisfy every constraint unless `constraint_seed` is set, in which
+    case each agent's constraints are drawn with the published machine fractions (and some jobs of a constrained
+    trace may then be unschedulable on a small deployment)."""
+
+    gms: int = 2
+    lms: int = 2
+    workers_per_lm: int = 2
+    nodes_per_worker: int = 1
+    execution: str = "real"
+    node_cpu_millicores: int = 2000
+    node_memory_mb: int = 4096
+    constraint_seed: int | None = None
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    run_id: str = field(default_factory=lambda: f"local-{uuid.uuid4().hex[:8]}")
+    log_dir: Path = Path("out/local/logs")
+    delta_interval: float = 1.0
+    processes: list[Process] = field(default_factory=list)
+
+    def _env(self, **values: object) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"MEGHA_AMQP_URL": self.amqp_url, "MEGHA_RUN_ID": self.run_id, "MEGHA_LOG_LEVEL": "info"})
+        env.update({f"MEGHA_{k.upper()}": str(v) for k, v in values.items()})
+        return env
+
+    def _spawn(self, name: str, module: str, port: int, **values: object) -> str:
+        url = f"http://127.0.0.1:{port}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"{name}.log"
+        popen = subprocess.Popen(
+            [sys.executable, "-m", module],
+            env=self._env(port=port, public_url=url, **values),
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopping it also stops its task processes
+        )
+        self.processes.append(Process(name, url, popen, log))
+        return url
+
+    def start(self) -> None:
+        lm_urls = []
+        for lm in range(self.lms):
+            lm_urls.append(
+                self._spawn(
+                    f"lm-{lm}",
+                    "megha.services.lm",
+                    free_port(),
+                    lm_id=lm,
+                    num_gms=self.gms,
+                    expected_nodes=self.workers_per_lm * self.nodes_per_worker,
+                    delta_interval=self.delta_interval,
+                )
+            )
+            for w in range(self.workers_per_lm):
+                extra: dict[str, object] = (
+                    {"constraints": ALL_CONSTRAINTS}
+                    if self.constraint_seed is None
+                    else {"constraint_seed": self.constraint_seed * 1000 + lm * 100 + w}
+                )
+                self._spawn(
+                    f"worker-{lm}-{w}",
+                    "megha.services.worker",
+                    free_port(),
+                    worker_id=f"worker-{lm}-{w}",
+                    lm_url=lm_urls[-1],
+                    execution=self.execution,
+                    nodes=self.nodes_per_worker,
+                    node_cpu_millicores=self.node_cpu_millicores,
+                    node_memory_mb=self.node_memory_mb,
+                    **extra,
+                )
+        self.gm_urls = [
+            self._spawn(f"gm-{gm}", "megha.services.gm", free_port(), gm_id=gm, lm_urls=",".join(lm_urls))
+            for gm in range(self.gms)
+        ]
+        self.lm_urls = lm_urls
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Until every service answers /healthz as ready; a service that exits fails fast with its log."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.processes)
+        while waiting:
+            for proc in list(waiting):
+                if proc.popen.poll() is not None:
+                    raise RuntimeError(
+                        f"{proc.name} exited with {proc.popen.returncode}; see {proc.log}:\n"
+                        + proc.log.read_text()[-2000:]
+                    )
+                try:
+                    body = httpx.get(f"{proc.url}/healthz", timeout=1.0).json()
+                except httpx.HTTPError:
+                    continue
+                if body.get("ready", body.get("registered", True)):
+                    waiting.remove(proc)
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"not healthy after {timeout} s: {[p.name for p in waiting]}")
+            time.sleep(0.1)
+
+    def lm_states(self) -> list[dict[str, object]]:
+        return [httpx.get(f"{url}/v1/state", timeout=5.0).json() for url in self.lm_urls]
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every process group, then SIGKILL what is left after `grace` seconds: no orphans."""
+        for proc in self.processes:
+            if proc.popen.poll() is None:
+                _signal_group(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(max(0.0, deadline - time.monotonic()))
+            _signal_group(proc.popen.pid, signal.SIGKILL)
+            proc.popen.wait()
+        self.processes.clear()
+
+    def __enter__(self) -> LocalDeployment:
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, on_term)
+        self._previous_sigterm = previous
+        try:
+            self.start()
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
+
+
+def run_local(deployment: LocalDeployment, settings: LoadgenSettings) -> tuple[ServicesRun, list[dict[str, object]]]:
+    """Start the deployment, replay, and return the run and every LM's final state."""
+    with deployment:
+        settings = settings.model_copy(
+            update={"gm_urls": deployment.gm_urls, "run_id": deployment.run_id, "amqp_url": deployment.amqp_url}
+        )
+        run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
+        time.sleep(0.2)  # let the last worker reports reach the LMs
+        states = deployment.lm_states()
+    return run, states

@@ -1,0 +1,221 @@
+"""The request generator for the services: replays a trace against the GM services over REST in open loop,
+collects task events from RabbitMQ, asks the GMs how each task was placed, and reports like `megha replay`.
+
+    python -m megha.loadgen.services        # configured by MEGHA_* variables (LoadgenSettings)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from megha.common.core.constraints import constraint_ids
+from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
+from megha.common.core.task import JobSpec
+from megha.common.models import JobAccepted, JobStatus, TaskEvent
+from megha.common.settings import LoadgenSettings
+from megha.common.transport.rabbit import Broker
+from megha.loadgen.metrics import RunMetrics, compute_metrics
+from megha.loadgen.records import JobRecord, TaskRecord
+from megha.loadgen.trace import demo_trace_path, resolve_trace
+from megha.loadgen.workload import WorkloadConfig, build_workload
+
+log = logging.getLogger("megha.loadgen")
+
+
+@dataclass
+class ServicesRun:
+    """What a replay against the services measured. Times in the records are seconds since the replay began."""
+
+    tasks: dict[str, TaskRecord]
+    jobs: dict[str, JobRecord]
+    events: dict[str, list[TaskEvent]] = field(default_factory=dict)
+    metrics: RunMetrics | None = None
+    wall_seconds: float = 0.0
+    timed_out: list[str] = field(default_factory=list)
+
+
+def submission_body(job: JobSpec) -> dict[str, object]:
+    return {
+        "job_id": job.job_id,
+        "user": job.tasks[0].user,
+        "tasks": [
+            {
+                "duration": t.duration,
+                "cpu_millicores": t.request[0],
+                "memory_mb": t.request[1],
+                "constraints": constraint_ids(t.constraints),
+            }
+            for t in job.tasks
+        ],
+    }
+
+
+async def replay_services(
+    settings: LoadgenSettings, progress: Callable[[str], None] | None = None, broker: Broker | None = None
+) -> ServicesRun:
+    """Submit every job of the trace at its (scaled) arrival time and wait until every accepted task ended."""
+    trace = str(demo_trace_path()) if settings.trace == "demo" else settings.trace
+    workload = build_workload(
+        resolve_trace(trace, settings.first_jobs, settings.time_scale),
+        WorkloadConfig(
+            settings.mode,
+            settings.seed,
+            len(settings.gm_urls),
+            (settings.node_cpu_millicores, settings.node_memory_mb),
+            cpu_scale=settings.cpu_scale,
+            mem_scale=settings.mem_scale,
+        ),
+    )
+    run = ServicesRun({}, {})
+    for gm, job in workload:
+        run.jobs[job.job_id] = JobRecord(job.job_id, gm, math.nan, len(job.tasks), max(t.duration for t in job.tasks))
+        for t in job.tasks:
+            run.tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, gm, t.user, t.duration, t.request)
+    say = progress or (lambda line: None)
+    own_broker = broker is None
+    broker = broker or Broker(settings.amqp_url, settings.run_id)
+    if own_broker:
+        await broker.connect()
+    queue = f"{settings.run_id}.events.loadgen-{uuid.uuid4().hex[:8]}"
+    start = time.time()
+    pending: set[str] = set()  # accepted tasks not yet ended
+    ended: set[str] = set()  # tasks whose end event arrived (possibly before their job's 201)
+    all_done = asyncio.Event()
+
+    async def on_event(body: bytes) -> None:
+        event = TaskEvent.model_validate_json(body)
+        rec = run.tasks.get(event.task_id)
+        if rec is None:
+            return  # another run's task on a shared broker
+        run.events.setdefault(event.task_id, []).append(event)
+        at = event.at - start
+        if event.kind == "started":
+            rec.started_at = rec.worker_received_at = at
+        else:
+            rec.finished_at = at
+            if event.kind == "finished":
+                rec.completions += 1
+                job = run.jobs[rec.job_id]
+                job.finished_tasks += 1
+                if job.finished_tasks == job.num_tasks:
+                    job.finished_at = at
+            else:
+                rec.failed_reason = f"{event.kind}: {event.error}"
+            ended.add(event.task_id)
+            pending.discard(event.task_id)
+            if not pending and submitted_all:
+                all_done.set()
+
+    submitted_all = False
+    await broker.consume("events", "", on_event, queue=queue)
+    say(f"replaying {len(workload)} jobs ({len(run.tasks)} tasks) against {len(settings.gm_urls)} GMs")
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        submits = []
+        for gm, job in workload:
+            delay = start + job.submitted_at - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            submits.append(asyncio.create_task(_submit(http, settings.gm_urls[gm], job, run, pending, ended, start)))
+        await asyncio.gather(*submits)
+        submitted_all = True
+        if not pending:
+            all_done.set()
+        say(f"submitted; waiting for {len(pending)} tasks")
+        try:
+            await asyncio.wait_for(all_done.wait(), settings.timeout)
+        except TimeoutError:
+            run.timed_out = sorted(pending)
+            for task_id in pending:
+                run.tasks[task_id].failed_reason = f"no completion within {settings.timeout} s of the last submit"
+        run.wall_seconds = time.time() - start
+        capacity = tuple((await http.get(f"{settings.gm_urls[0]}/v1/state")).json()["total_capacity"])
+        await asyncio.gather(
+            *(
+                _placement_details(http, settings.gm_urls[r.gm], r, run, start)
+                for r in run.jobs.values()
+                if not r.rejected_reason
+            )
+        )
+    await broker.delete_queue(queue)
+    if own_broker:
+        await broker.close()
+    run.metrics = compute_metrics(
+        list(run.tasks.values()),
+        list(run.jobs.values()),
+        capacity,
+        DEFAULT_RESOURCE_NAMES,
+        run.wall_seconds,
+    )
+    return run
+
+
+async def _submit(
+    http: httpx.AsyncClient,
+    url: str,
+    job: JobSpec,
+    run: ServicesRun,
+    pending: set[str],
+    ended: set[str],
+    start: float,
+) -> None:
+    record = run.jobs[job.job_id]
+    record.submitted_at = time.time() - start
+    r = await http.post(f"{url}/v1/jobs", json=submission_body(job))
+    if r.status_code == 201:
+        accepted = JobAccepted.model_validate_json(r.content)
+        pending.update(t for t in accepted.task_ids if t not in ended)
+        return
+    reason = f"{r.status_code}: {r.text}"
+    record.rejected_reason = reason
+    for t in job.tasks:
+        run.tasks[t.task_id].failed_reason = f"rejected at submission: {reason}"
+
+
+async def _placement_details(http: httpx.AsyncClient, url: str, job: JobRecord, run: ServicesRun, start: float) -> None:
+    """Fill in what only the GM knows: arrival, decision time, LM, node, attempts, inconsistencies."""
+    r = await http.get(f"{url}/v1/jobs/{job.job_id}")
+    r.raise_for_status()
+    for t in JobStatus.model_validate_json(r.content).tasks:
+        rec = run.tasks[t.task_id]
+        if t.arrival is not None:
+            rec.arrival = t.arrival - start
+        if t.launched_at is not None:
+            rec.attempt_at = rec.decided_at = t.launched_at - start
+        rec.lm = t.lm if t.lm is not None else -1
+        rec.node = t.node if t.node is not None else -1
+        rec.attempts, rec.inconsistencies, rec.repartitioned = t.attempts, t.inconsistencies, t.repartitioned
+
+
+def main() -> int:
+    from megha.loadgen.report import format_table, write_outputs
+
+    settings = LoadgenSettings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s loadgen %(levelname)s: %(message)s")
+    run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
+    assert run.metrics is not None
+    title = f"Megha services replay of {settings.trace}"
+    print(format_table(run.metrics, title))
+    paths = write_outputs(
+        run.metrics,
+        list(run.tasks.values()),
+        list(run.jobs.values()),
+        Path(settings.out),
+        title,
+        {"settings": settings.model_dump()},
+    )
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    return 1 if run.metrics.not_exactly_once or run.timed_out else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,570 @@
+"""Every HTTP route of the GM, LM and worker-agent services refuses bad input at the edge: a 4xx whose body names
+the offending field, never a 500. In-process (httpx's ASGI transport), no broker, no other service running."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from fastapi import FastAPI
+
+from megha.common.core.cluster import ClusterSpec, PartitionSpec
+from megha.common.core.constraints import constraint_mask
+from megha.common.models import (
+    MAX_BODY_BYTES,
+    MAX_TASKS_PER_JOB,
+    ROOT_FIELD,
+    ErrorBody,
+    JobAccepted,
+    JobStatus,
+    LaunchResponseModel,
+    WorkerRegistered,
+)
+from megha.common.settings import GMSettings, LMSettings, WorkerSettings
+from megha.services.gm.app import create_app as create_gm
+from megha.services.lm.app import create_app as create_lm
+from megha.services.worker.app import create_app as create_worker
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+NOWHERE = "http://127.0.0.1:9"  # the discard port: connections are refused at once, nothing is ever reached
+
+# The GM's cluster: one LM, one GM, two nodes. Only node 0 satisfies constraints 0 and 1; node 1 is bigger.
+CLUSTER = ClusterSpec(((PartitionSpec(0, 0, ((2000, 4096), (4000, 8192)), (constraint_mask([0, 1]), 0)),),))
+
+
+def client(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+def fields(r: httpx.Response) -> list[str]:
+    """The fields an error response names (its body must be an ErrorBody)."""
+    body = ErrorBody.model_validate(r.json())
+    return [d.field for d in body.detail]
+
+
+def assert_error(r: httpx.Response, status: int, field: str) -> ErrorBody:
+    assert r.status_code == status, r.text
+    assert field in fields(r), r.text
+    return ErrorBody.model_validate(r.json())
+
+
+async def post_raw(c: httpx.AsyncClient, path: str, content: bytes) -> httpx.Response:
+    return await c.post(path, content=content, headers={"content-type": "application/json"})
+
+
+# --------------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest_asyncio.fixture
+async def gm() -> AsyncIterator[httpx.AsyncClient]:
+    app = create_gm(GMSettings(lm_urls=[NOWHERE], http_timeout=1.0), use_broker=False, cluster=CLUSTER)
+    async with app.router.lifespan_context(app), client(app) as c:
+        yield c
+
+
+def lm_app(expected_nodes: int = 4, num_gms: int = 2) -> FastAPI:
+    return create_lm(LMSettings(expected_nodes=expected_nodes, num_gms=num_gms, http_timeout=1.0), use_broker=False)
+
+
+@pytest_asyncio.fixture
+async def lm() -> AsyncIterator[httpx.AsyncClient]:
+    """An LM expecting 4 nodes for 2 GMs, none registered yet."""
+    app = lm_app()
+    async with app.router.lifespan_context(app), client(app) as c:
+        yield c
+
+
+@pytest_asyncio.fixture
+async def ready_lm(lm: httpx.AsyncClient) -> httpx.AsyncClient:
+    """The same LM with its 4 nodes registered by two agents: nodes 0-1 are GM 0's, 2-3 GM 1's."""
+    for w in ("w0", "w1"):
+        r = await lm.post("/v1/workers", json=registration(w, 2))
+        assert r.status_code == 201, r.text
+    return lm
+
+
+class RecordingBroker:
+    """Stands in for RabbitMQ where an agent publishes task events and reports."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def publish(self, exchange: str, routing_key: str, body: bytes) -> None:
+        self.published.append((exchange, routing_key, json.loads(body)))
+
+
+@pytest_asyncio.fixture
+async def worker() -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """A simulated-execution agent of 2 nodes, not started (its lifespan would register over real HTTP)."""
+    settings = WorkerSettings(execution="simulated", worker_id="w0", nodes=2, lm_url=NOWHERE)
+    app = create_worker(settings, use_broker=False)
+    app.state.agent.broker = RecordingBroker()
+    async with client(app) as c:
+        yield app, c
+    await app.state.agent.close()
+
+
+# ------------------------------------------------------------------------------------------------ body builders
+
+
+def task(**override: Any) -> dict[str, Any]:
+    return {"duration": 5.0, "cpu_millicores": 500, "memory_mb": 256, **override}
+
+
+def job(*tasks: dict[str, Any], **override: Any) -> dict[str, Any]:
+    return {"tasks": list(tasks) or [task()], **override}
+
+
+NODE = {"capacity": {"cpu_millicores": 2000, "memory_mb": 4096}, "constraints": [0]}
+
+
+def registration(worker_id: str = "w0", nodes: int | list[Any] = 1, **override: Any) -> dict[str, Any]:
+    """An agent offering `nodes` copies of NODE, or the given node list."""
+    return {
+        "worker_id": worker_id,
+        "url": NOWHERE,
+        "nodes": [NODE] * nodes if isinstance(nodes, int) else nodes,
+        **override,
+    }
+
+
+def wire_task(task_id: str = "j.0", **override: Any) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "job_id": "j",
+        "user": "u",
+        "duration": 3600.0,
+        "request": [100, 100],
+        "constraints": [],
+        **override,
+    }
+
+
+def placement(node: int = 0, lm: int = 0, repartition: bool = False, **task_override: Any) -> dict[str, Any]:
+    return {"task": wire_task(**task_override), "lm": lm, "node": node, "repartition": repartition}
+
+
+def batch(*placements: dict[str, Any], gm: int = 0, lm: int = 0, seq: int = 1) -> dict[str, Any]:
+    return {"gm": gm, "lm": lm, "seq": seq, "placements": list(placements)}
+
+
+def worker_launch(*placements: dict[str, Any], lm: int = 1) -> dict[str, Any]:
+    return {"lm": lm, "launches": list(placements)}
+
+
+# ------------------------------------------------------------------------------- shared edge: every service
+
+
+APPS = {
+    "gm": ("/v1/jobs", lambda: create_gm(GMSettings(lm_urls=[NOWHERE]), use_broker=False, cluster=CLUSTER)),
+    "lm": ("/v1/workers", lambda: lm_app()),
+    "lm-launch": ("/v1/launch", lambda: lm_app()),
+    "worker": ("/v1/tasks", lambda: create_worker(WorkerSettings(execution="simulated"), use_broker=False)),
+}
+
+
+@pytest.mark.parametrize("name", APPS)
+@pytest.mark.parametrize(
+    "content",
+    [b'{"tasks": [', b"{'a': 1}", b"not json", b'{"a": 1,}', b"\xff\xfe"],
+    ids=["truncated", "single-quotes", "bare-word", "trailing-comma", "not-utf8"],
+)
+async def test_malformed_json_is_422_about_the_body(name: str, content: bytes) -> None:
+    path, make = APPS[name]
+    async with client(make()) as c:
+        r = await post_raw(c, path, content)
+    assert_error(r, 422, ROOT_FIELD)
+    assert fields(r) == [ROOT_FIELD]
+
+
+@pytest.mark.parametrize("name", APPS)
+@pytest.mark.parametrize("content", [b"[]", b"null", b"5", b'"x"', b""], ids=["list", "null", "int", "str", "empty"])
+async def test_a_body_that_is_not_an_object_is_422(name: str, content: bytes) -> None:
+    path, make = APPS[name]
+    async with client(make()) as c:
+        r = await post_raw(c, path, content)
+    assert_error(r, 422, ROOT_FIELD)
+
+
+@pytest.mark.parametrize("name", APPS)
+async def test_body_over_the_limit_is_413(name: str) -> None:
+    path, make = APPS[name]
+    big = b'{"x": "' + b"a" * MAX_BODY_BYTES + b'"}'
+    async with client(make()) as c:
+        r = await post_raw(c, path, big)
+        assert r.request.headers["content-length"] == str(len(big))
+        assert_error(r, 413, ROOT_FIELD)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(5):
+                yield b" " * (MAX_BODY_BYTES // 4)
+
+        r = await c.post(path, content=chunks(), headers={"content-type": "application/json"})
+        assert "content-length" not in r.request.headers
+        assert r.request.headers["transfer-encoding"] == "chunked"
+        assert_error(r, 413, ROOT_FIELD)
+
+        r = await c.post(path, content=b"{}", headers={"content-type": "application/json", "content-length": "x"})
+        assert r.status_code in (400, 413), r.text
+
+
+# ----------------------------------------------------------------------------------------------- GM /v1/jobs
+
+
+BAD_JOBS: list[tuple[str, Any, str]] = [
+    ("negative-cpu", job(task(cpu_millicores=-1)), "tasks.0.cpu_millicores"),
+    ("zero-cpu", job(task(cpu_millicores=0)), "tasks.0.cpu_millicores"),
+    ("zero-memory", job(task(memory_mb=0)), "tasks.0.memory_mb"),
+    ("negative-duration", job(task(duration=-1.0)), "tasks.0.duration"),
+    ("zero-duration", job(task(duration=0)), "tasks.0.duration"),
+    ("string-nan-duration", job(task(duration="NaN")), "tasks.0.duration"),
+    ("string-duration", job(task(duration="5")), "tasks.0.duration"),
+    ("constraint-21", job(task(constraints=[21])), "tasks.0.constraints.0"),
+    ("constraint-minus-1", job(task(constraints=[-1])), "tasks.0.constraints.0"),
+    ("duplicate-constraints", job(task(constraints=[3, 3])), "tasks.0.constraints"),
+    ("constraints-not-a-list", job(task(constraints=3)), "tasks.0.constraints"),
+    ("empty-tasks", {"tasks": []}, "tasks"),
+    ("missing-tasks", {"user": "u"}, "tasks"),
+    ("too-many-tasks", {"tasks": [task()] * (MAX_TASKS_PER_JOB + 1)}, "tasks"),
+    ("string-for-int", job(task(cpu_millicores="5")), "tasks.0.cpu_millicores"),
+    ("float-for-int", job(task(memory_mb=1.5)), "tasks.0.memory_mb"),
+    ("bool-for-int", job(task(cpu_millicores=True)), "tasks.0.cpu_millicores"),
+    ("list-for-object", {"tasks": [[5.0, 500, 256]]}, "tasks.0"),
+    ("object-for-list", {"tasks": task()}, "tasks"),
+    ("missing-field", job({"duration": 1.0, "cpu_millicores": 5}), "tasks.0.memory_mb"),
+    ("second-task-bad", job(task(), task(memory_mb=-5)), "tasks.1.memory_mb"),
+    ("unknown-field", job(priority=1), "priority"),
+    ("unknown-task-field", job(task(gpus=1)), "tasks.0.gpus"),
+    ("bad-job-id", job(job_id="a b"), "job_id"),
+    ("long-job-id", job(job_id="j" * 65), "job_id"),
+    ("int-job-id", job(job_id=5), "job_id"),
+    ("empty-user", job(user=""), "user"),
+    ("long-task-user", job(task(user="u" * 65)), "tasks.0.user"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), [b[1:] for b in BAD_JOBS], ids=[b[0] for b in BAD_JOBS])
+async def test_gm_refuses_bad_jobs(gm: httpx.AsyncClient, body: Any, field: str) -> None:
+    assert_error(await gm.post("/v1/jobs", json=body), 422, field)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+async def test_gm_refuses_non_finite_durations(gm: httpx.AsyncClient, literal: str) -> None:
+    raw = f'{{"tasks": [{{"duration": {literal}, "cpu_millicores": 5, "memory_mb": 5}}]}}'.encode()
+    assert_error(await post_raw(gm, "/v1/jobs", raw), 422, "tasks.0.duration")
+
+
+async def test_gm_names_every_bad_field(gm: httpx.AsyncClient) -> None:
+    r = await gm.post("/v1/jobs", json=job(task(cpu_millicores=-1, memory_mb=0), task(duration=0)))
+    assert r.status_code == 422
+    assert set(fields(r)) == {"tasks.0.cpu_millicores", "tasks.0.memory_mb", "tasks.1.duration"}
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (job(task(constraints=[5, 7])), "no node satisfies placement constraints [5, 7]"),
+        (job(task(constraints=[0, 1, 2])), "no node satisfies placement constraints [0, 1, 2]"),
+        (job(task(cpu_millicores=4001)), "has capacity"),
+        (job(task(memory_mb=8193)), "has capacity"),
+        (job(task(constraints=[0, 1], cpu_millicores=3000)), "no node satisfying placement constraints [0, 1] has"),
+        (job(task(), task(constraints=[9])), "task J.1: no node satisfies placement constraints [9]"),
+    ],
+    ids=["constraints", "constraint-superset", "cpu", "memory", "constraints-and-size", "second-task"],
+)
+async def test_gm_refuses_tasks_no_node_could_run(gm: httpx.AsyncClient, body: dict[str, Any], reason: str) -> None:
+    r = await gm.post("/v1/jobs", json={**body, "job_id": "J"})
+    err = assert_error(r, 422, "tasks")
+    assert reason in err.error and reason in err.detail[0].message
+    # an unschedulable job leaves nothing behind: its id stays free
+    assert_error(await gm.get("/v1/jobs/J"), 404, "job_id")
+    assert (await gm.post("/v1/jobs", json=job(job_id="J"))).status_code == 201
+
+
+async def test_gm_accepts_a_valid_job_and_reports_it(gm: httpx.AsyncClient) -> None:
+    body = job(task(), task(constraints=[0, 1], cpu_millicores=2000), task(memory_mb=8192), job_id="job-1", user="ann")
+    r = await gm.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    accepted = JobAccepted.model_validate(r.json())
+    assert accepted == JobAccepted(job_id="job-1", task_ids=["job-1.0", "job-1.1", "job-1.2"], gm=0)
+
+    r = await gm.get("/v1/jobs/job-1")
+    assert r.status_code == 200, r.text
+    status = JobStatus.model_validate(r.json())
+    assert (status.job_id, status.user, status.gm) == ("job-1", "ann", 0)
+    assert [t.task_id for t in status.tasks] == accepted.task_ids
+    assert all(t.state in ("queued", "launched") for t in status.tasks)
+
+    assert_error(await gm.post("/v1/jobs", json=job(job_id="job-1")), 409, "job_id")
+
+    r = await gm.post("/v1/jobs", json=job())  # the GM names an anonymous job
+    assert r.status_code == 201, r.text
+    named = JobAccepted.model_validate(r.json())
+    assert named.job_id != "job-1" and named.task_ids == [f"{named.job_id}.0"]
+
+    r = await gm.get("/v1/state")
+    assert r.status_code == 200, r.text
+    assert r.json()["unfinished_tasks"] == 4
+    r = await gm.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "gm": 0, "ready": True}
+
+
+@pytest.mark.parametrize("job_id", ["nope", "job-1.0", "%20", "a" * 300])
+async def test_gm_unknown_job_is_404(gm: httpx.AsyncClient, job_id: str) -> None:
+    err = assert_error(await gm.get(f"/v1/jobs/{job_id}"), 404, "job_id")
+    assert "no job" in err.error
+
+
+# -------------------------------------------------------------------------------------------- LM /v1/workers
+
+
+BAD_REGISTRATIONS: list[tuple[str, Any, str]] = [
+    ("missing-resource", registration(nodes=[{"capacity": {"cpu_millicores": 2000}}]), "nodes.0.capacity"),
+    ("extra-resource", registration(nodes=[{"capacity": {**NODE["capacity"], "gpu": 1}}]), "nodes.0.capacity"),
+    ("empty-capacity", registration(nodes=[{"capacity": {}}]), "nodes.0.capacity"),
+    (
+        "zero-capacity",
+        registration(nodes=[NODE, {"capacity": {"cpu_millicores": 2000, "memory_mb": 0}}]),
+        "nodes.1.capacity.memory_mb",
+    ),
+    (
+        "string-capacity",
+        registration(nodes=[{"capacity": {"cpu_millicores": "2000", "memory_mb": 1}}]),
+        "nodes.0.capacity.cpu_millicores",
+    ),
+    ("constraint-30", registration(nodes=[{**NODE, "constraints": [1, 30]}]), "nodes.0.constraints.1"),
+    ("duplicate-constraints", registration(nodes=[{**NODE, "constraints": [1, 1]}]), "nodes.0.constraints"),
+    ("no-nodes", registration(nodes=[]), "nodes"),
+    ("url-scheme", registration(url="ftp://host:1"), "url"),
+    ("url-not-a-url", registration(url="not a url"), "url"),
+    ("url-no-host", registration(url="http://"), "url"),
+    ("url-int", registration(url=8200), "url"),
+    ("worker-id", registration(worker_id="a b"), "worker_id"),
+    ("missing-url", {"worker_id": "w", "nodes": [NODE]}, "url"),
+    ("unknown-field", registration(zone="eu"), "zone"),
+    ("unknown-node-field", registration(nodes=[{**NODE, "gpus": 1}]), "nodes.0.gpus"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), [b[1:] for b in BAD_REGISTRATIONS], ids=[b[0] for b in BAD_REGISTRATIONS])
+async def test_lm_refuses_bad_registrations(lm: httpx.AsyncClient, body: Any, field: str) -> None:
+    assert_error(await lm.post("/v1/workers", json=body), 422, field)
+    assert (await lm.get("/v1/state")).json()["registered_nodes"] == 0  # nothing half-registered
+
+
+async def test_lm_registration_is_idempotent_and_bounded(lm: httpx.AsyncClient) -> None:
+    err = assert_error(await lm.post("/v1/workers", json=registration("big", 5)), 409, "nodes")
+    assert "expects 4 nodes" in err.error
+    assert (await lm.get("/v1/state")).json()["registered_nodes"] == 0
+
+    first = await lm.post("/v1/workers", json=registration("w0", 3))
+    assert first.status_code == 201, first.text
+    assert WorkerRegistered.model_validate(first.json()) == WorkerRegistered(
+        worker_id="w0", lm=0, first_node=0, nodes=3
+    )
+    again = await lm.post("/v1/workers", json=registration("w0", 3))
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert (await lm.get("/v1/state")).json()["registered_nodes"] == 3
+
+    assert_error(await lm.post("/v1/workers", json=registration("w1", 2)), 409, "nodes")
+    r = await lm.get("/v1/cluster")
+    assert_error(r, 503, ROOT_FIELD)
+    assert "3/4" in r.json()["error"]
+
+    r = await lm.post("/v1/workers", json=registration("w1", 1))
+    assert r.status_code == 201 and r.json()["first_node"] == 3
+    assert (await lm.get("/v1/cluster")).status_code == 200
+    # once complete: a known agent re-registers (after a restart), a new one is refused
+    again = await lm.post("/v1/workers", json=registration("w0", 3))
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert_error(await lm.post("/v1/workers", json=registration("w2", 1)), 409, "nodes")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gms", "sizes"), [(4, 2, [2, 2]), (5, 2, [2, 3]), (4, 3, [1, 1, 2]), (3, 1, [3]), (2, 2, [1, 1])]
+)
+async def test_lm_cluster_is_503_until_complete_then_split_contiguously(nodes: int, gms: int, sizes: list[int]) -> None:
+    app = lm_app(expected_nodes=nodes, num_gms=gms)
+    async with app.router.lifespan_context(app), client(app) as c:
+        assert_error(await c.get("/v1/cluster"), 503, ROOT_FIELD)
+        assert (await c.get("/healthz")).json()["ready"] is False
+        for i in range(nodes):
+            node = {"capacity": {"cpu_millicores": 1000 + i, "memory_mb": 100 + i}, "constraints": [i]}
+            if i:  # the cluster is served only once every node is in
+                assert (await c.get("/v1/cluster")).status_code == 503
+            r = await c.post("/v1/workers", json=registration(f"w{i}", nodes=[node]))
+            assert r.status_code == 201 and r.json()["first_node"] == i, r.text
+        r = await c.get("/v1/cluster")
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert doc["lm"] == 0 and doc["resource_names"] == ["cpu_millicores", "memory_mb"]
+        assert [p["gm"] for p in doc["partitions"]] == list(range(gms))
+        assert [len(p["capacities"]) for p in doc["partitions"]] == sizes
+        # contiguous, in registration order
+        assert [c for p in doc["partitions"] for c in p["capacities"]] == [[1000 + i, 100 + i] for i in range(nodes)]
+        assert [c for p in doc["partitions"] for c in p["constraints"]] == [[i] for i in range(nodes)]
+        assert (await c.get("/healthz")).json()["ready"] is True
+
+
+# --------------------------------------------------------------------------------------------- LM /v1/launch
+
+
+async def test_lm_launch_before_ready_is_503(lm: httpx.AsyncClient) -> None:
+    assert (await lm.post("/v1/workers", json=registration("w0", 2))).status_code == 201
+    err = assert_error(await lm.post("/v1/launch", json=batch(placement())), 503, ROOT_FIELD)
+    assert "2/4" in err.error
+
+
+BAD_BATCHES: list[tuple[str, Any, str]] = [
+    ("wrong-lm", batch(placement(), lm=1), "lm"),
+    ("unknown-gm", batch(placement(), gm=2), "gm"),
+    ("negative-node", batch(placement(node=-1)), "placements.0.node"),
+    ("negative-lm", batch(placement(lm=-1)), "placements.0.lm"),
+    ("negative-seq", batch(placement(), seq=-1), "seq"),
+    ("missing-seq", {"gm": 0, "lm": 0, "placements": []}, "seq"),
+    ("missing-task", batch({"lm": 0, "node": 0, "repartition": False}), "placements.0.task"),
+    ("missing-repartition", batch({"task": wire_task(), "lm": 0, "node": 0}), "placements.0.repartition"),
+    ("missing-request", batch({**placement(), "task": {**wire_task(), "request": None}}), "placements.0.task.request"),
+    ("empty-request", batch(placement(request=[])), "placements.0.task.request"),
+    ("short-request", batch(placement(request=[100])), "placements.0.task.request"),
+    ("long-request", batch(placement(request=[100, 100, 100])), "placements.0.task.request"),
+    ("negative-request", batch(placement(request=[100, -1])), "placements.0.task.request.1"),
+    ("string-node", batch(placement(node="0")), "placements.0.node"),
+    ("bad-constraint", batch(placement(constraints=[21])), "placements.0.task.constraints.0"),
+    ("negative-duration", batch(placement(duration=-1.0)), "placements.0.task.duration"),
+    ("empty-task-id", batch(placement(task_id="")), "placements.0.task.task_id"),
+    ("second-placement", batch(placement(), placement(node=-3, task_id="j.1")), "placements.1.node"),
+    ("unknown-field", {**batch(placement()), "priority": 1}, "priority"),
+    ("placements-object", {**batch(), "placements": placement()}, "placements"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), [b[1:] for b in BAD_BATCHES], ids=[b[0] for b in BAD_BATCHES])
+async def test_lm_refuses_bad_launch_batches(ready_lm: httpx.AsyncClient, body: Any, field: str) -> None:
+    assert_error(await ready_lm.post("/v1/launch", json=body), 422, field)
+    state = (await ready_lm.get("/v1/state")).json()
+    assert state["launched"] == 0 and state["free"] == [[2000, 4096]] * 4  # nothing was allocated
+
+
+async def test_lm_launch_accepts_then_rejects_an_overcommit_as_inconsistency(ready_lm: httpx.AsyncClient) -> None:
+    r = await ready_lm.post("/v1/launch", json=batch(placement(node=1, request=[1500, 1000])))
+    assert r.status_code == 200, r.text
+    first = LaunchResponseModel.model_validate(r.json())
+    assert (first.gm, first.lm, first.seq) == (0, 0, 1)
+    assert [p.task.task_id for p in first.accepted] == ["j.0"] and first.rejected == []
+    assert [(s.node, s.free) for s in first.states] == [(1, [500, 3096])]
+
+    r = await ready_lm.post("/v1/launch", json=batch(placement(node=1, task_id="j.1", request=[600, 10]), seq=2))
+    assert r.status_code == 200, r.text
+    second = LaunchResponseModel.model_validate(r.json())
+    assert second.seq == 2 and second.accepted == []
+    [rejection] = second.rejected
+    assert rejection.inconsistency is True
+    assert rejection.placement.task.task_id == "j.1" and rejection.placement.node == 1
+    assert "free" in rejection.reason
+    assert [(s.node, s.free) for s in second.states] == [(1, [500, 3096])]  # the GM learns the true state
+    state = (await ready_lm.get("/v1/state")).json()
+    assert (state["launched"], state["inconsistencies"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (placement(node=4), "has no node 4"),
+        (placement(node=0, lm=1), "has no node"),
+        (placement(node=2), "repartition flag is wrong"),  # GM 1's node without the repartition flag
+        (placement(node=0, repartition=True), "repartition flag is wrong"),
+        (placement(node=0, constraints=[3]), "lacks placement constraints [3]"),
+    ],
+    ids=["no-such-node", "other-lm", "foreign-node", "own-node-flagged", "constraints"],
+)
+async def test_lm_launch_rejects_impossible_placements_without_inconsistency(
+    ready_lm: httpx.AsyncClient, bad: dict[str, Any], reason: str
+) -> None:
+    good = placement(node=0, task_id="ok.0")
+    r = await ready_lm.post("/v1/launch", json=batch(good, bad))
+    assert r.status_code == 200, r.text
+    resp = LaunchResponseModel.model_validate(r.json())
+    assert [p.task.task_id for p in resp.accepted] == ["ok.0"]
+    [rejection] = resp.rejected
+    assert rejection.inconsistency is False and reason in rejection.reason
+
+
+async def test_lm_launch_is_idempotent_per_task(ready_lm: httpx.AsyncClient) -> None:
+    body = batch(placement(node=0))
+    first = await ready_lm.post("/v1/launch", json=body)
+    again = await ready_lm.post("/v1/launch", json=body)
+    assert first.status_code == again.status_code == 200
+    assert len(LaunchResponseModel.model_validate(again.json()).accepted) == 1
+    state = (await ready_lm.get("/v1/state")).json()
+    assert state["launched"] == 1 and state["free"][0] == [1900, 3996]
+
+
+# -------------------------------------------------------------------------------------------- worker /v1/tasks
+
+
+def register_worker(app: FastAPI, lm: int = 1, first_node: int = 4, nodes: int = 2) -> None:
+    app.state.agent.registered = WorkerRegistered(worker_id="w0", lm=lm, first_node=first_node, nodes=nodes)
+
+
+async def test_worker_before_registration_is_503(worker: tuple[FastAPI, httpx.AsyncClient]) -> None:
+    app, c = worker
+    assert_error(await c.post("/v1/tasks", json=worker_launch(placement(node=4, lm=1))), 503, ROOT_FIELD)
+    assert (await c.get("/healthz")).json()["registered"] is False
+    assert app.state.agent.executor.running() == []
+
+
+BAD_WORKER_LAUNCHES: list[tuple[str, Any, str, str]] = [
+    ("wrong-lm", worker_launch(placement(node=4, lm=0), lm=0), "lm", "belongs to LM 1, not 0"),
+    ("node-below", worker_launch(placement(node=3, lm=1)), "launches", "nodes [3] are not this agent's (4..5)"),
+    (
+        "node-above",
+        worker_launch(placement(node=4, lm=1), placement(node=6, lm=1, task_id="j.1")),
+        "launches",
+        "nodes [6] are not this agent's (4..5)",
+    ),
+    ("negative-node", worker_launch(placement(node=-1, lm=1)), "launches.0.node", ""),
+    ("missing-task", worker_launch({"lm": 1, "node": 4, "repartition": False}), "launches.0.task", ""),
+    ("short-request", worker_launch(placement(node=4, lm=1, request=[100])), "launches.0.task.request", "aligned"),
+    ("negative-duration", worker_launch(placement(node=4, lm=1, duration=-1.0)), "launches.0.task.duration", ""),
+    ("missing-launches", {"lm": 1}, "launches", ""),
+    ("unknown-field", {**worker_launch(), "extra": 1}, "extra", ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"), [b[1:] for b in BAD_WORKER_LAUNCHES], ids=[b[0] for b in BAD_WORKER_LAUNCHES]
+)
+async def test_worker_refuses_bad_launches(
+    worker: tuple[FastAPI, httpx.AsyncClient], body: Any, field: str, message: str
+) -> None:
+    app, c = worker
+    register_worker(app)
+    err = assert_error(await c.post("/v1/tasks", json=body), 422, field)
+    assert message in err.error
+    assert app.state.agent.executor.running() == []  # nothing started, not even the good placement of a batch
+    assert app.state.agent.broker.published == []
+
+
+async def test_worker_accepts_launches_on_its_nodes(worker: tuple[FastAPI, httpx.AsyncClient]) -> None:
+    app, c = worker
+    register_worker(app)
+    body = worker_launch(placement(node=4, lm=1), placement(node=5, lm=1, task_id="j.1"))
+    r = await c.post("/v1/tasks", json=body)
+    assert r.status_code == 202, r.text
+    assert r.json() == {"accepted": ["j.0", "j.1"]}
+    assert (await c.get("/v1/state")).json()["running"] == ["j.0", "j.1"]
+    r = await c.post("/v1/tasks", json=body)  # repeated: still accepted, not started twice
+    assert r.status_code == 202
+    assert (await c.get("/v1/state")).json() == {"worker": "w0", "execution": "simulated", "running": ["j.0", "j.1"]}
+    assert (await c.get("/healthz")).json()["registered"] is True
+    events = app.state.agent.broker.published
+    assert [(e[0], e[2]["kind"], e[2]["task_id"], e[2]["node"]) for e in events] == [
+        ("events", "started", "j.0", 4),
+        ("events", "started", "j.1", 5),
+    ]
