@@ -317,19 +317,39 @@ def test_dockerignore_keeps_what_the_build_needs() -> None:
 # ------------------------------------------------------------------------------------------------ docs
 
 
-def _description(model: type[ServiceSettings], name: str) -> str:
+FALLBACK_MEANINGS: dict[tuple[str, str], str] = {
+    ("*", "log_level"): "log level",
+    ("gm", "gm_id"): "this GM's id, 0..G-1",
+    ("gm", "matching"): "how the GM picks a worker among those that meet a task's constraints",
+    ("gm", "seed"): "seed of the GM's random choices",
+    ("lm", "lm_id"): "this LM's id, 0..L-1",
+    ("worker", "worker_id"): "this agent's name, unique in the deployment",
+    ("worker", "lm_url"): "URL of the LM this agent registers with",
+    ("worker", "node_cpu_millicores"): "CPU of each node, millicores",
+    ("worker", "node_memory_mb"): "memory of each node, MB",
+    ("loadgen", "seed"): "seed of the tasks' requests and constraints",
+    ("loadgen", "first_jobs"): "replay only the first N jobs (all when unset)",
+}
+"""Meanings of the fields whose settings model has no description yet. Better: give the field a
+`description=` in megha/common/settings.py and drop its entry here (a test says which entries are unused)."""
+
+
+def _model_description(model: type[ServiceSettings], name: str) -> str:
     """The field's description, or the nearest base class's when the subclass only changed the default."""
     for cls in model.__mro__:
         field: FieldInfo | None = getattr(cls, "model_fields", {}).get(name)
         if field is not None and field.description:
-            text = field.description
-            break
-    else:
-        text = ""
+            return field.description
+    return ""
+
+
+def _description(model: type[ServiceSettings], name: str) -> str:
+    role = ROLES[model]
+    text = _model_description(model, name) or FALLBACK_MEANINGS.get((role, name)) or FALLBACK_MEANINGS.get(("*", name))
     annotation = model.model_fields[name].annotation
     if get_origin(annotation) is Literal:
-        text = f"{text}; one of {', '.join(map(str, get_args(annotation)))}".lstrip("; ")
-    return text
+        text = f"{text or ''}; one of {', '.join(map(str, get_args(annotation)))}".lstrip("; ")
+    return text or ""
 
 
 def _default(field: FieldInfo) -> str:
@@ -366,6 +386,20 @@ def env_table() -> str:
 def _doc_with_table(doc: str) -> str:
     start, end = doc.index(TABLE_START) + len(TABLE_START), doc.index(TABLE_END)
     return f"{doc[:start]}\n{env_table()}\n{doc[end:]}"
+
+
+def test_every_variable_has_a_meaning_and_every_fallback_is_used() -> None:
+    missing = [(ROLES[m], n) for m in MODELS.values() for n in m.model_fields if not _description(m, n)]
+    assert not missing, f"give these settings fields a description= in megha/common/settings.py: {missing}"
+    used = {
+        key
+        for m in MODELS.values()
+        for n in m.model_fields
+        if not _model_description(m, n)
+        for key in ((ROLES[m], n), ("*", n))
+    }
+    unused = sorted(set(FALLBACK_MEANINGS) - used)
+    assert not unused, f"the settings models describe these now: drop them from FALLBACK_MEANINGS: {unused}"
 
 
 def test_deploy_doc_env_table_matches_the_settings_models() -> None:

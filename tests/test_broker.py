@@ -1,0 +1,115 @@
+"""Integration with the real RabbitMQ: deltas and completions published by the LM service and consumed through
+the broker, as the GM service consumes them."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+
+import pytest
+
+from megha.common.core.messages import FinishedTask, LaunchBatch, Placement, WorkerReport
+from megha.common.core.task import TaskSpec
+from megha.common.models import BrokerMessage, WorkerNode, WorkerRegistration, WorkerReportModel
+from megha.common.settings import LMSettings
+from megha.common.transport.rabbit import Broker, gm_key, lm_key
+from megha.services.lm.service import LMService
+
+AMQP = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _rabbitmq_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+pytestmark = [
+    pytest.mark.skipif(not _rabbitmq_up(), reason="needs RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)"),
+    pytest.mark.asyncio,
+]
+
+
+class Inbox:
+    """Collects the broker messages of one queue."""
+
+    def __init__(self) -> None:
+        self.messages: list[BrokerMessage] = []
+        self.arrived = asyncio.Event()
+
+    async def __call__(self, body: bytes) -> None:
+        self.messages.append(BrokerMessage.model_validate_json(body))
+        self.arrived.set()
+
+    async def next(self, timeout: float = 5.0) -> BrokerMessage:
+        while not self.messages:
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), timeout)
+        return self.messages.pop(0)
+
+
+async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    broker = Broker(AMQP, run_id)
+    await broker.connect()
+    inboxes = [Inbox(), Inbox()]
+    queues = [await broker.consume("gm", gm_key(g), inboxes[g]) for g in (0, 1)]
+    settings = LMSettings(lm_id=0, num_gms=2, expected_nodes=2, delta_interval=0.05, run_id=run_id, amqp_url=AMQP)
+    lm = LMService(settings, broker)
+    queues.append(await broker.consume("lm", lm_key(0), lm.on_broker_message))
+    launched: list[object] = []
+
+    async def fake_workers(launch: object) -> None:
+        launched.append(launch)
+
+    monkeypatch.setattr(lm, "_send_to_workers", fake_workers)
+    try:
+        node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024}, constraints=[3])
+        lm.register(WorkerRegistration(worker_id="w", url="http://127.0.0.1:9", nodes=[node, node]))
+        task = TaskSpec("j.0", "j", "u", 1.0, (400, 100), 1 << 3)
+        response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
+        assert [p.task.task_id for p in response.accepted] == ["j.0"]
+        # GM 1 learns of GM 0's placement from the periodic delta, through its queue.
+        delta = (await inboxes[1].next()).delta
+        assert delta is not None and delta.gm == 1
+        assert [(n.node, n.free) for n in delta.nodes] == [(0, [600, 924])]
+        # The worker reports completion through the LM's queue; GM 0 gets the completion through its queue...
+        report = WorkerReportModel.from_core(WorkerReport(0, [FinishedTask("j.0", 0)]))
+        await broker.publish("lm", lm_key(0), BrokerMessage(worker_report=report).model_dump_json().encode())
+        completions = (await inboxes[0].next()).completions
+        assert completions is not None and [c.task_id for c in completions.items] == ["j.0"]
+        assert completions.items[0].state.free == [1000, 1024]
+        # ...and GM 1 sees the freed node in its next delta, while GM 0's own completion never appears as a delta.
+        delta = (await inboxes[1].next()).delta
+        assert delta is not None and [(n.node, n.free) for n in delta.nodes] == [(0, [1000, 1024])]
+        await asyncio.sleep(0.2)
+        assert all(m.delta is None for m in inboxes[0].messages)
+        assert lm.core is not None and lm.core.is_idle() and len(launched) == 1
+    finally:
+        await lm.close()
+        for q in queues:
+            await broker.delete_queue(q)
+        await broker.close()
+
+
+async def test_a_message_whose_handler_fails_is_rejected_not_redelivered_forever() -> None:
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    broker = Broker(AMQP, run_id)
+    await broker.connect()
+    calls: list[bytes] = []
+
+    async def failing(body: bytes) -> None:
+        calls.append(body)
+        raise ValueError("cannot apply")
+
+    queue = await broker.consume("lm", lm_key(7), failing)
+    try:
+        await broker.publish("lm", lm_key(7), b"{}")
+        await asyncio.sleep(0.5)
+        assert calls == [b"{}"]
+    finally:
+        await broker.delete_queue(queue)
+        await broker.close()
