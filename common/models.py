@@ -517,6 +517,12 @@ class TaskEvent(WireModel):
     error: str = ""
 
 
+class TaskEvents(WireModel):
+    """What travels on the events exchange: task events batched by the agent that observed them."""
+
+    events: Annotated[list[TaskEvent], Field(min_length=1)]
+
+
 # --- Errors --------------------------------------------------------------------------------------------------
 
 

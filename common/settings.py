@@ -22,7 +22,7 @@ class ServiceSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="address the HTTP server binds")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     public_url: str = Field("", description="URL other services use to reach this one (default http://host:port)")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     run_id: str = Field(
         "megha",
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",
@@ -36,13 +36,15 @@ class ServiceSettings(BaseSettings):
 class GMSettings(ServiceSettings):
     """A Global Master."""
 
-    gm_id: int = Field(0, ge=0)
+    gm_id: int = Field(0, ge=0, description="this GM's id, 0..G-1")
     lm_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["http://127.0.0.1:8100"],
         description="every LM's URL, in LM-id order (JSON list or comma-separated)",
     )
-    matching: Literal["random", "min-constraints"] = "random"
-    seed: int = 0
+    matching: Literal["random", "min-constraints"] = Field(
+        "random", description="how the GM picks a worker among those that meet a task's constraints"
+    )
+    seed: int = Field(0, description="seed of the GM's random choices")
     http_timeout: float = Field(10.0, gt=0, description="seconds for one LM call")
 
     @field_validator("lm_urls", mode="before")
@@ -55,7 +57,7 @@ class LMSettings(ServiceSettings):
     """A Local Master."""
 
     port: int = Field(8100, ge=1, le=65535)
-    lm_id: int = Field(0, ge=0)
+    lm_id: int = Field(0, ge=0, description="this LM's id, 0..L-1")
     num_gms: int = Field(1, ge=1, description="GMs in the deployment: the LM's cluster has one partition per GM")
     expected_nodes: int = Field(1, ge=1, description="nodes worker agents must register before launches are served")
     delta_interval: float = Field(1.0, gt=0, description="seconds between delta updates to each GM")
@@ -66,14 +68,16 @@ class WorkerSettings(ServiceSettings):
     """A worker agent: one node, or many in simulated-execution mode."""
 
     port: int = Field(8200, ge=1, le=65535)
-    worker_id: str = Field("worker-0", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    lm_url: str = "http://127.0.0.1:8100"
+    worker_id: str = Field(
+        "worker-0", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="this agent's name, unique in the deployment"
+    )
+    lm_url: str = Field("http://127.0.0.1:8100", description="URL of the LM this agent registers with")
     execution: Literal["real", "simulated"] = Field(
         "real", description="real: each task burns its CPU and memory in its own process; simulated: no burn"
     )
     nodes: int = Field(1, ge=1, description="nodes this agent stands for (more than one needs simulated execution)")
-    node_cpu_millicores: int = Field(2000, gt=0)
-    node_memory_mb: int = Field(4096, gt=0)
+    node_cpu_millicores: int = Field(2000, gt=0, description="CPU of each node, millicores")
+    node_memory_mb: int = Field(4096, gt=0, description="memory of each node, MB")
     constraints: Annotated[list[int], NoDecode] = Field(
         default_factory=list, description="machine constraint ids of this agent's nodes"
     )
@@ -102,10 +106,12 @@ class LoadgenSettings(ServiceSettings):
         default_factory=lambda: ["http://127.0.0.1:8000"], description="every GM's URL (JSON list or comma-separated)"
     )
     trace: str = Field("demo", description="a .tr file, 'demo' or syn:<tasks>:<jobs>")
-    first_jobs: int | None = Field(None, ge=1)
+    first_jobs: int | None = Field(None, ge=1, description="replay only the first N jobs (all when unset)")
     time_scale: float = Field(1.0, gt=0, description="multiplies arrival times and durations")
-    mode: Literal["slot", "scaled"] = "scaled"
-    seed: int = 0
+    mode: Literal["slot", "scaled"] = Field(
+        "scaled", description="slot: a task holds a whole node; scaled: scaled-down Google-like requests"
+    )
+    seed: int = Field(0, description="seed of the tasks' requests and constraints")
     node_cpu_millicores: int = Field(2000, gt=0, description="slot mode: what one task asks for")
     node_memory_mb: int = Field(4096, gt=0, description="slot mode: what one task asks for")
     cpu_scale: int = Field(400, ge=1, description="scaled mode: divide the drawn CPU request by this")

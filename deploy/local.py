@@ -161,6 +161,7 @@ class LocalDeployment:
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops us even if started ignoring it
         self._previous_sigterm = previous
         try:
             self.start()

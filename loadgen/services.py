@@ -21,7 +21,7 @@ import httpx
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.core.task import JobSpec
-from megha.common.models import JobAccepted, JobStatus, TaskEvent
+from megha.common.models import JobStatus, TaskEvent, TaskEvents
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker
 from megha.loadgen.metrics import RunMetrics, compute_metrics
@@ -30,6 +30,8 @@ from megha.loadgen.trace import demo_trace_path, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload
 
 log = logging.getLogger("megha.loadgen")
+
+SUBMIT_ATTEMPTS = 4
 
 
 @dataclass
@@ -74,6 +76,7 @@ async def replay_services(
             (settings.node_cpu_millicores, settings.node_memory_mb),
             cpu_scale=settings.cpu_scale,
             mem_scale=settings.mem_scale,
+            job_prefix=f"{uuid.uuid4().hex[:6]}-",
         ),
     )
     run = ServicesRun({}, {})
@@ -92,8 +95,11 @@ async def replay_services(
     ended: set[str] = set()  # tasks whose end event arrived (possibly before their job's 201)
     all_done = asyncio.Event()
 
-    async def on_event(body: bytes) -> None:
-        event = TaskEvent.model_validate_json(body)
+    async def on_events(body: bytes) -> None:
+        for event in TaskEvents.model_validate_json(body).events:
+            on_event(event)
+
+    def on_event(event: TaskEvent) -> None:
         rec = run.tasks.get(event.task_id)
         if rec is None:
             return  # another run's task on a shared broker
@@ -117,7 +123,7 @@ async def replay_services(
                 all_done.set()
 
     submitted_all = False
-    await broker.consume("events", "", on_event, queue=queue)
+    await broker.consume("events", "", on_events, queue=queue)
     say(f"replaying {len(workload)} jobs ({len(run.tasks)} tasks) against {len(settings.gm_urls)} GMs")
     async with httpx.AsyncClient(timeout=30.0) as http:
         submits = []
@@ -168,14 +174,24 @@ async def _submit(
     ended: set[str],
     start: float,
 ) -> None:
+    """POST the job. The job id is ours, so a submission that failed in transit is retried: a 409 on a retry
+    means the first attempt was accepted."""
     record = run.jobs[job.job_id]
     record.submitted_at = time.time() - start
-    r = await http.post(f"{url}/v1/jobs", json=submission_body(job))
-    if r.status_code == 201:
-        accepted = JobAccepted.model_validate_json(r.content)
-        pending.update(t for t in accepted.task_ids if t not in ended)
-        return
-    reason = f"{r.status_code}: {r.text}"
+    body = submission_body(job)
+    for attempt in range(SUBMIT_ATTEMPTS):
+        try:
+            r = await http.post(f"{url}/v1/jobs", json=body)
+        except httpx.TransportError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("submitting %s to %s failed (attempt %d): %s", job.job_id, url, attempt + 1, reason)
+            await asyncio.sleep(0.05 * 2**attempt)
+            continue
+        if r.status_code == 201 or (r.status_code == 409 and attempt > 0):
+            pending.update(t.task_id for t in job.tasks if t.task_id not in ended)
+            return
+        reason = f"{r.status_code}: {r.text}"
+        break
     record.rejected_reason = reason
     for t in job.tasks:
         run.tasks[t.task_id].failed_reason = f"rejected at submission: {reason}"

@@ -47,6 +47,7 @@ class WorkloadConfig:
     users: int = 1
     cpu_scale: int = 400
     mem_scale: int = 50
+    job_prefix: str = ""  # job k is f"{job_prefix}j{k}": replays against long-running services need fresh ids
 
     def __post_init__(self) -> None:
         if self.mode not in ("slot", "scaled"):
@@ -68,7 +69,7 @@ def build_workload(
     draw_request = _request_drawer(config)
     workload = []
     for k, trace_job in enumerate(trace_jobs):
-        job_id = f"j{k}"
+        job_id = f"{config.job_prefix}j{k}"
         user = f"user-{k % config.users}"
         tasks = tuple(
             TaskSpec(f"{job_id}.{i}", job_id, user, duration, draw_request(), sample_constraints())

@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loc.add_argument("--seed", type=int, default=0)
     loc.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    loc.add_argument("--run-id", default=None, help="prefix of this deployment's queues (default: random)")
     loc.add_argument("--out", type=Path, default=Path("out/local"), help="report files and service logs")
     return parser
 
@@ -193,6 +194,7 @@ def _local(args: argparse.Namespace) -> int:
         constraint_seed=args.constraint_seed,
         amqp_url=args.amqp_url,
         log_dir=args.out / "logs",
+        **({"run_id": args.run_id} if args.run_id else {}),
     )
     settings = LoadgenSettings(
         trace=args.trace,

@@ -13,7 +13,7 @@ from megha.common.core.gm import Unschedulable
 from megha.common.models import JobAccepted, JobStatus, JobSubmission
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker, gm_key
-from megha.services.gm.service import GMService
+from megha.services.gm.service import DuplicateJob, GMService
 from megha.services.http import configure_logging, error, install_error_handlers
 
 
@@ -52,8 +52,8 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             job = await service.submit(sub)
         except Unschedulable as exc:
             return error(422, str(exc), "tasks")
-        except KeyError as exc:
-            return error(409, f"job {exc.args[0]} already exists", "job_id")
+        except DuplicateJob as exc:
+            return error(409, str(exc), "job_id")
         return JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=settings.gm_id)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus)

@@ -24,6 +24,10 @@ from megha.services.gm.jobs import JobTable
 log = logging.getLogger("megha.gm")
 
 
+class DuplicateJob(ValueError):
+    """A submission reuses a job id this GM already has."""
+
+
 class GMService:
     def __init__(self, settings: GMSettings, broker: Broker | None = None) -> None:
         self.settings = settings
@@ -68,18 +72,26 @@ class GMService:
                 )
             )
         cluster = ClusterSpec(tuple(rows), names)
+        self.adopt(cluster)
+        return cluster
+
+    def adopt(self, cluster: ClusterSpec) -> None:
+        """Build the GM core over `cluster`, all free: the LMs' deltas and responses correct the view from here."""
         self.core = GlobalMaster(
             self.settings.gm_id, cluster, make_choice(self.settings.matching), self.settings.seed, self.jobs
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)
-        return cluster
 
     async def submit(self, sub: JobSubmission) -> JobSpec:
         """Queue a job; raises Unschedulable (a 422) when some task could never run anywhere."""
         assert self.core is not None
-        job_id = sub.job_id or f"g{self.settings.gm_id}-{next(self._job_numbers)}"
-        if job_id in self.jobs.jobs:
-            raise KeyError(job_id)
+        job_id = sub.job_id
+        if job_id is None:
+            job_id = f"g{self.settings.gm_id}-{next(self._job_numbers)}"
+            while job_id in self.jobs.jobs:  # a client may have chosen this name
+                job_id = f"g{self.settings.gm_id}-{next(self._job_numbers)}"
+        elif job_id in self.jobs.jobs:
+            raise DuplicateJob(f"job {job_id} already exists")
         job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), time.time())
         async with self._lock:
             outputs = self.core.submit(job, time.time())

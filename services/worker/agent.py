@@ -17,6 +17,7 @@ from megha.common.models import (
     BrokerMessage,
     FinishedTaskModel,
     TaskEvent,
+    TaskEvents,
     WorkerNode,
     WorkerRegistered,
     WorkerRegistration,
@@ -27,6 +28,9 @@ from megha.common.transport.rabbit import Broker, lm_key
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 
 log = logging.getLogger("megha.worker")
+
+FLUSH_SECONDS = 0.002
+"""Reports and events produced within this window travel as one broker message each."""
 
 REMEMBER_FINISHED = 100_000
 """How many finished task ids an agent remembers so that a repeated launch does not run a task twice."""
@@ -44,6 +48,9 @@ class WorkerAgent:
         self._placements: dict[str, Placement] = {}  # launched and not yet reported
         self._done: OrderedDict[str, None] = OrderedDict()  # recently reported, for idempotent launches
         self._starting: set[asyncio.Task[None]] = set()
+        self._reports: dict[int, list[FinishedTaskModel]] = {}  # not yet published, per LM
+        self._events: list[TaskEvent] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=10.0)
 
     def nodes(self) -> list[WorkerNode]:
@@ -131,26 +138,43 @@ class WorkerAgent:
             finished_at=result.finished_at,
             error=result.error,
         )
-        message = BrokerMessage(worker_report=WorkerReportModel(lm=placement.lm, finished=[finished]))
-        assert self.broker is not None
-        await self.broker.publish("lm", lm_key(placement.lm), message.model_dump_json().encode())
+        self._reports.setdefault(placement.lm, []).append(finished)
+        self._flush_soon()
 
     async def _event(self, kind: str, p: Placement, at: float, result: ExecutionResult | None = None) -> None:
+        self._events.append(
+            TaskEvent(
+                kind=kind,  # type: ignore[arg-type]
+                task_id=p.task.task_id,
+                job_id=p.task.job_id,
+                lm=p.lm,
+                node=p.node,
+                at=at,
+                cpu_seconds=result.cpu_seconds if result else 0.0,
+                execution_delay=max(0.0, result.execution_delay) if result else 0.0,
+                error=result.error if result else "",
+            )
+        )
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """Publish what accumulated within FLUSH_SECONDS as one message per LM and one events message."""
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush(FLUSH_SECONDS))
+
+    async def _flush(self, after: float) -> None:
+        await asyncio.sleep(after)
+        reports, self._reports = self._reports, {}
+        events, self._events = self._events, []
         if self.broker is None:
             return
-        event = TaskEvent(
-            kind=kind,  # type: ignore[arg-type]
-            task_id=p.task.task_id,
-            job_id=p.task.job_id,
-            lm=p.lm,
-            node=p.node,
-            at=at,
-            cpu_seconds=result.cpu_seconds if result else 0.0,
-            execution_delay=max(0.0, result.execution_delay) if result else 0.0,
-            error=result.error if result else "",
-        )
-        await self.broker.publish("events", "", event.model_dump_json().encode())
+        for lm, finished in reports.items():
+            message = BrokerMessage(worker_report=WorkerReportModel(lm=lm, finished=finished))
+            await self.broker.publish("lm", lm_key(lm), message.model_dump_json().encode())
+        if events:
+            await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
 
     async def close(self) -> None:
         await self.executor.shutdown()
+        await self._flush(0.0)
         await self._http.aclose()

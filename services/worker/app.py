@@ -58,6 +58,8 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         if stray:
             return error(422, f"nodes {stray} are not this agent's ({mine.start}..{mine.stop - 1})", "launches")
         for i, p in enumerate(body.launches):
+            if p.lm != registered.lm:  # its completion would be reported to the wrong LM
+                return error(422, f"placement for LM {p.lm} in a launch from LM {registered.lm}", f"launches.{i}.lm")
             if len(p.task.request) != len(DEFAULT_RESOURCE_NAMES):
                 names = list(DEFAULT_RESOURCE_NAMES)
                 return error(422, f"request {p.task.request} is not aligned to {names}", f"launches.{i}.task.request")

@@ -1,0 +1,84 @@
+"""`megha local` starts separate processes and leaves none behind, also when interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+
+def _rabbitmq_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(not _rabbitmq_up(), reason="needs RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)")
+
+
+def _processes_of(run_id: str) -> list[int]:
+    """Pids whose environment names this deployment's run id."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if f"MEGHA_RUN_ID={run_id}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_megha_local_stops_every_service(tmp_path: Path, signum: int) -> None:
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "megha.cli",
+            "local",
+            "--execution",
+            "simulated",
+            "--nodes-per-worker",
+            "5",
+            "--gms",
+            "1",
+            "--lms",
+            "1",
+            "--workers-per-lm",
+            "1",
+            "--trace",
+            "syn:2:1000",
+            "--time-scale",
+            "0.5",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            run_id,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        if "replaying" in line:
+            break
+        assert time.monotonic() < deadline, "the deployment did not start"
+    assert len(_processes_of(run_id)) == 3  # GM, LM, worker agent
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 130
+    assert "every service was stopped" in proc.stdout.read()
+    assert _processes_of(run_id) == []
