@@ -406,15 +406,26 @@ class WorkerReportModel(WireModel):
         return WorkerReport(self.lm, [f.to_core() for f in self.finished])
 
 
+class WorkerHeartbeat(WireModel):
+    """Worker -> LM, every MEGHA_HEARTBEAT_INTERVAL seconds: the agent is alive and runs `running` tasks."""
+
+    worker_id: Name
+    lm: Index
+    at: Timestamp
+    running: Count
+
+
 class BrokerMessage(WireModel):
     """Envelope of every message on the GM and LM queues of the broker: exactly one field is set.
 
-    A GM's queue carries `delta` and `completions` from LMs; an LM's queue carries `worker_report` from workers.
+    A GM's queue carries `delta` and `completions` from LMs; an LM's queue carries `worker_report` and
+    `heartbeat` from workers.
     """
 
     delta: DeltaModel | None = None
     completions: CompletionsModel | None = None
     worker_report: WorkerReportModel | None = None
+    heartbeat: WorkerHeartbeat | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:

@@ -81,6 +81,7 @@ class WorkerSettings(ServiceSettings):
     constraints: Annotated[list[int], NoDecode] = Field(
         default_factory=list, description="machine constraint ids of this agent's nodes"
     )
+    heartbeat_interval: float = Field(5.0, gt=0, description="seconds between heartbeats to the LM")
     constraint_seed: int | None = Field(
         None, description="draw each node's constraints with the published machine fractions instead"
     )

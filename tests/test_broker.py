@@ -12,9 +12,10 @@ import pytest
 from megha.common.core.messages import FinishedTask, LaunchBatch, Placement, WorkerReport
 from megha.common.core.task import TaskSpec
 from megha.common.models import BrokerMessage, WorkerNode, WorkerRegistration, WorkerReportModel
-from megha.common.settings import LMSettings
+from megha.common.settings import LMSettings, WorkerSettings
 from megha.common.transport.rabbit import Broker, gm_key, lm_key
 from megha.services.lm.service import LMService
+from megha.services.worker.agent import WorkerAgent
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -111,5 +112,31 @@ async def test_a_message_whose_handler_fails_is_rejected_not_redelivered_forever
         await asyncio.sleep(0.5)
         assert calls == [b"{}"]
     finally:
+        await broker.delete_queue(queue)
+        await broker.close()
+
+
+async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    broker = Broker(AMQP, run_id)
+    await broker.connect()
+    lm = LMService(LMSettings(lm_id=0, num_gms=1, expected_nodes=1, run_id=run_id, amqp_url=AMQP), broker)
+    queue = await broker.consume("lm", lm_key(0), lm.on_broker_message)
+    settings = WorkerSettings(worker_id="w-hb", execution="simulated", run_id=run_id, amqp_url=AMQP)
+    agent = WorkerAgent(settings, broker)
+    try:
+        agent.registered = lm.register(
+            WorkerRegistration(worker_id="w-hb", url="http://127.0.0.1:9", nodes=agent.nodes())
+        )
+        await agent.heartbeat()
+        for _ in range(50):
+            if "w-hb" in lm.state()["heartbeats"]:  # type: ignore[operator]
+                break
+            await asyncio.sleep(0.05)
+        beat = lm.state()["heartbeats"]["w-hb"]  # type: ignore[index]
+        assert beat["running"] == 0 and 0 <= beat["age_seconds"] < 5
+    finally:
+        await agent.close()
+        await lm.close()
         await broker.delete_queue(queue)
         await broker.close()

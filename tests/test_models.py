@@ -382,4 +382,6 @@ def test_broker_message_carries_exactly_one_message() -> None:
     assert _fields(BrokerMessage, {"delta": envelope.delta.model_dump(), "worker_report": report}) == [
         models.ROOT_FIELD
     ]
-    assert _fields(BrokerMessage, {"heartbeat": {}}) == ["heartbeat"]
+    assert _fields(BrokerMessage, {"gossip": {}}) == ["gossip"]
+    beat = {"worker_id": "w", "lm": 0, "at": 1.0, "running": 2}
+    assert BrokerMessage.model_validate({"heartbeat": beat}).heartbeat.running == 2  # type: ignore[union-attr]

@@ -28,6 +28,7 @@ from megha.common.models import (
     BrokerMessage,
     CompletionsModel,
     DeltaModel,
+    WorkerHeartbeat,
     WorkerLaunchModel,
     WorkerRegistered,
     WorkerRegistration,
@@ -61,6 +62,7 @@ class LMService:
         self._http = httpx.AsyncClient(timeout=settings.http_timeout)
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed_launches = 0
+        self._heartbeats: dict[str, WorkerHeartbeat] = {}
 
     # --------------------------------------------------------- registration
 
@@ -137,6 +139,8 @@ class LMService:
 
     async def on_broker_message(self, body: bytes) -> None:
         msg = BrokerMessage.model_validate_json(body)
+        if msg.heartbeat is not None:
+            self._heartbeats[msg.heartbeat.worker_id] = msg.heartbeat
         if msg.worker_report is not None:
             if self.core is None:
                 raise NotReady("report before the cluster is complete")
@@ -232,4 +236,8 @@ class LMService:
             "free": [list(f) for f in core.free] if core else [],
             "capacity": [list(c) for c in core.capacity] if core else [],
             "idle": core.is_idle() if core else True,
+            "heartbeats": {
+                w: {"age_seconds": round(time.time() - h.at, 3), "running": h.running}
+                for w, h in self._heartbeats.items()
+            },
         }

@@ -18,6 +18,7 @@ from megha.common.models import (
     FinishedTaskModel,
     TaskEvent,
     TaskEvents,
+    WorkerHeartbeat,
     WorkerNode,
     WorkerRegistered,
     WorkerRegistration,
@@ -95,6 +96,23 @@ class WorkerAgent:
                 raise RuntimeError(f"LM at {self.settings.lm_url} unreachable for {timeout} s: {reason}")
             await asyncio.sleep(0.2)
 
+    async def heartbeats(self) -> None:
+        """Tell the LM every `heartbeat_interval` seconds that this agent is alive (runs until cancelled)."""
+        while True:
+            await self.heartbeat()
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    async def heartbeat(self) -> None:
+        if self.broker is None or self.registered is None:
+            return
+        beat = WorkerHeartbeat(
+            worker_id=self.settings.worker_id,
+            lm=self.registered.lm,
+            at=time.time(),
+            running=len(self.executor.running()),
+        )
+        await self.broker.publish("lm", lm_key(beat.lm), BrokerMessage(heartbeat=beat).model_dump_json().encode())
+
     def launch(self, placements: list[Placement]) -> list[str]:
         """Accept a launch and start its tasks in the background; returns the ids accepted. Idempotent: a task
         that runs or ran here (the LM retries calls that timed out) is not started again."""
@@ -163,16 +181,18 @@ class WorkerAgent:
             self._flusher = asyncio.get_running_loop().create_task(self._flush(FLUSH_SECONDS))
 
     async def _flush(self, after: float) -> None:
+        """Publish until nothing is left: what arrives while a publish is in flight goes in the next round."""
         await asyncio.sleep(after)
-        reports, self._reports = self._reports, {}
-        events, self._events = self._events, []
-        if self.broker is None:
-            return
-        for lm, finished in reports.items():
-            message = BrokerMessage(worker_report=WorkerReportModel(lm=lm, finished=finished))
-            await self.broker.publish("lm", lm_key(lm), message.model_dump_json().encode())
-        if events:
-            await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
+        while self._reports or self._events:
+            reports, self._reports = self._reports, {}
+            events, self._events = self._events, []
+            if self.broker is None:
+                continue
+            for lm, finished in reports.items():
+                message = BrokerMessage(worker_report=WorkerReportModel(lm=lm, finished=finished))
+                await self.broker.publish("lm", lm_key(lm), message.model_dump_json().encode())
+            if events:
+                await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
 
     async def close(self) -> None:
         await self.executor.shutdown()

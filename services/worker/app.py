@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -26,6 +27,7 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         if broker is not None:
             await broker.connect()
         await agent.register()
+        beating = asyncio.get_running_loop().create_task(agent.heartbeats())
         log.info(
             "%s serving on %s (%s execution, %d node(s))",
             settings.worker_id,
@@ -34,6 +36,7 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             settings.nodes,
         )
         yield
+        beating.cancel()
         await agent.close()
         if broker is not None:
             await broker.close()
