@@ -4,7 +4,6 @@ the broker, as the GM service consumes them."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 
 import pytest
@@ -17,19 +16,10 @@ from megha.common.transport.rabbit import Broker, gm_key, lm_key
 from megha.services.lm.service import LMService
 from megha.services.worker.agent import WorkerAgent
 
-AMQP = "amqp://guest:guest@127.0.0.1:5672/"
-
-
-def _rabbitmq_up() -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
+from servicekit import AMQP, needs_rabbitmq
 
 pytestmark = [
-    pytest.mark.skipif(not _rabbitmq_up(), reason="needs RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)"),
+    needs_rabbitmq,
     pytest.mark.asyncio,
 ]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from servicekit import needs_rabbitmq
 
-def _rabbitmq_up() -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _rabbitmq_up(), reason="needs RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)")
+pytestmark = needs_rabbitmq
 
 
 def _processes_of(run_id: str) -> list[int]:

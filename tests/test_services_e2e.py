@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-
-import pytest
-
 from megha.common.settings import LoadgenSettings
 from megha.deploy.local import LocalDeployment, run_local
+
+from servicekit import needs_rabbitmq
 
 CPU_TOLERANCE = 0.95  # burn stops at its target; process CPU accounting is coarse (clock ticks)
 
 
-def _rabbitmq_up() -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _rabbitmq_up(), reason="needs RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)")
+pytestmark = needs_rabbitmq
 
 
 def test_first_20_google_jobs_through_separate_processes_with_real_cpu_burn(tmp_path) -> None:  # type: ignore[no-untyped-def]

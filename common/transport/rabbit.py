@@ -9,7 +9,8 @@ logged and rejected without requeue (a poison message must not loop forever).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
@@ -84,3 +85,16 @@ class Broker:
     async def delete_queue(self, name: str) -> None:
         assert self._channel is not None
         await self._channel.queue_delete(name)
+
+
+@asynccontextmanager
+async def connected(broker: Broker | None) -> AsyncIterator[None]:
+    """Keep `broker` connected for the block (a service built without a broker, in tests, passes None)."""
+    if broker is None:
+        yield
+        return
+    await broker.connect()
+    try:
+        yield
+    finally:
+        await broker.close()

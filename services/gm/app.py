@@ -12,7 +12,7 @@ from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
 from megha.common.models import JobAccepted, JobStatus, JobSubmission
 from megha.common.settings import GMSettings
-from megha.common.transport.rabbit import Broker, gm_key
+from megha.common.transport.rabbit import Broker, connected, gm_key
 from megha.services.gm.service import DuplicateJob, GMService
 from megha.services.http import configure_logging, error, install_error_handlers
 
@@ -29,14 +29,12 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             await service.discover()
         else:
             service.adopt(cluster)
-        if broker is not None:
-            await broker.connect()
-            await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
-        log.info("GM %d serving on %s with %s matching", settings.gm_id, settings.url(), settings.matching)
-        yield
-        await service.close()
-        if broker is not None:
-            await broker.close()
+        async with connected(broker):
+            if broker is not None:
+                await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
+            log.info("GM %d serving on %s with %s matching", settings.gm_id, settings.url(), settings.matching)
+            yield
+            await service.close()
 
     app = FastAPI(title=f"Megha GM {settings.gm_id}", lifespan=lifespan)
     app.state.service = service

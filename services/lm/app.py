@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from megha.common.core.constraints import constraint_ids
 from megha.common.models import LaunchBatchModel, LaunchResponseModel, WorkerRegistered, WorkerRegistration
 from megha.common.settings import LMSettings
-from megha.common.transport.rabbit import Broker, lm_key
+from megha.common.transport.rabbit import Broker, connected, lm_key
 from megha.services.http import configure_logging, error, install_error_handlers
 from megha.services.lm.service import LMService, NotReady, RegistrationError
 
@@ -23,20 +23,18 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if broker is not None:
-            await broker.connect()
-            await broker.consume("lm", lm_key(settings.lm_id), service.on_broker_message)
-        log.info(
-            "LM %d serving on %s, expecting %d nodes for %d GMs",
-            settings.lm_id,
-            settings.url(),
-            settings.expected_nodes,
-            settings.num_gms,
-        )
-        yield
-        await service.close()
-        if broker is not None:
-            await broker.close()
+        async with connected(broker):
+            if broker is not None:
+                await broker.consume("lm", lm_key(settings.lm_id), service.on_broker_message)
+            log.info(
+                "LM %d serving on %s, expecting %d nodes for %d GMs",
+                settings.lm_id,
+                settings.url(),
+                settings.expected_nodes,
+                settings.num_gms,
+            )
+            yield
+            await service.close()
 
     app = FastAPI(title=f"Megha LM {settings.lm_id}", lifespan=lifespan)
     app.state.service = service

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.models import WorkerLaunchModel
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import Broker
+from megha.common.transport.rabbit import Broker, connected
 from megha.services.http import configure_logging, error, install_error_handlers
 from megha.services.worker.agent import WorkerAgent
 
@@ -24,22 +24,19 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if broker is not None:
-            await broker.connect()
-        await agent.register()
-        beating = asyncio.get_running_loop().create_task(agent.heartbeats())
-        log.info(
-            "%s serving on %s (%s execution, %d node(s))",
-            settings.worker_id,
-            settings.url(),
-            settings.execution,
-            settings.nodes,
-        )
-        yield
-        beating.cancel()
-        await agent.close()
-        if broker is not None:
-            await broker.close()
+        async with connected(broker):
+            await agent.register()
+            beating = asyncio.get_running_loop().create_task(agent.heartbeats())
+            log.info(
+                "%s serving on %s (%s execution, %d node(s))",
+                settings.worker_id,
+                settings.url(),
+                settings.execution,
+                settings.nodes,
+            )
+            yield
+            beating.cancel()
+            await agent.close()
 
     app = FastAPI(title=f"Megha worker {settings.worker_id}", lifespan=lifespan)
     app.state.agent = agent
