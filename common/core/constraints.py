@@ -35,7 +35,7 @@ def select_bit(bits: int, rank: int) -> int:
     """Position of the `rank`-th (0-based) set bit of `bits`, by binary search over bit counts."""
     offset = 0
     width = bits.bit_length()
-    while width > 64:
+    while width > 8:
         half = width >> 1
         low = bits & ((1 << half) - 1)
         count = low.bit_count()

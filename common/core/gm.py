@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from operator import gt
+from operator import gt, sub
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.constraints import constraint_ids
@@ -223,7 +223,7 @@ class GlobalMaster:
         if placement is None:
             return False
         view, i = self._locate[placement.lm][placement.node]
-        view.set_free(i, tuple(f - r for f, r in zip(view.free[i], task.request)))
+        view.set_free(i, tuple(map(sub, view.free[i], task.request)))
         batch = batches.get(placement.lm)
         if batch is None:
             batches[placement.lm] = [placement]
@@ -299,12 +299,12 @@ class GlobalMaster:
         (`_sync_view`), so a node that changed many times in between costs one update."""
         known = self._known_version[lm]
         pending = self._pending[lm]
-        for state in states:
-            node, version = state.node, state.version
+        held_get = pending.get
+        for node, free, version in states:
             if version > known[node]:
-                held = pending.get(node)
+                held = held_get(node)
                 if held is None or version > held[1]:
-                    pending[node] = (state.free, version, applied_through)
+                    pending[node] = (free, version, applied_through)
                     self._has_pending = True
 
     def _sync_view(self) -> None:
@@ -320,10 +320,10 @@ class GlobalMaster:
             inflight = self._inflight[lm]
             for node, (free, version, applied_through) in pending.items():
                 known[node] = version
-                if inflight:
-                    for seq, request in inflight.get(node, ()):
+                if inflight and node in inflight:
+                    for seq, request in inflight[node]:
                         if seq > applied_through:
-                            free = tuple(f - r for f, r in zip(free, request))
+                            free = tuple(map(sub, free, request))
                 view, i = locate[node]
                 old = view.free[i]
                 if free != old:

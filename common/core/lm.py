@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import add, ge, sub
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_ids
@@ -84,6 +85,10 @@ class LocalMaster:
         self.logical_nodes: dict[int, LogicalNode] = {}
         self._next_logical = 0
         self._dirty: list[set[int]] = [set() for _ in range(self.num_gms)]
+        # For each GM, the dirty sets of all the others: a GM's own change is not reported back to it.
+        self._others_dirty: list[list[set[int]]] = [
+            [d for g, d in enumerate(self._dirty) if g != gm] for gm in range(self.num_gms)
+        ]
         self._applied_through = [0] * self.num_gms
         self._tick_armed = False
         self.inconsistencies = 0
@@ -192,20 +197,19 @@ class LocalMaster:
                 inconsistency=False,
             )
         free = self.free[n]
-        for f, r in zip(free, p.task.request):
-            if f < r:
-                self.inconsistencies += 1
-                return Rejection(
-                    p,
-                    f"node {n} has {describe(free, self.resource_names)} free; task needs "
-                    f"{describe(p.task.request, self.resource_names)}",
-                    inconsistency=True,
-                )
-        return None
+        if all(map(ge, free, p.task.request)):
+            return None
+        self.inconsistencies += 1
+        return Rejection(
+            p,
+            f"node {n} has {describe(free, self.resource_names)} free; task needs "
+            f"{describe(p.task.request, self.resource_names)}",
+            inconsistency=True,
+        )
 
     def _allocate(self, p: Placement, gm: int) -> None:
         n = p.node
-        self._set_free(n, tuple(f - r for f, r in zip(self.free[n], p.task.request)), except_gm=gm)
+        self._set_free(n, tuple(map(sub, self.free[n], p.task.request)), except_gm=gm)
         logical_id = None
         if p.repartition:
             logical_id = self._next_logical
@@ -219,9 +223,8 @@ class LocalMaster:
         self.free[n] = free
         self._clock += 1
         self.version[n] = self._clock
-        for gm, dirty in enumerate(self._dirty):
-            if gm != except_gm:
-                dirty.add(n)
+        for dirty in self._others_dirty[except_gm]:
+            dirty.add(n)
 
     # ------------------------------------------------------------ completions
 
@@ -233,7 +236,7 @@ class LocalMaster:
                 continue  # a repeated report: each task frees its resources once
             n = alloc.placement.node
             request = alloc.placement.task.request
-            self._set_free(n, tuple(f + r for f, r in zip(self.free[n], request)), except_gm=alloc.gm)
+            self._set_free(n, tuple(map(add, self.free[n], request)), except_gm=alloc.gm)
             if alloc.logical_id is not None:
                 del self.logical_nodes[alloc.logical_id]
             completion = Completion(item.task_id, node_state((n, self.free[n], self.version[n])))
