@@ -10,7 +10,7 @@ import pytest
 
 from megha.common.core.messages import FinishedTask, LaunchBatch, Placement, WorkerReport
 from megha.common.core.task import TaskSpec
-from megha.common.models import BrokerMessage, WorkerNode, WorkerRegistration, WorkerReportModel
+from megha.common.models import BrokerMessage, TaskEvents, WorkerNode, WorkerRegistration, WorkerReportModel
 from megha.common.settings import LMSettings, WorkerSettings
 from megha.common.transport.rabbit import Broker, gm_key, lm_key
 from megha.services.lm.service import LMService
@@ -129,4 +129,41 @@ async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:
         await agent.close()
         await lm.close()
         await broker.delete_queue(queue)
+        await broker.close()
+
+
+async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_failed() -> None:
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    broker = Broker(AMQP, run_id)
+    await broker.connect()
+    gm_inbox, events = Inbox(), []
+    event_arrived = asyncio.Event()
+
+    async def on_events(body: bytes) -> None:
+        events.extend(TaskEvents.model_validate_json(body).events)
+        event_arrived.set()
+
+    queues = [
+        await broker.consume("gm", gm_key(0), gm_inbox),
+        await broker.consume("events", "", on_events, queue=f"{run_id}.events.test"),
+    ]
+    lm = LMService(
+        LMSettings(lm_id=0, num_gms=1, expected_nodes=1, http_timeout=0.5, run_id=run_id, amqp_url=AMQP), broker
+    )
+    try:
+        node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024})
+        lm.register(WorkerRegistration(worker_id="gone", url="http://127.0.0.1:9", nodes=[node]))  # nobody listens
+        task = TaskSpec("j.0", "j", "u", 1.0, (1000, 1024), 0)
+        response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
+        assert len(response.accepted) == 1
+        await asyncio.wait_for(event_arrived.wait(), 10)
+        assert [(e.kind, e.task_id) for e in events] == [("failed", "j.0")]
+        assert "unreachable" in events[0].error
+        completions = (await gm_inbox.next()).completions  # the GM learns the node is free again
+        assert completions is not None and completions.items[0].state.free == [1000, 1024]
+        assert lm.core is not None and lm.core.is_idle() and lm.state()["failed_launches"] == 1
+    finally:
+        await lm.close()
+        for q in queues:
+            await broker.delete_queue(q)
         await broker.close()

@@ -16,9 +16,11 @@ from megha.common.core.messages import (
     Completions,
     Delta,
     DeltaTick,
+    FinishedTask,
     LaunchBatch,
     LaunchResponse,
     Output,
+    Placement,
     Send,
     WorkerLaunch,
     WorkerReport,
@@ -28,6 +30,8 @@ from megha.common.models import (
     BrokerMessage,
     CompletionsModel,
     DeltaModel,
+    TaskEvent,
+    TaskEvents,
     WorkerHeartbeat,
     WorkerLaunchModel,
     WorkerRegistered,
@@ -177,7 +181,7 @@ class LMService:
 
     async def _send_to_workers(self, launch: WorkerLaunch) -> None:
         """One POST per agent; an agent that cannot be reached gets its tasks reported failed, never lost."""
-        by_url: dict[str, list] = {}
+        by_url: dict[str, list[Placement]] = {}
         for p in launch.launches:
             by_url.setdefault(self._node_worker[p.node], []).append(p)
         for url, placements in by_url.items():
@@ -197,17 +201,30 @@ class LMService:
             else:
                 await self._fail_unlaunched(placements, f"worker agent {url} unreachable")
 
-    async def _fail_unlaunched(self, placements: list, reason: str) -> None:
-        from megha.common.core.messages import FinishedTask
-
+    async def _fail_unlaunched(self, placements: list[Placement], reason: str) -> None:
+        """Free the resources of tasks no agent could take, and report them failed (never silently dropped)."""
         self.failed_launches += len(placements)
-        report = WorkerReport(
-            self.settings.lm_id, [FinishedTask(p.task.task_id, p.node, error=reason) for p in placements]
-        )
+        log.error("%d tasks failed: %s", len(placements), reason)
+        report = WorkerReport(self.settings.lm_id, [FinishedTask(p.task.task_id, p.node) for p in placements])
         assert self.core is not None
         async with self._lock:
             outputs = self.core.handle(report, time.time())
         self._dispatch(outputs)
+        if self.broker is not None:
+            now = time.time()
+            events = [
+                TaskEvent(
+                    kind="failed",
+                    task_id=p.task.task_id,
+                    job_id=p.task.job_id,
+                    lm=p.lm,
+                    node=p.node,
+                    at=now,
+                    error=reason,
+                )
+                for p in placements
+            ]
+            await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.get_running_loop().create_task(coro)
