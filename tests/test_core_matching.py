@@ -9,7 +9,7 @@ import pytest
 from megha.common.core.constraints import constraint_ids, constraint_mask, select_bit
 from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import LaunchBatch
-from megha.common.core.placement.choice import MinimumConstraintsChoice, RandomChoice, make_choice
+from megha.common.core.placement.choice import MinimumConstraintsChoice, RandomChoice, make_choice, uniform_bit
 from megha.common.core.placement.feasibility import feasible_nodes
 from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.view import PartitionView
@@ -118,3 +118,19 @@ def test_task_that_no_node_could_ever_run_is_rejected_with_the_reason() -> None:
     with pytest.raises(Unschedulable, match="must be positive"):
         gm.submit(job("m", task("m.0", request=(0, 1))), 0.0)
     assert not gm.queue and not gm.waiting
+
+
+def test_uniform_bit_is_uniform_over_dense_and_sparse_bitsets() -> None:
+    rng = random.Random(7)
+    dense = ((1 << 400) - 1) & ~(1 << 5) & ~(1 << 300)  # rejection sampling succeeds almost always
+    sparse = (1 << 3) | (1 << 70) | (1 << 130) | (1 << 399)  # mostly falls back to rank selection
+    for bits in (dense, sparse):
+        counts: dict[int, int] = {}
+        draws = 40 * bits.bit_count()
+        for _ in range(draws):
+            pos = uniform_bit(bits, rng)
+            assert bits >> pos & 1
+            counts[pos] = counts.get(pos, 0) + 1
+        assert set(counts) == {p for p in range(400) if bits >> p & 1}
+        expected = draws / bits.bit_count()
+        assert max(abs(c - expected) for c in counts.values()) < 0.75 * expected

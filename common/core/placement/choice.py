@@ -17,6 +17,20 @@ class ChoicePolicy(Protocol):
     def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int: ...
 
 
+REJECTION_TRIES = 4
+
+
+def uniform_bit(bits: int, rng: random.Random) -> int:
+    """A uniformly random set bit of `bits`. Rejection sampling first (a few probes of random positions, cheap
+    when most nodes are candidates), then an exact rank selection: uniform either way."""
+    width = bits.bit_length()
+    for _ in range(REJECTION_TRIES):
+        position = rng.randrange(width)
+        if bits >> position & 1:
+            return position
+    return select_bit(bits, rng.randrange(bits.bit_count()))
+
+
 class RandomChoice:
     """Uniform random choice among the feasible nodes (constraint-aware paper, section 4.3.1).
 
@@ -25,7 +39,7 @@ class RandomChoice:
     name = "random"
 
     def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int:
-        return select_bit(candidates, rng.randrange(candidates.bit_count()))
+        return uniform_bit(candidates, rng)
 
 
 class MinimumConstraintsChoice:
@@ -39,7 +53,7 @@ class MinimumConstraintsChoice:
         for bits in view.count_bits:
             fewest = candidates & bits
             if fewest:
-                return select_bit(fewest, rng.randrange(fewest.bit_count()))
+                return uniform_bit(fewest, rng)
         raise ValueError("no candidates to choose from")
 
 
