@@ -25,6 +25,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -217,14 +218,8 @@ class _Executor(ABC):
 class TaskExecutor(_Executor):
     """Runs each task as a real `burn` process (its own process group) that consumes the CPU and memory asked for."""
 
-    def __init__(
-        self,
-        on_finished: OnFinished | None = None,
-        *,
-        kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
-        keep_results: int = DEFAULT_KEEP_RESULTS,
-    ) -> None:
-        super().__init__(on_finished, kill_grace=kill_grace, keep_results=keep_results)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._processes: dict[str, asyncio.subprocess.Process] = {}
 
     def pid(self, task_id: str) -> int | None:
@@ -296,14 +291,8 @@ class TaskExecutor(_Executor):
 class SimulatedExecutor(_Executor):
     """Simulated-execution mode: sleeps each task's duration, burns nothing, reports 0 CPU-seconds and 0 MB."""
 
-    def __init__(
-        self,
-        on_finished: OnFinished | None = None,
-        *,
-        kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
-        keep_results: int = DEFAULT_KEEP_RESULTS,
-    ) -> None:
-        super().__init__(on_finished, kill_grace=kill_grace, keep_results=keep_results)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._sleeps: dict[str, asyncio.Task[None]] = {}
 
     async def _launch(self, task: _Task, cpu_millicores: int, memory_mb: int, duration: float) -> None:
