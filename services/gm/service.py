@@ -23,6 +23,9 @@ from megha.services.gm.jobs import JobTable
 
 log = logging.getLogger("megha.gm")
 
+LAUNCH_ATTEMPTS = 5
+"""Launch is idempotent per task at the LM, so a batch is retried on transport errors and 5xx answers."""
+
 
 class DuplicateJob(ValueError):
     """A submission reuses a job id this GM already has."""
@@ -127,23 +130,28 @@ class GMService:
         """POST the batch to its LM. Launch is idempotent per task at the LM, so transport errors are retried."""
         url = self.settings.lm_urls[batch.lm]
         body = LaunchBatchModel.from_core(batch).model_dump_json()
-        for attempt in range(5):
+        r: httpx.Response | None = None
+        failure = ""
+        for attempt in range(LAUNCH_ATTEMPTS):
             try:
                 r = await self._http.post(
                     f"{url}/v1/launch", content=body, headers={"content-type": "application/json"}
                 )
-                if r.status_code == 503:
-                    raise httpx.HTTPStatusError("LM not ready", request=r.request, response=r)
-                r.raise_for_status()
-                break
-            except httpx.HTTPError as exc:
-                log.warning("launch batch %d to LM %d failed (attempt %d): %s", batch.seq, batch.lm, attempt + 1, exc)
-                await asyncio.sleep(0.1 * 2**attempt)
-        else:
+            except httpx.TransportError as exc:
+                failure = f"LM {batch.lm} unreachable at {url}: {exc!r}"
+            else:
+                if r.status_code == 200:
+                    break
+                failure = f"LM {batch.lm} answered {r.status_code}: {r.text[:500]}"
+                if r.status_code < 500 and r.status_code != 429:
+                    break  # the LM refused the batch itself: retrying cannot help
+            log.warning("launch batch %d to LM %d failed (attempt %d): %s", batch.seq, batch.lm, attempt + 1, failure)
+            await asyncio.sleep(0.1 * 2**attempt)
+        if r is None or r.status_code != 200:
             async with self._lock:
                 assert self.core is not None
                 for p in batch.placements:
-                    self.core.observer.task_failed(p.task, f"LM {batch.lm} unreachable at {url}", time.time())
+                    self.core.observer.task_failed(p.task, failure, time.time())
             return
         response = LaunchResponseModel.model_validate_json(r.content).to_core()
         assert self.core is not None
