@@ -324,13 +324,14 @@ class CompletionModel(WireModel):
 
     task_id: Name
     state: NodeStateModel
+    error: str = ""
 
     @classmethod
     def from_core(cls, obj: Completion) -> Self:
-        return cls(task_id=obj.task_id, state=NodeStateModel.from_core(obj.state))
+        return cls(task_id=obj.task_id, state=NodeStateModel.from_core(obj.state), error=obj.error)
 
     def to_core(self) -> Completion:
-        return Completion(self.task_id, self.state.to_core())
+        return Completion(self.task_id, self.state.to_core(), self.error)
 
 
 class CompletionsModel(WireModel):
@@ -372,7 +373,8 @@ class FinishedTaskModel(WireModel):
     """Mirror of `FinishedTask`, plus what a real worker measured: CPU seconds burnt, the delay from receiving
     the launch to starting the task, start and finish times, and an error ("" when the task succeeded).
 
-    The core has no fields for the measurements yet, so `to_core` drops them and `from_core` leaves defaults.
+    The core keeps only the error (the LM passes it on to the GM in the completion); `to_core` drops the
+    measurements and `from_core` leaves them at their defaults.
     """
 
     task_id: Name
@@ -386,10 +388,10 @@ class FinishedTaskModel(WireModel):
 
     @classmethod
     def from_core(cls, obj: FinishedTask) -> Self:
-        return cls(task_id=obj.task_id, node=obj.node, preempted=obj.preempted)
+        return cls(task_id=obj.task_id, node=obj.node, preempted=obj.preempted, error=obj.error)
 
     def to_core(self) -> FinishedTask:
-        return FinishedTask(self.task_id, self.node, self.preempted)
+        return FinishedTask(self.task_id, self.node, self.preempted, self.error)
 
 
 class WorkerReportModel(WireModel):

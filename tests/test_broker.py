@@ -161,6 +161,7 @@ async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_faile
         assert "unreachable" in events[0].error
         completions = (await gm_inbox.next()).completions  # the GM learns the node is free again
         assert completions is not None and completions.items[0].state.free == [1000, 1024]
+        assert "unreachable" in completions.items[0].error  # the GM's job table reports the task failed
         assert lm.core is not None and lm.core.is_idle() and lm.state()["failed_launches"] == 1
     finally:
         await lm.close()

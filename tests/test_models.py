@@ -166,7 +166,7 @@ def test_to_wire_refuses_a_type_without_a_mirror() -> None:
         to_wire(messages.DeltaTick())
 
 
-def test_finished_task_measurements_default_from_the_core_and_are_dropped_to_it() -> None:
+def test_finished_task_measurements_stay_on_the_wire_and_the_error_reaches_the_core() -> None:
     wire = FinishedTaskModel.from_core(FinishedTask("t", 3, preempted=True))
     assert (wire.cpu_seconds, wire.execution_delay, wire.started_at, wire.finished_at, wire.error) == (
         0.0,
@@ -176,7 +176,7 @@ def test_finished_task_measurements_default_from_the_core_and_are_dropped_to_it(
         "",
     )
     measured = FinishedTaskModel(task_id="t", node=3, cpu_seconds=1.5, started_at=10.0, finished_at=12.0, error="oom")
-    assert measured.to_core() == FinishedTask("t", 3, False)
+    assert measured.to_core() == FinishedTask("t", 3, False, "oom")
 
 
 # --- submission API ------------------------------------------------------------------------------------------

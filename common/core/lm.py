@@ -239,7 +239,7 @@ class LocalMaster:
             self._set_free(n, tuple(map(add, self.free[n], request)), except_gm=alloc.gm)
             if alloc.logical_id is not None:
                 del self.logical_nodes[alloc.logical_id]
-            completion = Completion(item.task_id, node_state((n, self.free[n], self.version[n])))
+            completion = Completion(item.task_id, node_state((n, self.free[n], self.version[n])), item.error)
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [
             Send(gm_address(gm), Completions(self.lm_id, gm, self._applied_through[gm], items))

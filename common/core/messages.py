@@ -133,9 +133,12 @@ class WorkerLaunch:
 
 @dataclass(slots=True)
 class FinishedTask:
+    """A task that ended on a worker; `error` says why it failed ("" when it ran to completion)."""
+
     task_id: str
     node: int
     preempted: bool = False
+    error: str = ""
 
 
 @dataclass(slots=True)
@@ -148,10 +151,12 @@ class WorkerReport:
 
 @dataclass(slots=True)
 class Completion:
-    """One finished task of a GM, with its node's state right after the task's resources were returned."""
+    """One finished task of a GM, with its node's state right after the task's resources were returned, and why
+    it failed ("" when it ran to completion)."""
 
     task_id: str
     state: NodeState
+    error: str = ""
 
 
 @dataclass(slots=True)

@@ -107,7 +107,7 @@ class GMService:
         now = time.time()
         if msg.completions is not None:
             for item in msg.completions.items:
-                self.jobs.completed(item.task_id, now)
+                self.jobs.completed(item.task_id, now, item.error)
             core_msg: object = msg.completions.to_core()
         elif msg.delta is not None:
             core_msg = msg.delta.to_core()

@@ -205,7 +205,9 @@ class LMService:
         """Free the resources of tasks no agent could take, and report them failed (never silently dropped)."""
         self.failed_launches += len(placements)
         log.error("%d tasks failed: %s", len(placements), reason)
-        report = WorkerReport(self.settings.lm_id, [FinishedTask(p.task.task_id, p.node) for p in placements])
+        report = WorkerReport(
+            self.settings.lm_id, [FinishedTask(p.task.task_id, p.node, error=reason) for p in placements]
+        )
         assert self.core is not None
         async with self._lock:
             outputs = self.core.handle(report, time.time())
