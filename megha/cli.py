@@ -7,6 +7,7 @@ import platform
 import sys
 from pathlib import Path
 
+from megha.common.argtypes import non_negative_float, positive_float, positive_int
 from megha.common.core.placement.choice import CHOICE_POLICIES
 
 REPLAY_EXAMPLES = """\
@@ -16,27 +17,6 @@ examples:
   megha replay --trace demo --mode scaled --lms 2 --gms 2 --workers-per-partition 20 --node-cpu 2000 --node-mem 4096
   megha replay --trace syn:500:100 --matching min-constraints --out out/syn500
 """
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,10 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a .tr file, 'demo' (100 jobs of the Google sub-trace, shipped), or syn:<tasks>:<jobs> "
         "(one job a second of <tasks> 1-second tasks) (default: %(default)s)",
     )
-    w.add_argument("--first-jobs", type=_positive_int, default=None, help="replay only the first N jobs")
+    w.add_argument("--first-jobs", type=positive_int, default=None, help="replay only the first N jobs")
     w.add_argument(
         "--time-scale",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="multiply arrival times and durations by this factor (default: %(default)s)",
     )
@@ -71,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="slot: each task holds a whole worker (constraint-aware study); scaled: Google-like "
         "requests scaled down 400x CPU / 50x memory (Megha prototype) (default: %(default)s)",
     )
-    w.add_argument("--users", type=_positive_int, default=1, help="users jobs are spread over (default: %(default)s)")
+    w.add_argument("--users", type=positive_int, default=1, help="users jobs are spread over (default: %(default)s)")
     c = r.add_argument_group("data centre")
     c.add_argument(
         "--cluster",
@@ -79,16 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="'generate', 'reference' (../shared's published 10,000-node cluster) or a cluster JSON "
         "file (default: %(default)s)",
     )
-    c.add_argument("--lms", type=_positive_int, default=5, help="LMs when generating (default: %(default)s)")
-    c.add_argument("--gms", type=_positive_int, default=5, help="GMs when generating (default: %(default)s)")
+    c.add_argument("--lms", type=positive_int, default=5, help="LMs when generating (default: %(default)s)")
+    c.add_argument("--gms", type=positive_int, default=5, help="GMs when generating (default: %(default)s)")
     c.add_argument(
         "--workers-per-partition",
-        type=_positive_int,
+        type=positive_int,
         default=400,
         help="workers in each LM partition when generating (default: %(default)s)",
     )
-    c.add_argument("--node-cpu", type=_positive_int, default=64000, help="node CPU, millicores (default: %(default)s)")
-    c.add_argument("--node-mem", type=_positive_int, default=16384, help="node memory, MB (default: %(default)s)")
+    c.add_argument("--node-cpu", type=positive_int, default=64000, help="node CPU, millicores (default: %(default)s)")
+    c.add_argument("--node-mem", type=positive_int, default=16384, help="node memory, MB (default: %(default)s)")
     s = r.add_argument_group("scheduler")
     s.add_argument(
         "--matching",
@@ -98,13 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--hop-delay",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=0.0005,
         help="network delay per message hop, seconds (default: %(default)s)",
     )
     s.add_argument(
         "--delta-interval",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="period of LM delta updates to each GM, seconds (default: %(default)s)",
     )
@@ -132,12 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a whole deployment on this host (separate processes, real RabbitMQ), replay a trace "
         "through the GMs' REST API, print the report, and shut everything down (also on Ctrl-C).",
     )
-    loc.add_argument("--gms", type=_positive_int, default=2, help="GMs (default: %(default)s)")
-    loc.add_argument("--lms", type=_positive_int, default=2, help="LMs (default: %(default)s)")
-    loc.add_argument("--workers-per-lm", type=_positive_int, default=2, help="worker agents per LM (default: 2)")
+    loc.add_argument("--gms", type=positive_int, default=2, help="GMs (default: %(default)s)")
+    loc.add_argument("--lms", type=positive_int, default=2, help="LMs (default: %(default)s)")
+    loc.add_argument("--workers-per-lm", type=positive_int, default=2, help="worker agents per LM (default: 2)")
     loc.add_argument(
         "--nodes-per-worker",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="nodes each agent stands for; more than 1 needs --execution simulated (default: 1)",
     )
@@ -147,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="real",
         help="real: tasks burn their CPU and memory; simulated: no burn (default: %(default)s)",
     )
-    loc.add_argument("--node-cpu", type=_positive_int, default=2000, help="node CPU, millicores (default: 2000)")
-    loc.add_argument("--node-mem", type=_positive_int, default=4096, help="node memory, MB (default: 4096)")
+    loc.add_argument("--node-cpu", type=positive_int, default=2000, help="node CPU, millicores (default: 2000)")
+    loc.add_argument("--node-mem", type=positive_int, default=4096, help="node memory, MB (default: 4096)")
     loc.add_argument(
         "--constraint-seed",
         type=int,
@@ -156,18 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw node constraints with the published fractions (default: nodes satisfy all)",
     )
     loc.add_argument("--trace", default="demo", help="a .tr file, 'demo' or syn:<tasks>:<jobs> (default: demo)")
-    loc.add_argument("--first-jobs", type=_positive_int, default=20, help="jobs to replay (default: 20)")
+    loc.add_argument("--first-jobs", type=positive_int, default=20, help="jobs to replay (default: 20)")
     loc.add_argument(
         "--time-scale",
-        type=_positive_float,
+        type=positive_float,
         default=0.0002,
         help="multiply arrivals and durations; the demo's tasks last hours (default: %(default)s)",
     )
     loc.add_argument("--mode", choices=("slot", "scaled"), default="scaled", help="request mode (default: scaled)")
-    loc.add_argument("--cpu-scale", type=_positive_int, default=400, help="scaled mode CPU divisor (default: 400)")
+    loc.add_argument("--cpu-scale", type=positive_int, default=400, help="scaled mode CPU divisor (default: 400)")
     loc.add_argument(
         "--mem-scale",
-        type=_positive_int,
+        type=positive_int,
         default=1000,
         help="scaled mode memory divisor; 1000 keeps a laptop's memory safe (default: 1000)",
     )

@@ -31,6 +31,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from megha.common.argtypes import non_negative_float, non_negative_int
+
 SLICE_SECONDS = 0.01
 SPIN_STEPS = 1000
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
@@ -133,25 +135,11 @@ def _report(wall_start: float, memory_mb: int) -> dict[str, float | int]:
     }
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m megha.services.worker.burn", description=__doc__.split("\n")[0])
-    parser.add_argument("--cpu-millicores", type=_non_negative_int, required=True)
-    parser.add_argument("--memory-mb", type=_non_negative_int, required=True)
-    parser.add_argument("--duration", type=_non_negative_float, required=True, help="seconds")
+    parser.add_argument("--cpu-millicores", type=non_negative_int, required=True)
+    parser.add_argument("--memory-mb", type=non_negative_int, required=True)
+    parser.add_argument("--duration", type=non_negative_float, required=True, help="seconds")
     return parser.parse_args(argv)
 
 
