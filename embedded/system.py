@@ -94,6 +94,19 @@ class EmbeddedSystem:
         self._quiet_ticks += 1
         return self._quiet_ticks <= QUIET_TICKS_BEFORE_STOP * len(self.lms)
 
+    @property
+    def entry_points(self) -> int:
+        """Jobs are submitted to GMs."""
+        return len(self.gms)
+
+    def counters(self) -> dict[str, int]:
+        """Repartitions, inconsistencies and reschedules summed over GMs (the LM-side counts agree)."""
+        return {
+            "repartitions": sum(gm.repartitions for gm in self.gms),
+            "inconsistencies": sum(gm.inconsistencies for gm in self.gms),
+            "reschedules": sum(gm.reschedules for gm in self.gms),
+        }
+
     def stranded_tasks(self) -> list[str]:
         """Task ids still held by a GM when the run ended (none in a healthy run)."""
         return [t.task_id for gm in self.gms for t in (*gm.queue, *gm.waiting_tasks())]

@@ -10,11 +10,12 @@ from typing import Literal
 
 from megha.common.clusterfile import generate_cluster, load_cluster
 from megha.common.core.cluster import ClusterSpec
-from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
+from megha.embedded.system import EmbeddedConfig
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.recorder import Recorder
 from megha.loadgen.trace import resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload
+from megha.sim.system import SchedulerSystem, build_system
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_CLUSTER = REPO_ROOT.parent / "shared" / "constraints" / "reference-cluster-10000-nodes.json"
@@ -23,7 +24,8 @@ STRANDED = "still queued at its GM when the system went idle (no node its view s
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
-    """One replay. `cluster` is "generate", "reference" (the published 10,000-node cluster) or a file path."""
+    """One replay. `cluster` is "generate", "reference" (the published 10,000-node cluster) or a file path;
+    `scheduler` names a `megha.sim.system.SCHEDULERS` entry (Megha itself or a baseline)."""
 
     trace: str = "syn:250:200"
     first_jobs: int | None = None
@@ -41,6 +43,7 @@ class ReplayConfig:
     seed: int = 0
     users: int = 1
     realtime: bool = False
+    scheduler: str = "megha"
 
     @property
     def node_capacity(self) -> tuple[int, int]:
@@ -51,7 +54,7 @@ class ReplayConfig:
 class ReplayResult:
     config: ReplayConfig
     cluster: ClusterSpec
-    system: EmbeddedSystem
+    system: SchedulerSystem
     recorder: Recorder
     metrics: RunMetrics
     wall_seconds: float
@@ -76,15 +79,16 @@ def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) 
     """Replay `config.trace` through the embedded system and measure it."""
     cluster = build_cluster(config)
     trace_jobs = resolve_trace(config.trace, config.first_jobs, config.time_scale)
-    workload = build_workload(
-        trace_jobs,
-        WorkloadConfig(config.mode, config.seed, cluster.num_gms, config.node_capacity, config.users),
-    )
     recorder = Recorder()
-    system = EmbeddedSystem(
+    system = build_system(
+        config.scheduler,
         cluster,
         EmbeddedConfig(config.matching, config.hop_delay, config.delta_interval, config.seed, config.realtime),
         recorder,
+    )
+    workload = build_workload(
+        trace_jobs,
+        WorkloadConfig(config.mode, config.seed, system.entry_points, config.node_capacity, config.users),
     )
     for gm, job in workload:
         recorder.expect(gm, job)
@@ -93,7 +97,8 @@ def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) 
     if progress is not None:
         progress(
             f"replaying {len(workload)} jobs ({total} tasks) on {cluster.num_nodes} nodes "
-            f"({cluster.num_lms} LMs x {cluster.num_gms} GMs), {config.mode} mode, {config.matching} matching"
+            f"({cluster.num_lms} LMs x {cluster.num_gms} GMs), scheduler {config.scheduler}, {config.mode} mode, "
+            f"{config.matching} matching"
         )
     start = time.perf_counter()
     system.run(_progress_printer(recorder, total, start, progress) if progress is not None else None)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from megha.common.argtypes import non_negative_float, positive_float, positive_int
 from megha.common.core.placement.choice import CHOICE_POLICIES
+from megha.sim.system import SCHEDULERS
 
 REPLAY_EXAMPLES = """\
 examples:
@@ -70,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--node-cpu", type=positive_int, default=64000, help="node CPU, millicores (default: %(default)s)")
     c.add_argument("--node-mem", type=positive_int, default=16384, help="node memory, MB (default: %(default)s)")
     s = r.add_argument_group("scheduler")
+    s.add_argument(
+        "--scheduler",
+        choices=sorted(SCHEDULERS),
+        default="megha",
+        help="Megha, or a baseline to compare with: centralized (one GM, one LM) (default: %(default)s)",
+    )
     s.add_argument(
         "--matching",
         choices=sorted(CHOICE_POLICIES),
@@ -228,6 +235,7 @@ def _replay(args: argparse.Namespace) -> int:
         node_memory_mb=args.node_mem,
         mode=args.mode,
         matching=args.matching,
+        scheduler=args.scheduler,
         hop_delay=args.hop_delay,
         delta_interval=args.delta_interval,
         seed=args.seed,
@@ -239,7 +247,7 @@ def _replay(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr, flush=True)
 
     result = replay(config, None if args.quiet else progress)
-    title = f"Megha replay of {args.trace} ({config.matching} matching, {config.mode} mode)"
+    title = f"{config.scheduler.capitalize()} replay of {args.trace} ({config.matching} matching, {config.mode} mode)"
     print(format_table(result.metrics, title))
     if not args.no_files:
         extra = {

@@ -1,0 +1,74 @@
+"""The interface every simulated scheduler offers a replay, and the registry that builds one by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from megha.common.core.cluster import ClusterSpec, PartitionSpec
+from megha.common.core.observer import CoreObserver
+from megha.common.core.task import JobSpec
+from megha.common.transport.inmemory import EventLoop
+from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
+
+
+class SchedulerSystem(Protocol):
+    """A whole scheduler (its masters, workers and transport) that a replay submits jobs to and runs.
+
+    `entry_points` is how many front ends jobs can be submitted to (GMs for Megha, distributors for PigeonC,
+    schedulers for Sparrow); the workload spreads jobs over them round-robin. `rejected` lists jobs refused at
+    submission with the reason. `counters()` gives scheduler-specific counts for the report (repartitions,
+    probes, ...).
+    """
+
+    loop: EventLoop
+    rejected: list[tuple[JobSpec, str]]
+
+    @property
+    def entry_points(self) -> int: ...
+
+    def submit(self, entry: int, job: JobSpec) -> None: ...
+
+    def run(self, on_event: Callable[[float], None] | None = None) -> None: ...
+
+    def stranded_tasks(self) -> list[str]: ...
+
+    def counters(self) -> dict[str, int]: ...
+
+
+SystemFactory = Callable[[ClusterSpec, EmbeddedConfig, CoreObserver], SchedulerSystem]
+
+
+def centralized_cluster(cluster: ClusterSpec) -> ClusterSpec:
+    """The same nodes under one LM with one partition: the centralized scheduler of the Megha paper's
+    comparison (one GM sees and places everything; there is nothing to repartition)."""
+    parts = [p for row in cluster.partitions for p in row]
+    merged = PartitionSpec(
+        0,
+        0,
+        tuple(cap for p in parts for cap in p.capacities),
+        tuple(mask for p in parts for mask in p.constraint_masks),
+    )
+    return ClusterSpec(((merged,),), cluster.resource_names)
+
+
+def _megha(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver) -> SchedulerSystem:
+    return EmbeddedSystem(cluster, config, observer)
+
+
+def _centralized(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver) -> SchedulerSystem:
+    return EmbeddedSystem(centralized_cluster(cluster), config, observer)
+
+
+SCHEDULERS: dict[str, SystemFactory] = {
+    "megha": _megha,
+    "centralized": _centralized,
+}
+
+
+def build_system(name: str, cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver) -> SchedulerSystem:
+    """The scheduler called `name` on `cluster`; raises ValueError naming the known ones."""
+    factory = SCHEDULERS.get(name)
+    if factory is None:
+        raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
+    return factory(cluster, config, observer)
