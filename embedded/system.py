@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from megha.common.core.cluster import ClusterSpec
+from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import DeltaTick, Output, gm_address, lm_address, worker_address
@@ -21,13 +22,15 @@ QUIET_TICKS_BEFORE_STOP = 3
 
 @dataclass(frozen=True, slots=True)
 class EmbeddedConfig:
-    """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds."""
+    """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds;
+    `fairness` turns on user queues, shares and preemption."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
     delta_interval: float = 1.0
     seed: int = 0
     realtime: bool = False
+    fairness: FairnessConfig | None = None
 
 
 @dataclass(slots=True)
@@ -45,11 +48,12 @@ class EmbeddedSystem:
         self.loop = EventLoop(config.hop_delay, config.realtime)
         self.loop.background(DeltaTick)
         self.gms = [
-            GlobalMaster(g, cluster, make_choice(config.matching), config.seed, self.observer)
+            GlobalMaster(g, cluster, make_choice(config.matching), config.seed, self.observer, config.fairness)
             for g in range(cluster.num_gms)
         ]
         self.lms = [
-            LocalMaster.in_cluster(cluster, lm, self.observer, config.delta_interval) for lm in range(cluster.num_lms)
+            LocalMaster.in_cluster(cluster, lm, self.observer, config.delta_interval, config.fairness)
+            for lm in range(cluster.num_lms)
         ]
         self.workers = [SimulatedExecution(lm, self.observer) for lm in range(cluster.num_lms)]
         self.rejected: list[tuple[JobSpec, str]] = []
@@ -105,6 +109,8 @@ class EmbeddedSystem:
             "repartitions": sum(gm.repartitions for gm in self.gms),
             "inconsistencies": sum(gm.inconsistencies for gm in self.gms),
             "reschedules": sum(gm.reschedules for gm in self.gms),
+            "preemption_attempts": sum(gm.preemption_attempts for gm in self.gms),
+            "preemptions": sum(lm.preemptions for lm in self.lms),
         }
 
     def stranded_tasks(self) -> list[str]:

@@ -123,6 +123,9 @@ class RunMetrics:
     inconsistencies: int
     reschedules: int
     attempts: int
+    preemption_attempts: int
+    preemptions: int
+    lost_cpu_seconds: float  # work thrown away by preemptions (CPU request x time run before being stopped)
     # Tasks of accepted jobs that neither completed exactly once nor failed with a reason (should be none).
     not_exactly_once: tuple[str, ...]
     simulated_span: float  # last finish - first arrival
@@ -158,6 +161,9 @@ def compute_metrics(
         inconsistencies=int(_column(tasks, "inconsistencies", np.int64).sum()),
         reschedules=int(_column(tasks, "reschedules", np.int64).sum()),
         attempts=int(_column(tasks, "attempts", np.int64).sum()),
+        preemption_attempts=int(_column(tasks, "preemption_attempts", np.int64).sum()),
+        preemptions=int(_column(tasks, "preemptions", np.int64).sum()),
+        lost_cpu_seconds=float(_column(tasks, "lost_cpu_seconds", np.float64).sum()),
         not_exactly_once=_not_exactly_once(tasks, jobs, completions, failed),
         simulated_span=_nan_span(times["arrival"], times["finished_at"]),
         wall_seconds=wall_seconds,

@@ -17,6 +17,8 @@ class Recorder(CoreObserver):
         self.tasks: dict[str, TaskRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
         self.finished_count = 0
+        # Runs cut short by preemption: (task id, started_at, preempted_at), for per-user usage over time.
+        self.preempted_runs: list[tuple[str, float, float]] = []
 
     def expect(self, gm: int, job: JobSpec) -> None:
         """Register a job before it is submitted (so rejected jobs are reported too)."""
@@ -64,7 +66,9 @@ class Recorder(CoreObserver):
     def launched(self, placements: Sequence[Placement], now: float) -> None:
         tasks = self.tasks
         for p in placements:
-            tasks[p.task.task_id].launched_at = now
+            rec = tasks[p.task.task_id]
+            rec.launched_at = now
+            rec.node = p.node  # the LM's word: a preemption request names no node until the LM picks one
 
     def worker_received(self, placements: Sequence[Placement], now: float) -> None:
         tasks = self.tasks
@@ -90,6 +94,17 @@ class Recorder(CoreObserver):
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
         self.tasks[task.task_id].failed_reason = reason
+
+    def preemption_attempted(self, task: TaskSpec, lm: int, now: float) -> None:
+        self.tasks[task.task_id].preemption_attempts += 1
+
+    def preempted(self, task_ids: Sequence[str], now: float) -> None:
+        tasks = self.tasks
+        for task_id in task_ids:
+            rec = tasks[task_id]
+            rec.preemptions += 1
+            rec.lost_cpu_seconds += (now - rec.started_at) * rec.request[0] / 1000
+            self.preempted_runs.append((task_id, rec.started_at, now))
 
     def mark_stranded(self, task_ids: Sequence[str], reason: str) -> None:
         """Tasks the run ended without placing: reported failed with `reason`, never silently dropped."""

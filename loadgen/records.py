@@ -40,6 +40,9 @@ class TaskRecord:
     node: int = -1  # LM-local physical node index
     completions: int = 0  # how many times the task finished (must end at exactly 1)
     failed_reason: str = ""
+    preemption_attempts: int = 0  # preemption requests its GM sent to make room for it
+    preemptions: int = 0  # times it was stopped to make room for another user's task (then ran again)
+    lost_cpu_seconds: float = 0.0  # CPU-seconds of work thrown away by those preemptions
 
     @property
     def allocation_time(self) -> float:

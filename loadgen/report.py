@@ -62,6 +62,14 @@ def format_table(metrics: RunMetrics, title: str) -> str:
         f"jobs: {m.jobs}  rejected: {m.jobs_rejected}",
         f"attempts: {m.attempts}  reschedules: {m.reschedules}  inconsistencies: {m.inconsistencies}  "
         f"repartitions: {m.repartitions}",
+        *(
+            [
+                f"preemption attempts: {m.preemption_attempts}  preemptions: {m.preemptions}  "
+                f"work lost to preemption: {m.lost_cpu_seconds:,.1f} CPU-seconds"
+            ]
+            if m.preemption_attempts
+            else []
+        ),
         f"mean utilization: {utilization}",
         f"throughput: {m.tasks_completed} tasks in {format_seconds(m.simulated_span)} simulated, "
         f"{format_seconds(m.wall_seconds)} wall: {m.tasks_per_wall_second:.1f} tasks per wall second",
@@ -138,7 +146,10 @@ def _summary_document(metrics: RunMetrics, title: str, extra: dict[str, Any]) ->
             "inconsistencies": m.inconsistencies,
             "reschedules": m.reschedules,
             "attempts": m.attempts,
+            "preemption_attempts": m.preemption_attempts,
+            "preemptions": m.preemptions,
         },
+        "lost_cpu_seconds": m.lost_cpu_seconds,
         "not_exactly_once": list(m.not_exactly_once),
         "simulated_span": m.simulated_span,
         "wall_seconds": m.wall_seconds,

@@ -9,6 +9,9 @@ from operator import gt, sub
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.constraints import constraint_ids
+from megha.common.core.fairness.config import FairnessConfig
+from megha.common.core.fairness.policy import make_share_policy
+from megha.common.core.fairness.queues import ShareBook, UserQueues
 from megha.common.core.messages import (
     Completions,
     Delta,
@@ -17,7 +20,10 @@ from megha.common.core.messages import (
     NodeState,
     Output,
     Placement,
+    PreemptRequest,
+    PreemptResponse,
     Send,
+    Victim,
     lm_address,
 )
 from megha.common.core.observer import CoreObserver
@@ -44,7 +50,10 @@ class GlobalMaster:
         choice: ChoicePolicy | None = None,
         seed: int = 0,
         observer: CoreObserver | None = None,
+        fairness: FairnessConfig | None = None,
     ) -> None:
+        """With `fairness`, the GM serves its users' queues in the share policy's order and, when a task fits
+        nowhere and its user is below its share, asks an LM to preempt tasks of users above theirs."""
         if not 0 <= gm_id < cluster.num_gms:
             raise ValueError(f"GM id {gm_id} outside 0..{cluster.num_gms - 1}")
         self.gm_id = gm_id
@@ -61,10 +70,17 @@ class GlobalMaster:
         ]
         self._known_version: list[list[int]] = [[0] * len(nodes) for nodes in self._locate]
         self._search = PartitionSearch(gm_id, self.views)
-        self.queue: deque[TaskSpec] = deque()
-        # Tasks that fit nowhere in the view, parked by shape (constraints, request) in the order shapes first
-        # failed; a shape is retried only when a node it could use frees up in the view.
-        self.waiting: dict[tuple[int, Resources], deque[TaskSpec]] = {}
+        self.book: ShareBook | None = None
+        self.queue: deque[TaskSpec] | UserQueues = deque()
+        if fairness is not None:
+            fairness.check_gms(cluster.num_gms)
+            policy = make_share_policy(fairness.policy)
+            self.book = ShareBook(fairness, gm_id, cluster.num_lms, cluster.total_capacity(), policy)
+            self.queue = UserQueues(self.book)
+        # Tasks that fit nowhere in the view, parked by shape (constraints, request, user under fair scheduling,
+        # else "") in the order shapes first failed; a shape is retried only when a node it could use frees up in
+        # the view (or, under fair scheduling, for a preemption when a delta arrives).
+        self.waiting: dict[tuple[int, Resources, str], deque[TaskSpec]] = {}
         self._parked_requests: dict[Resources, int] = {}  # request -> parked shapes with that request
         self._next_seq = [0] * cluster.num_lms
         self._outstanding: list[dict[int, list[Placement]]] = [{} for _ in range(cluster.num_lms)]
@@ -77,16 +93,23 @@ class GlobalMaster:
         # Newest LM-reported state per node not yet in the view: node -> (free, version, applied_through).
         self._pending: list[dict[int, tuple[Resources, int, int]]] = [{} for _ in range(cluster.num_lms)]
         self._has_pending = False
+        # Preemption requests awaiting their answer, per LM: seq -> (task, LMs still to ask if this one refuses).
+        self._preempting: list[dict[int, tuple[TaskSpec, list[int]]]] = [{} for _ in range(cluster.num_lms)]
+        self._preempt_shapes: set[tuple[int, Resources, str]] = set()
+        self._extra: list[Output] = []
         self.repartitions = 0
         self.inconsistencies = 0
         self.reschedules = 0
+        self.preemption_attempts = 0
+        self.preemptions = 0  # tasks stopped to make room for this GM's tasks
+        self.preempted = 0  # this GM's tasks stopped for others
 
     # ----------------------------------------------------------------- inputs
 
     def submit(self, job: JobSpec, now: float) -> list[Output]:
         """Accept a job into the queue, or raise Unschedulable naming the task no worker could ever run."""
         for task in job.tasks:
-            reason = self.unschedulable_reason(task)
+            reason = self._queue_reason(task) or self.unschedulable_reason(task)
             if reason is not None:
                 self.observer.job_rejected(job, self.gm_id, reason, now)
                 raise Unschedulable(f"job {job.job_id}: task {task.task_id}: {reason}")
@@ -102,11 +125,25 @@ class GlobalMaster:
             self._on_completions(msg)
         elif isinstance(msg, Delta):
             self._apply_delta(msg)
+            if self.book is not None and self.waiting:
+                self._retry_preemptions(now)
+        elif isinstance(msg, PreemptResponse):
+            self._on_preempt_response(msg, now)
         else:
             raise TypeError(f"GM cannot handle {type(msg).__name__}")
         return self._drain(now)
 
     # ------------------------------------------------------------- admission
+
+    def _queue_reason(self, task: TaskSpec) -> str | None:
+        """Under fair scheduling, why this GM holds no queue for the task's user (None when it does)."""
+        book = self.book
+        if book is None or task.user in book.own:
+            return None
+        owner = next((q.gm for q in book.config.queues if q.user == task.user), None)
+        if owner is None:
+            return f"user {task.user!r} has no queue (configured users: {', '.join(sorted(book.shares))})"
+        return f"user {task.user!r}'s queue is served by GM {owner}, not GM {self.gm_id}"
 
     def unschedulable_reason(self, task: TaskSpec) -> str | None:
         """Why no node of the data centre could ever run `task`, or None when some node could."""
@@ -156,9 +193,10 @@ class GlobalMaster:
                 self._retry_waiting(grown, now, batches)
         observer = self.observer
         waiting = self.waiting
+        book = self.book
         while self.queue:
             task = self.queue.popleft()
-            shape = (task.constraints, task.request)
+            shape = (task.constraints, task.request, task.user if book is not None else "")
             parked = waiting.get(shape)
             if parked is not None:
                 # The view cannot place this shape (it failed and no node it could use has freed since);
@@ -169,6 +207,8 @@ class GlobalMaster:
                 continue
             observer.attempt(task, now)
             if not self._place(task, batches):
+                if book is not None and shape not in self._preempt_shapes and self._preempt(task, now):
+                    continue
                 self._park_shape(shape, task)
                 self.reschedules += 1
                 observer.rescheduled(task, now)
@@ -186,7 +226,7 @@ class GlobalMaster:
             node_mask = view.masks[i]
             emptied = []
             for shape, parked in waiting.items():
-                mask, request = shape
+                mask, request, _ = shape
                 if mask & ~node_mask or not covers(view.free[i], request):
                     continue
                 placed = False
@@ -206,11 +246,11 @@ class GlobalMaster:
             if not waiting:
                 return
 
-    def _park_shape(self, shape: tuple[int, Resources], task: TaskSpec) -> None:
+    def _park_shape(self, shape: tuple[int, Resources, str], task: TaskSpec) -> None:
         self.waiting[shape] = deque((task,))
         self._parked_requests[shape[1]] = self._parked_requests.get(shape[1], 0) + 1
 
-    def _unpark_shape(self, shape: tuple[int, Resources]) -> None:
+    def _unpark_shape(self, shape: tuple[int, Resources, str]) -> None:
         count = self._parked_requests[shape[1]] - 1
         if count:
             self._parked_requests[shape[1]] = count
@@ -224,6 +264,8 @@ class GlobalMaster:
             return False
         view, i = self._locate[placement.lm][placement.node]
         view.set_free(i, tuple(map(sub, view.free[i], task.request)))
+        if self.book is not None:
+            self.book.placed(task, placement.lm)
         batch = batches.get(placement.lm)
         if batch is None:
             batches[placement.lm] = [placement]
@@ -232,8 +274,8 @@ class GlobalMaster:
         return True
 
     def _flush(self, batches: dict[int, list[Placement]], now: float) -> list[Output]:
-        """One LaunchBatch per LM, remembered until its response arrives."""
-        outputs: list[Output] = []
+        """One LaunchBatch per LM, remembered until its response arrives (after any preemption requests)."""
+        outputs, self._extra = self._extra, []
         for lm, placements in batches.items():
             seq = self._next_seq[lm] = self._next_seq[lm] + 1
             self._outstanding[lm][seq] = placements
@@ -275,6 +317,8 @@ class GlobalMaster:
                 self.repartitions += 1
         retry: list[TaskSpec] = []
         for rejection in resp.rejected:
+            if self.book is not None:
+                self.book.released(rejection.placement.task, resp.lm)
             if not rejection.inconsistency:
                 self.observer.task_failed(rejection.placement.task, f"LM {resp.lm}: {rejection.reason}", now)
                 continue
@@ -285,14 +329,123 @@ class GlobalMaster:
 
     def _on_completions(self, msg: Completions) -> None:
         """Node states are absolute and versioned, so applying them is always safe; a completion that overtakes
-        its own launch response is remembered so the task is not then counted as running."""
+        its own launch response is remembered so the task is not then counted as running. A preempted task
+        goes back to the front of its user's queue."""
+        book = self.book
+        requeue: list[TaskSpec] = []
         for item in msg.items:
-            if self.running.pop(item.task_id, None) is None and item.task_id in self._awaiting_response:
+            placement = self.running.pop(item.task_id, None)
+            if placement is None and item.task_id in self._awaiting_response:
                 self._finished_early.add(item.task_id)
+                if book is not None or item.preempted:
+                    placement = self._find_outstanding(msg.lm, item.task_id)
+            if placement is None:
+                continue
+            if book is not None:
+                book.released(placement.task, msg.lm)
+            if item.preempted:
+                self.preempted += 1
+                requeue.append(placement.task)
+        if requeue:
+            self.queue.extendleft(reversed(requeue))
         self._apply_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
+
+    def _find_outstanding(self, lm: int, task_id: str) -> Placement | None:
+        """The placement of a task whose launch response has not arrived yet."""
+        for placements in self._outstanding[lm].values():
+            for p in placements:
+                if p.task.task_id == task_id:
+                    return p
+        for task, _ in self._preempting[lm].values():
+            if task.task_id == task_id:
+                return Placement(task, lm, -1, False)
+        return None
+
+    # ------------------------------------------------------------ preemption
+
+    def _preempt(self, task: TaskSpec, now: float, lms: list[int] | None = None) -> bool:
+        """Algorithm 2: when `task` fits nowhere and its user is below its share, ask an LM holding tasks of the
+        users most over their shares to preempt some and launch `task`. False when fairness allows none."""
+        book = self.book
+        assert book is not None
+        if not book.below_share(task.user):
+            return False
+        victims = book.violators(task.user)
+        if not victims:
+            return False
+        candidates = book.lms_holding(victims) if lms is None else lms
+        if not candidates:
+            return False
+        lm, rest = candidates[0], candidates[1:]
+        seq = self._next_seq[lm] = self._next_seq[lm] + 1
+        self._preempting[lm][seq] = (task, rest)
+        self._preempt_shapes.add((task.constraints, task.request, task.user))
+        self._awaiting_response.add(task.task_id)
+        book.placed(task, lm)  # counted against its user's share while the request is out
+        self.preemption_attempts += 1
+        self.observer.preemption_attempted(task, lm, now)
+        self.observer.decided([Placement(task, lm, -1, False)], now)
+        victims_msg = [Victim(user, book.usage_elsewhere(user, lm)) for user in victims]
+        self._extra.append(Send(lm_address(lm), PreemptRequest(self.gm_id, lm, seq, task, victims_msg)))
+        return True
+
+    def _on_preempt_response(self, resp: PreemptResponse, now: float) -> None:
+        entry = self._preempting[resp.lm].pop(resp.seq, None)
+        if entry is None:
+            return  # a duplicate response
+        task, rest = entry
+        shape = (task.constraints, task.request, task.user)
+        self._preempt_shapes.discard(shape)
+        self._awaiting_response.discard(task.task_id)
+        self._apply_states(resp.lm, resp.states, resp.delta.applied_through)
+        self._apply_delta(resp.delta)
+        book = self.book
+        assert book is not None
+        if resp.placement is not None:
+            self.preemptions += len(resp.preempted)
+            if resp.placement.repartition:
+                self.repartitions += 1
+            if task.task_id in self._finished_early:
+                self._finished_early.discard(task.task_id)
+            else:
+                self.running[task.task_id] = resp.placement
+            parked = self.waiting.get(shape)
+            if parked:  # the next task of this shape may preempt in turn
+                head = parked.popleft()
+                if not parked:
+                    del self.waiting[shape]
+                    self._unpark_shape(shape)
+                self.queue.extendleft([head])
+            return
+        book.released(task, resp.lm)
+        if rest and self._preempt(task, now, rest):
+            return
+        parked = self.waiting.get(shape)
+        if parked is None:
+            self._park_shape(shape, task)
+        else:
+            parked.appendleft(task)
+        self.reschedules += 1
+        self.observer.rescheduled(task, now)
+
+    def _retry_preemptions(self, now: float) -> None:
+        """On news from an LM, let the oldest parked task of each shape whose user is below its share try a
+        preemption again (shares change as tasks start and end everywhere)."""
+        for shape, parked in list(self.waiting.items()):
+            task = parked[0]
+            if shape in self._preempt_shapes or not self.book.below_share(task.user):  # type: ignore[union-attr]
+                continue
+            self.observer.attempt(task, now)
+            if self._preempt(task, now):
+                parked.popleft()
+                if not parked:
+                    del self.waiting[shape]
+                    self._unpark_shape(shape)
 
     def _apply_delta(self, delta: Delta) -> None:
         self._apply_states(delta.lm, delta.nodes, delta.applied_through)
+        if delta.usage is not None and self.book is not None:
+            self.book.report(delta.lm, delta.usage)
 
     def _apply_states(self, lm: int, states: list[NodeState], applied_through: int) -> None:
         """Keep the newest reported state of each node; they reach the view when it is next needed
@@ -345,6 +498,9 @@ class GlobalMaster:
             "repartitions": self.repartitions,
             "inconsistencies": self.inconsistencies,
             "reschedules": self.reschedules,
+            "preemption_attempts": self.preemption_attempts,
+            "preemptions": self.preemptions,
+            "preempted": self.preempted,
             "total_capacity": [
                 sum(c[k] for row in self.views for v in row for c in v.capacity)
                 for k in range(len(self.resource_names))

@@ -10,6 +10,9 @@ from operator import add, ge, sub
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_ids
+from megha.common.core.fairness.config import FairnessConfig
+from megha.common.core.fairness.policy import make_share_policy
+from megha.common.core.fairness.verify import LocalShares
 from megha.common.core.messages import (
     Completion,
     Completions,
@@ -19,10 +22,13 @@ from megha.common.core.messages import (
     LaunchResponse,
     Output,
     Placement,
+    PreemptRequest,
+    PreemptResponse,
     Rejection,
     Send,
     Wake,
     WorkerLaunch,
+    WorkerPreempt,
     WorkerReport,
     gm_address,
     lm_address,
@@ -64,8 +70,12 @@ class LocalMaster:
         resource_names: tuple[str, ...] = DEFAULT_RESOURCE_NAMES,
         observer: CoreObserver | None = None,
         delta_interval: float = 1.0,
+        fairness: FairnessConfig | None = None,
+        total_capacity: Resources | None = None,
     ) -> None:
-        """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec)."""
+        """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
+        tracks usage per user, reports it in deltas and verifies preemptions against the data centre's
+        `total_capacity`."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -94,15 +104,37 @@ class LocalMaster:
         self.inconsistencies = 0
         self.repartitions = 0
         self.launched = 0
+        self.shares: LocalShares | None = None
+        if fairness is not None:
+            if total_capacity is None:
+                raise ValueError("fair scheduling needs the data centre's total capacity")
+            self.shares = LocalShares(fairness, total_capacity, make_share_policy(fairness.policy))
+        # Tasks preempted but not yet confirmed stopped by their worker: task id -> allocation.
+        self.preempting: dict[str, Allocation] = {}
+        self.preemptions = 0
+        self.preemption_refusals = 0
 
     @classmethod
     def in_cluster(
-        cls, cluster: ClusterSpec, lm_id: int, observer: CoreObserver | None = None, delta_interval: float = 1.0
+        cls,
+        cluster: ClusterSpec,
+        lm_id: int,
+        observer: CoreObserver | None = None,
+        delta_interval: float = 1.0,
+        fairness: FairnessConfig | None = None,
     ) -> LocalMaster:
         """LM `lm_id` of `cluster`."""
         if not 0 <= lm_id < cluster.num_lms:
             raise ValueError(f"LM id {lm_id} outside 0..{cluster.num_lms - 1}")
-        return cls(lm_id, cluster.partitions[lm_id], cluster.resource_names, observer, delta_interval)
+        return cls(
+            lm_id,
+            cluster.partitions[lm_id],
+            cluster.resource_names,
+            observer,
+            delta_interval,
+            fairness,
+            cluster.total_capacity(),
+        )
 
     def handle(self, msg: object, now: float) -> list[Output]:
         if isinstance(msg, LaunchBatch):
@@ -111,6 +143,8 @@ class LocalMaster:
             return self._on_report(msg, now)
         if isinstance(msg, DeltaTick):
             return self._on_tick(now)
+        if isinstance(msg, PreemptRequest):
+            return self._on_preempt(msg, now)
         raise TypeError(f"LM cannot handle {type(msg).__name__}")
 
     def start(self, now: float) -> list[Output]:
@@ -217,6 +251,8 @@ class LocalMaster:
             self.logical_nodes[logical_id] = LogicalNode(logical_id, n, gm, p.task.request, p.task.task_id)
             self.repartitions += 1
         self.running[p.task.task_id] = Allocation(p, gm, logical_id)
+        if self.shares is not None:
+            self.shares.started(p.task, n)
 
     def _set_free(self, n: int, free: Resources, except_gm: int) -> None:
         """Change node n's free resources; every GM but `except_gm` (whose own action it was) learns it by delta."""
@@ -228,23 +264,81 @@ class LocalMaster:
 
     # ------------------------------------------------------------ completions
 
+    def _release(self, alloc: Allocation) -> None:
+        """Return a task's resources to its node (and its logical node, if any)."""
+        n = alloc.placement.node
+        self._set_free(n, tuple(map(add, self.free[n], alloc.placement.task.request)), except_gm=alloc.gm)
+        if alloc.logical_id is not None:
+            del self.logical_nodes[alloc.logical_id]
+        if self.shares is not None:
+            self.shares.ended(alloc.placement.task)
+
     def _on_report(self, report: WorkerReport, now: float) -> list[Output]:
         by_gm: dict[int, list[Completion]] = {}
         for item in report.finished:
             alloc = self.running.pop(item.task_id, None)
-            if alloc is None:
-                continue  # a repeated report: each task frees its resources once
+            if alloc is not None:
+                self._release(alloc)
+            else:
+                # A task this LM preempted: its resources went to the preempting task already; the worker's
+                # report says whether it was stopped (the GM queues it again) or had already finished.
+                alloc = self.preempting.pop(item.task_id, None)
+                if alloc is None:
+                    continue  # a repeated report: each task frees its resources once
             n = alloc.placement.node
-            request = alloc.placement.task.request
-            self._set_free(n, tuple(map(add, self.free[n], request)), except_gm=alloc.gm)
-            if alloc.logical_id is not None:
-                del self.logical_nodes[alloc.logical_id]
-            completion = Completion(item.task_id, node_state((n, self.free[n], self.version[n])), item.error)
+            completion = Completion(
+                item.task_id, node_state((n, self.free[n], self.version[n])), item.error, item.preempted
+            )
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [
             Send(gm_address(gm), Completions(self.lm_id, gm, self._applied_through[gm], items))
             for gm, items in by_gm.items()
         ]
+        self._arm_tick(now, out)
+        return out
+
+    # ------------------------------------------------------------ preemption
+
+    def _on_preempt(self, req: PreemptRequest, now: float) -> list[Output]:
+        """Verify the GM's victims against this LM's exact state; when one works, stop its newest tasks on a
+        node that then fits the waiting task, and launch the task there."""
+        if not 0 <= req.gm < self.num_gms:
+            raise ValueError(f"preemption request from unknown GM {req.gm}")
+        self._applied_through[req.gm] = max(self._applied_through[req.gm], req.seq)
+        out: list[Output] = []
+        if self.shares is None:
+            plan: object = f"LM {self.lm_id} is not configured for fair scheduling"
+        elif req.task.task_id in self.running or req.task.task_id in self.preempting:
+            plan = f"task {req.task.task_id} is already running"
+        else:
+            plan = self.shares.plan(req.task, req.victims, self.free, self.masks)
+        if isinstance(plan, str):
+            self.preemption_refusals += 1
+            resp = PreemptResponse(req.gm, self.lm_id, req.seq, req.task, None, [], plan, [], self._take_delta(req.gm))
+            return [Send(gm_address(req.gm), resp)]
+        n = plan.node
+        for task_id in plan.task_ids:
+            alloc = self.running.pop(task_id)
+            self._release(alloc)
+            self.preempting[task_id] = alloc
+        self.preemptions += len(plan.task_ids)
+        p = Placement(req.task, self.lm_id, n, self.owner[n] != req.gm)
+        self.observer.lm_received([p], now)
+        self._allocate(p, req.gm)
+        self.launched += 1
+        self.observer.launched([p], now)
+        state = node_state((n, self.free[n], self.version[n]))
+        out.append(
+            Send(
+                gm_address(req.gm),
+                PreemptResponse(
+                    req.gm, self.lm_id, req.seq, req.task, p, list(plan.task_ids), "", [state], self._take_delta(req.gm)
+                ),
+            )
+        )
+        if plan.task_ids:
+            out.append(Send(worker_address(self.lm_id), WorkerPreempt(self.lm_id, list(plan.task_ids))))
+        out.append(Send(worker_address(self.lm_id), WorkerLaunch(self.lm_id, [p])))
         self._arm_tick(now, out)
         return out
 
@@ -256,7 +350,8 @@ class LocalMaster:
         free, version = self.free, self.version
         nodes = [node_state((n, free[n], version[n])) for n in dirty]
         dirty.clear()
-        return Delta(self.lm_id, gm, self._applied_through[gm], nodes)
+        usage = self.shares.snapshot() if self.shares is not None else None
+        return Delta(self.lm_id, gm, self._applied_through[gm], nodes, usage)
 
     def _on_tick(self, now: float) -> list[Output]:
         self._tick_armed = False
@@ -266,8 +361,9 @@ class LocalMaster:
         """Every node's state, for a GM that (re)starts or asks for it (GET /v1/state)."""
         free, version = self.free, self.version
         nodes = [node_state((n, free[n], version[n])) for n in range(len(free))]
-        return Delta(self.lm_id, gm, self._applied_through[gm], nodes)
+        usage = self.shares.snapshot() if self.shares is not None else None
+        return Delta(self.lm_id, gm, self._applied_through[gm], nodes, usage)
 
     def is_idle(self) -> bool:
         """True when nothing runs and every node's free resources equal its capacity."""
-        return not self.running and not self.logical_nodes and self.free == self.capacity
+        return not self.running and not self.preempting and not self.logical_nodes and self.free == self.capacity

@@ -107,6 +107,7 @@ class Delta:
     gm: int
     applied_through: int
     nodes: list[NodeState] = field(default_factory=list)
+    usage: dict[str, Resources] | None = None  # with fair scheduling: resources each user holds on this LM
 
 
 @dataclass(slots=True)
@@ -152,11 +153,12 @@ class WorkerReport:
 @dataclass(slots=True)
 class Completion:
     """One finished task of a GM, with its node's state right after the task's resources were returned, and why
-    it failed ("" when it ran to completion)."""
+    it failed ("" when it ran to completion). `preempted` tasks did not finish: the GM queues them again."""
 
     task_id: str
     state: NodeState
     error: str = ""
+    preempted: bool = False
 
 
 @dataclass(slots=True)
@@ -168,6 +170,51 @@ class Completions:
     gm: int
     applied_through: int
     items: list[Completion]
+
+
+@dataclass(slots=True)
+class Victim:
+    """A user whose tasks a GM asks an LM to preempt, with the GM's view of that user's usage everywhere but on
+    that LM (the LM adds its own exact part to verify the user is still over its share)."""
+
+    user: str
+    usage_elsewhere: Resources
+
+
+@dataclass(slots=True)
+class PreemptRequest:
+    """GM -> LM: make room for `task` (whose user is below its share) by preempting tasks of `victims`, tried in
+    order (largest share violation first), and launch it. `seq` shares the (GM, LM) LaunchBatch numbering."""
+
+    gm: int
+    lm: int
+    seq: int
+    task: TaskSpec
+    victims: list[Victim]
+
+
+@dataclass(slots=True)
+class PreemptResponse:
+    """LM -> GM: `placement` where the task now runs and the tasks `preempted` for it, or None and `reason`
+    when the LM could not verify any victim; with the state of the node it touched and the GM's delta."""
+
+    gm: int
+    lm: int
+    seq: int
+    task: TaskSpec
+    placement: Placement | None
+    preempted: list[str]
+    reason: str
+    states: list[NodeState]
+    delta: Delta
+
+
+@dataclass(slots=True)
+class WorkerPreempt:
+    """LM -> worker: stop these tasks (report each as preempted, or as finished if it already ended)."""
+
+    lm: int
+    task_ids: list[str]
 
 
 @dataclass(slots=True)

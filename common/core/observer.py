@@ -35,3 +35,9 @@ class CoreObserver:
     def finished(self, task_ids: Sequence[str], now: float) -> None: ...
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None: ...
+
+    def preempted(self, task_ids: Sequence[str], now: float) -> None:
+        """Running tasks stopped on their worker to make room for another user's task (they run again later)."""
+
+    def preemption_attempted(self, task: TaskSpec, lm: int, now: float) -> None:
+        """A GM asked LM `lm` to preempt tasks so that `task` can run."""

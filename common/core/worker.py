@@ -13,6 +13,7 @@ from megha.common.core.messages import (
     Send,
     Wake,
     WorkerLaunch,
+    WorkerPreempt,
     WorkerReport,
     lm_address,
     worker_address,
@@ -27,6 +28,7 @@ class SimulatedExecution:
         self.lm_id = lm_id
         self.observer = observer or CoreObserver()
         self._finishing: dict[float, list[FinishedTask]] = {}
+        self._due: dict[str, float] = {}  # task id -> when it finishes
         self.running = 0
 
     def handle(self, msg: object, now: float) -> list[Output]:
@@ -34,6 +36,8 @@ class SimulatedExecution:
             return self._on_launch(msg, now)
         if isinstance(msg, FinishTick):
             return self._on_finish(msg, now)
+        if isinstance(msg, WorkerPreempt):
+            return self._on_preempt(msg, now)
         raise TypeError(f"worker cannot handle {type(msg).__name__}")
 
     def _on_launch(self, msg: WorkerLaunch, now: float) -> list[Output]:
@@ -41,8 +45,10 @@ class SimulatedExecution:
         self.observer.started(msg.launches, now)
         out: list[Output] = []
         finishing = self._finishing
+        due = self._due
         for p in msg.launches:
             at = now + p.task.duration
+            due[p.task.task_id] = at
             batch = finishing.get(at)
             if batch is None:
                 finishing[at] = [FinishedTask(p.task.task_id, p.node)]
@@ -54,6 +60,30 @@ class SimulatedExecution:
 
     def _on_finish(self, tick: FinishTick, now: float) -> list[Output]:
         finished = self._finishing.pop(tick.at)
+        if not finished:
+            return []  # every task due now was preempted
         self.running -= len(finished)
+        due = self._due
+        for f in finished:
+            del due[f.task_id]
         self.observer.finished([f.task_id for f in finished], now)
         return [Send(lm_address(self.lm_id), WorkerReport(self.lm_id, finished))]
+
+    def _on_preempt(self, msg: WorkerPreempt, now: float) -> list[Output]:
+        """Stop each task still running and report it preempted; one that already finished was reported so."""
+        stopped: list[FinishedTask] = []
+        for task_id in msg.task_ids:
+            at = self._due.pop(task_id, None)
+            if at is None:
+                continue
+            batch = self._finishing[at]
+            for k, f in enumerate(batch):
+                if f.task_id == task_id:
+                    stopped.append(FinishedTask(task_id, f.node, preempted=True))
+                    del batch[k]
+                    break
+        if not stopped:
+            return []
+        self.running -= len(stopped)
+        self.observer.preempted([f.task_id for f in stopped], now)
+        return [Send(lm_address(self.lm_id), WorkerReport(self.lm_id, stopped))]

@@ -1,0 +1,163 @@
+"""A GM's side of fair scheduling: its user queues served in the policy's order, and its book of every user's
+consumption (its own queues' exactly, the others' as the LMs last reported them)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from megha.common.core.fairness.config import FairnessConfig
+from megha.common.core.fairness.policy import QueueStanding, SharePolicy
+from megha.common.core.resources import Resources
+from megha.common.core.task import TaskSpec
+
+
+def _add(into: list[int], amounts: Resources, sign: int = 1) -> None:
+    for k, v in enumerate(amounts):
+        into[k] += sign * v
+
+
+class ShareBook:
+    """Consumption and pending demand per user, as GM `gm` knows them.
+
+    Its own queues' usage counts every task from the moment the GM sends its placement (or preemption request)
+    until the task ends, is rejected or is preempted: exact, because only this GM places them. Demand is what
+    the tasks in each own queue ask for. Other users'
+    usage is the sum of the per-LM figures the LMs piggyback on their deltas: eventually consistent.
+    """
+
+    def __init__(self, config: FairnessConfig, gm: int, num_lms: int, total: Resources, policy: SharePolicy) -> None:
+        self.config = config
+        self.gm = gm
+        self.total = total
+        self.policy = policy
+        self.shares = config.shares()
+        self.own = {q.user for q in config.queues_of(gm)}
+        self._usage: dict[str, list[int]] = {u: [0] * len(total) for u in self.own}
+        self._usage_at: list[dict[str, list[int]]] = [{u: [0] * len(total) for u in self.own} for _ in range(num_lms)]
+        self.demand: dict[str, list[int]] = {u: [0] * len(total) for u in self.own}
+        self.reported: list[dict[str, Resources]] = [{} for _ in range(num_lms)]
+
+    # ----------------------------------------------------------- own queues
+
+    def queued(self, task: TaskSpec, sign: int) -> None:
+        """Pending demand: what the tasks waiting in a user's queue ask for (tasks parked by the GM after a
+        failed attempt are not in the queue and do not count)."""
+        _add(self.demand[task.user], task.request, sign)
+
+    def placed(self, task: TaskSpec, lm: int) -> None:
+        _add(self._usage[task.user], task.request)
+        _add(self._usage_at[lm][task.user], task.request)
+
+    def released(self, task: TaskSpec, lm: int) -> None:
+        _add(self._usage[task.user], task.request, -1)
+        _add(self._usage_at[lm][task.user], task.request, -1)
+
+    # ------------------------------------------------------------ LM reports
+
+    def report(self, lm: int, usage: dict[str, Resources]) -> None:
+        self.reported[lm] = usage
+
+    # --------------------------------------------------------------- queries
+
+    def usage(self, user: str) -> Resources:
+        if user in self.own:
+            return tuple(self._usage[user])
+        totals = [0] * len(self.total)
+        for per_lm in self.reported:
+            amounts = per_lm.get(user)
+            if amounts is not None:
+                _add(totals, amounts)
+        return tuple(totals)
+
+    def usage_elsewhere(self, user: str, lm: int) -> Resources:
+        """This GM's view of `user`'s usage on every LM but `lm` (which knows its own part exactly)."""
+        if user in self.own:
+            return tuple(a - b for a, b in zip(self._usage[user], self._usage_at[lm][user], strict=True))
+        totals = [0] * len(self.total)
+        for other, per_lm in enumerate(self.reported):
+            amounts = per_lm.get(user)
+            if other != lm and amounts is not None:
+                _add(totals, amounts)
+        return tuple(totals)
+
+    def consumption(self, user: str) -> float:
+        return self.policy.consumption(self.usage(user), self.total)
+
+    def below_share(self, user: str) -> bool:
+        return self.consumption(user) < self.shares[user]
+
+    def violators(self, exclude: str) -> list[str]:
+        """Users other than `exclude` above their share, largest violation first (Algorithm 2's get_next_user)."""
+        over = []
+        for user, share in self.shares.items():
+            if user != exclude:
+                violation = self.consumption(user) - share
+                if violation > 0:
+                    over.append((-violation, user))
+        return [user for _, user in sorted(over)]
+
+    def lms_holding(self, users: Iterable[str]) -> list[int]:
+        """LMs that last reported usage by any of `users`, most of it first."""
+        wanted = set(users)
+        held = []
+        for lm, per_lm in enumerate(self.reported):
+            amount = sum(sum(v) for u, v in per_lm.items() if u in wanted)
+            if amount > 0:
+                held.append((-amount, lm))
+        return [lm for _, lm in sorted(held)]
+
+
+class UserQueues:
+    """A GM's user queues behind the deque operations its scheduling loop uses (popleft, extend, extendleft):
+    tasks of one user keep their order; which user goes next is the share policy's pick among the non-empty
+    queues, offered in round-robin order."""
+
+    def __init__(self, book: ShareBook) -> None:
+        self.book = book
+        self._order = [q.user for q in book.config.queues_of(book.gm)]
+        self._queues: dict[str, deque[TaskSpec]] = {u: deque() for u in self._order}
+        self._next = 0
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        for user in self._order:
+            yield from self._queues[user]
+
+    def extend(self, tasks: Iterable[TaskSpec]) -> None:
+        for task in tasks:
+            self._queues[task.user].append(task)
+            self.book.queued(task, 1)
+            self._len += 1
+
+    def extendleft(self, tasks: Iterable[TaskSpec]) -> None:
+        """As deque.extendleft: each task goes to the front of its user's queue, so the last one ends up first."""
+        for task in tasks:
+            self._queues[task.user].appendleft(task)
+            self.book.queued(task, 1)
+            self._len += 1
+
+    def popleft(self) -> TaskSpec:
+        n = len(self._order)
+        candidates = [
+            self._order[(self._next + k) % n] for k in range(n) if self._queues[self._order[(self._next + k) % n]]
+        ]
+        if not candidates:
+            raise IndexError("pop from empty user queues")
+        book = self.book
+        if len(candidates) == 1:
+            user = candidates[0]
+        else:
+            standings = [QueueStanding(u, book.shares[u], book.usage(u), tuple(book.demand[u])) for u in candidates]
+            user = candidates[book.policy.pick(standings, book.total)]
+        self._next = (self._order.index(user) + 1) % n
+        self._len -= 1
+        task = self._queues[user].popleft()
+        book.queued(task, -1)
+        return task

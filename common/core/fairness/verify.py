@@ -1,0 +1,97 @@
+"""An LM's side of fair scheduling: exact per-user usage of its cluster (reported to every GM in deltas), and
+the verification and choice of preemption victims (Megha paper, section IV-C)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from megha.common.core.constraints import constraint_ids
+from megha.common.core.fairness.config import FairnessConfig
+from megha.common.core.fairness.policy import SharePolicy
+from megha.common.core.messages import Victim
+from megha.common.core.resources import Resources
+from megha.common.core.task import TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class VictimPlan:
+    """Run the task on `node` after preempting `task_ids` (all of one user, newest first)."""
+
+    node: int
+    user: str
+    task_ids: tuple[str, ...]
+
+
+class LocalShares:
+    """Usage per user of one LM's cluster and the running tasks of each user, by node."""
+
+    def __init__(self, config: FairnessConfig, total: Resources, policy: SharePolicy) -> None:
+        self.shares = config.shares()
+        self.total = total
+        self.policy = policy
+        self._usage: dict[str, list[int]] = {}
+        # user -> task id -> (node, request), in launch order (newest last)
+        self._tasks: dict[str, dict[str, tuple[int, Resources]]] = {}
+
+    def started(self, task: TaskSpec, node: int) -> None:
+        usage = self._usage.get(task.user)
+        if usage is None:
+            usage = self._usage[task.user] = [0] * len(self.total)
+            self._tasks[task.user] = {}
+        for k, v in enumerate(task.request):
+            usage[k] += v
+        self._tasks[task.user][task.task_id] = (node, task.request)
+
+    def ended(self, task: TaskSpec) -> None:
+        usage = self._usage[task.user]
+        for k, v in enumerate(task.request):
+            usage[k] -= v
+        del self._tasks[task.user][task.task_id]
+
+    def snapshot(self) -> dict[str, Resources]:
+        """Usage of every user holding something here (what the LM reports to GMs)."""
+        return {u: tuple(v) for u, v in self._usage.items() if any(v)}
+
+    def over_share(self, victim: Victim) -> bool:
+        """Is `victim.user` above its share, by the GM's view of the rest of the data centre plus this LM's
+        exact part?"""
+        share = self.shares.get(victim.user)
+        if share is None:
+            return False
+        local = self._usage.get(victim.user, [0] * len(self.total))
+        usage = tuple(a + b for a, b in zip(victim.usage_elsewhere, local, strict=True))
+        return self.policy.consumption(usage, self.total) > share
+
+    def plan(
+        self, task: TaskSpec, victims: Sequence[Victim], free: Sequence[Resources], masks: Sequence[int]
+    ) -> VictimPlan | str:
+        """The first victim (in the GM's order) that is verified over its share and whose newest tasks on one
+        node satisfying `task`'s constraints free enough room for it; otherwise why none could be used."""
+        reasons = []
+        for victim in victims:
+            if victim.user == task.user:
+                reasons.append(f"{victim.user}: a task never preempts its own user's tasks")
+                continue
+            if not self.over_share(victim):
+                reasons.append(f"{victim.user}: not over its share")
+                continue
+            by_node: dict[int, list[tuple[str, Resources]]] = {}
+            for task_id, (node, request) in self._tasks.get(victim.user, {}).items():
+                if not task.constraints & ~masks[node]:
+                    by_node.setdefault(node, []).append((task_id, request))
+            for node in sorted(by_node):
+                room = list(free[node])
+                chosen = []
+                for task_id, request in reversed(by_node[node]):
+                    if all(r >= q for r, q in zip(room, task.request)):
+                        break
+                    chosen.append(task_id)
+                    room = [r + v for r, v in zip(room, request)]
+                if all(r >= q for r, q in zip(room, task.request)):
+                    return VictimPlan(node, victim.user, tuple(chosen))  # no victim needed if it already fits
+            reasons.append(
+                f"{victim.user}: no node satisfying placement constraints {constraint_ids(task.constraints)} "
+                "frees enough by preempting its tasks"
+            )
+        return "; ".join(reasons) or "no victims named"
