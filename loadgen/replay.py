@@ -10,6 +10,8 @@ from typing import Literal
 
 from megha.common.clusterfile import generate_cluster, load_cluster
 from megha.common.core.cluster import ClusterSpec
+from megha.common.core.fairness.config import FairnessConfig, parse_queues
+from megha.common.core.fairness.policy import make_share_policy
 from megha.embedded.system import EmbeddedConfig
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.recorder import Recorder
@@ -42,8 +44,14 @@ class ReplayConfig:
     delta_interval: float = 1.0
     seed: int = 0
     users: int = 1
+    constraints: bool = True
     realtime: bool = False
     scheduler: str = "megha"
+    queues: str = ""  # fair scheduling: "user:share:gm,..." (empty: off)
+    share_policy: str = "share"
+
+    def fairness(self) -> FairnessConfig | None:
+        return parse_queues(self.queues, self.share_policy) if self.queues else None
 
     @property
     def node_capacity(self) -> tuple[int, int]:
@@ -80,15 +88,28 @@ def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) 
     cluster = build_cluster(config)
     trace_jobs = resolve_trace(config.trace, config.first_jobs, config.time_scale)
     recorder = Recorder()
+    fairness = config.fairness()
+    if fairness is not None:
+        make_share_policy(fairness.policy)  # fail early on an unknown policy name
     system = build_system(
         config.scheduler,
         cluster,
-        EmbeddedConfig(config.matching, config.hop_delay, config.delta_interval, config.seed, config.realtime),
+        EmbeddedConfig(
+            config.matching, config.hop_delay, config.delta_interval, config.seed, config.realtime, fairness
+        ),
         recorder,
     )
     workload = build_workload(
         trace_jobs,
-        WorkloadConfig(config.mode, config.seed, system.entry_points, config.node_capacity, config.users),
+        WorkloadConfig(
+            config.mode,
+            config.seed,
+            system.entry_points,
+            config.node_capacity,
+            config.users,
+            queues=fairness.queues if fairness is not None else (),
+            constraints=config.constraints,
+        ),
     )
     for gm, job in workload:
         recorder.expect(gm, job)

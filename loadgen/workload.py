@@ -11,7 +11,8 @@ Two request modes:
 
 Task placement constraints come from `TaskConstraintSampler` seeded with `seed`; requests use their own stream
 (seeded from `seed` too), so both modes give the same constraints for the same seed. Job k of the trace gets id
-`j<k>`, GM k % num_gms and user `user-<k % users>`; its task i gets id `j<k>.<i>`.
+`j<k>`, GM k % num_gms and user `user-<k % users>`; its task i gets id `j<k>.<i>`. Under fair scheduling
+(`queues` given) job k goes instead to queue k % len(queues): that queue's user and GM.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Literal
 
 from megha.common.clusterfile import DEFAULT_NODE_CAPACITY
 from megha.common.constraint_stats import ConstraintStats, TaskConstraintSampler, load_constraint_stats
+from megha.common.core.fairness.config import QueueSpec
 from megha.common.core.resources import Resources
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.loadgen.trace import TraceJob
@@ -48,6 +50,8 @@ class WorkloadConfig:
     cpu_scale: int = 400
     mem_scale: int = 50
     job_prefix: str = ""  # job k is f"{job_prefix}j{k}": replays against long-running services need fresh ids
+    queues: tuple[QueueSpec, ...] = ()  # fair scheduling: jobs go round-robin to these users' queues
+    constraints: bool = True  # False: tasks carry no placement constraints
 
     def __post_init__(self) -> None:
         if self.mode not in ("slot", "scaled"):
@@ -63,19 +67,25 @@ def build_workload(
     trace_jobs: Sequence[TraceJob], config: WorkloadConfig, stats: ConstraintStats | None = None
 ) -> list[tuple[int, JobSpec]]:
     """(GM, job) for every trace job, in trace order; `submitted_at` is the trace arrival."""
-    sample_constraints = TaskConstraintSampler(
-        stats if stats is not None else load_constraint_stats(), config.seed
-    ).sample
+    sample_constraints: Callable[[], int] = (
+        TaskConstraintSampler(stats if stats is not None else load_constraint_stats(), config.seed).sample
+        if config.constraints
+        else int
+    )
     draw_request = _request_drawer(config)
     workload = []
     for k, trace_job in enumerate(trace_jobs):
         job_id = f"{config.job_prefix}j{k}"
-        user = f"user-{k % config.users}"
+        if config.queues:
+            queue = config.queues[k % len(config.queues)]
+            user, gm = queue.user, queue.gm
+        else:
+            user, gm = f"user-{k % config.users}", k % config.num_gms
         tasks = tuple(
             TaskSpec(f"{job_id}.{i}", job_id, user, duration, draw_request(), sample_constraints())
             for i, duration in enumerate(trace_job.durations)
         )
-        workload.append((k % config.num_gms, JobSpec(job_id, tasks, trace_job.arrival)))
+        workload.append((gm, JobSpec(job_id, tasks, trace_job.arrival)))
     return workload
 
 

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from megha.common.argtypes import non_negative_float, positive_float, positive_int
+from megha.common.core.fairness.config import parse_queues
+from megha.common.core.fairness.policy import SHARE_POLICIES
 from megha.common.core.placement.choice import CHOICE_POLICIES
 from megha.sim.system import SCHEDULERS
 
@@ -18,6 +20,16 @@ examples:
   megha replay --trace demo --mode scaled --lms 2 --gms 2 --workers-per-partition 20 --node-cpu 2000 --node-mem 4096
   megha replay --trace syn:500:100 --matching min-constraints --out out/syn500
 """
+
+
+def _queues_arg(text: str) -> str:
+    if not text:
+        return text
+    try:
+        parse_queues(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         "requests scaled down 400x CPU / 50x memory (Megha prototype) (default: %(default)s)",
     )
     w.add_argument("--users", type=positive_int, default=1, help="users jobs are spread over (default: %(default)s)")
+    w.add_argument(
+        "--no-constraints",
+        action="store_true",
+        help="give tasks no placement constraints (small data centres reject many constrained jobs)",
+    )
     c = r.add_argument_group("data centre")
     c.add_argument(
         "--cluster",
@@ -97,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--seed", type=int, default=0, help="seed for cluster, constraints and choices (default: 0)")
     s.add_argument("--realtime", action="store_true", help="run on the wall clock instead of the virtual clock")
+    f = r.add_argument_group("fair scheduling (off unless --queues is given)")
+    f.add_argument(
+        "--queues",
+        type=_queues_arg,
+        default="",
+        help="user queues as user:share:gm,... e.g. q1:10%%:0,q2:25%%:1,q3:15%%:1,q4:50%%:2; jobs go to the "
+        "queues round-robin; a user below its share preempts users above theirs under contention",
+    )
+    f.add_argument(
+        "--share-policy",
+        choices=sorted(SHARE_POLICIES),
+        default="share",
+        help="share: the Megha paper's (round-robin queues); drf: Dominant Resource Fairness; demand, "
+        "demand-drf: Tromino's demand-aware orderings (default: %(default)s)",
+    )
     o = r.add_argument_group("output")
     o.add_argument(
         "--out",
@@ -241,6 +273,9 @@ def _replay(args: argparse.Namespace) -> int:
         seed=args.seed,
         users=args.users,
         realtime=args.realtime,
+        queues=args.queues,
+        constraints=not args.no_constraints,
+        share_policy=args.share_policy,
     )
 
     def progress(line: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Iterable
 from operator import gt, sub
 
 from megha.common.core.cluster import ClusterSpec
@@ -225,7 +226,7 @@ class GlobalMaster:
                 continue
             node_mask = view.masks[i]
             emptied = []
-            for shape, parked in waiting.items():
+            for shape, parked in self._shapes_in_service_order():
                 mask, request, _ = shape
                 if mask & ~node_mask or not covers(view.free[i], request):
                     continue
@@ -245,6 +246,15 @@ class GlobalMaster:
                 self._unpark_shape(shape)
             if not waiting:
                 return
+
+    def _shapes_in_service_order(self) -> Iterable[tuple[tuple[int, Resources, str], deque[TaskSpec]]]:
+        """Parked shapes, oldest first; under fair scheduling grouped by user in the share policy's order (who
+        gets a freed node under contention is the policy's decision)."""
+        if self.book is None:
+            return self.waiting.items()
+        order = self.book.order_users(self.queue.rotation())  # type: ignore[union-attr]
+        rank = {user: k for k, user in enumerate(order)}
+        return sorted(self.waiting.items(), key=lambda item: rank[item[0][2]])
 
     def _park_shape(self, shape: tuple[int, Resources, str], task: TaskSpec) -> None:
         self.waiting[shape] = deque((task,))
@@ -370,7 +380,7 @@ class GlobalMaster:
         assert book is not None
         if not book.below_share(task.user):
             return False
-        victims = book.violators(task.user)
+        victims = book.violators(task.user, task.request)
         if not victims:
             return False
         candidates = book.lms_holding(victims) if lms is None else lms
@@ -415,9 +425,10 @@ class GlobalMaster:
                 if not parked:
                     del self.waiting[shape]
                     self._unpark_shape(shape)
-                self.queue.extendleft([head])
+                self.queue.push_front(head)  # type: ignore[union-attr]
             return
         book.released(task, resp.lm)
+        book.pending(task)
         if rest and self._preempt(task, now, rest):
             return
         parked = self.waiting.get(shape)

@@ -271,7 +271,7 @@ class LocalMaster:
         if alloc.logical_id is not None:
             del self.logical_nodes[alloc.logical_id]
         if self.shares is not None:
-            self.shares.ended(alloc.placement.task)
+            self.shares.ended(alloc.placement.task, n)
 
     def _on_report(self, report: WorkerReport, now: float) -> list[Output]:
         by_gm: dict[int, list[Completion]] = {}

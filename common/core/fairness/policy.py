@@ -10,7 +10,8 @@
   largest demand-DRF factor, which we take to be DDS - DS / share (demand not yet matched by allocation, with a
   queue's dominant share weighed against its own share). Tromino does not give the formula; this is ours.
 
-In every policy a user is *below* its share when consumption < share and *violates* it by consumption - share.
+A GM applies the same order when a freed node could take parked tasks of several of its users. In every
+policy a user is *below* its share when consumption < share and *violates* it by consumption - share.
 """
 
 from __future__ import annotations
@@ -43,9 +44,19 @@ class SharePolicy:
     def consumption(self, usage: Resources, total: Resources) -> float:
         raise NotImplementedError
 
+    def keys(self, queues: Sequence[QueueStanding], total: Resources) -> list[float]:
+        """Priority of each queue, lower first; the base policy gives all the same (round-robin order wins)."""
+        return [0.0] * len(queues)
+
     def pick(self, queues: Sequence[QueueStanding], total: Resources) -> int:
         """Index in `queues` (non-empty, in round-robin order from the next queue due) of the queue to serve."""
-        return 0
+        keys = self.keys(queues, total)
+        return keys.index(min(keys))
+
+    def rank(self, queues: Sequence[QueueStanding], total: Resources) -> list[int]:
+        """Indices of `queues` in the order to serve them (stable: ties keep round-robin order)."""
+        keys = self.keys(queues, total)
+        return sorted(range(len(queues)), key=keys.__getitem__)
 
 
 class ResourceShare(SharePolicy):
@@ -61,25 +72,22 @@ class DominantResourceFairness(SharePolicy):
     def consumption(self, usage: Resources, total: Resources) -> float:
         return max(fractions(usage, total))
 
-    def pick(self, queues: Sequence[QueueStanding], total: Resources) -> int:
-        keys = [self.consumption(q.usage, total) / q.share for q in queues]
-        return keys.index(min(keys))
+    def keys(self, queues: Sequence[QueueStanding], total: Resources) -> list[float]:
+        return [self.consumption(q.usage, total) / q.share for q in queues]
 
 
 class DemandAware(DominantResourceFairness):
     name = "demand"
 
-    def pick(self, queues: Sequence[QueueStanding], total: Resources) -> int:
-        keys = [max(fractions(q.demand, total)) for q in queues]
-        return keys.index(max(keys))
+    def keys(self, queues: Sequence[QueueStanding], total: Resources) -> list[float]:
+        return [-max(fractions(q.demand, total)) for q in queues]
 
 
 class DemandDRFAware(DominantResourceFairness):
     name = "demand-drf"
 
-    def pick(self, queues: Sequence[QueueStanding], total: Resources) -> int:
-        keys = [max(fractions(q.demand, total)) - self.consumption(q.usage, total) / q.share for q in queues]
-        return keys.index(max(keys))
+    def keys(self, queues: Sequence[QueueStanding], total: Resources) -> list[float]:
+        return [self.consumption(q.usage, total) / q.share - max(fractions(q.demand, total)) for q in queues]
 
 
 SHARE_POLICIES: dict[str, type[SharePolicy]] = {

@@ -4,7 +4,7 @@ consumption (its own queues' exactly, the others' as the LMs last reported them)
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.fairness.policy import QueueStanding, SharePolicy
@@ -22,7 +22,7 @@ class ShareBook:
 
     Its own queues' usage counts every task from the moment the GM sends its placement (or preemption request)
     until the task ends, is rejected or is preempted: exact, because only this GM places them. Demand is what
-    the tasks in each own queue ask for. Other users'
+    the user's tasks not yet placed (queued or parked) ask for. Other users'
     usage is the sum of the per-LM figures the LMs piggyback on their deltas: eventually consistent.
     """
 
@@ -37,26 +37,32 @@ class ShareBook:
         self._usage_at: list[dict[str, list[int]]] = [{u: [0] * len(total) for u in self.own} for _ in range(num_lms)]
         self.demand: dict[str, list[int]] = {u: [0] * len(total) for u in self.own}
         self.reported: list[dict[str, Resources]] = [{} for _ in range(num_lms)]
+        self._consumption: dict[str, float] | None = None  # cache, dropped on every usage change
 
     # ----------------------------------------------------------- own queues
 
-    def queued(self, task: TaskSpec, sign: int) -> None:
-        """Pending demand: what the tasks waiting in a user's queue ask for (tasks parked by the GM after a
-        failed attempt are not in the queue and do not count)."""
-        _add(self.demand[task.user], task.request, sign)
+    def pending(self, task: TaskSpec) -> None:
+        """`task` waits to be placed (queued, or parked after a failed attempt): it counts in its user's demand
+        until `placed`."""
+        _add(self.demand[task.user], task.request)
 
     def placed(self, task: TaskSpec, lm: int) -> None:
+        self._consumption = None
         _add(self._usage[task.user], task.request)
+        _add(self.demand[task.user], task.request, -1)
         _add(self._usage_at[lm][task.user], task.request)
 
     def released(self, task: TaskSpec, lm: int) -> None:
+        self._consumption = None
         _add(self._usage[task.user], task.request, -1)
         _add(self._usage_at[lm][task.user], task.request, -1)
 
     # ------------------------------------------------------------ LM reports
 
     def report(self, lm: int, usage: dict[str, Resources]) -> None:
-        self.reported[lm] = usage
+        if usage != self.reported[lm]:
+            self._consumption = None
+            self.reported[lm] = usage
 
     # --------------------------------------------------------------- queries
 
@@ -82,20 +88,36 @@ class ShareBook:
         return tuple(totals)
 
     def consumption(self, user: str) -> float:
-        return self.policy.consumption(self.usage(user), self.total)
+        cached = self._consumption
+        if cached is None:
+            cached = self._consumption = {u: self.policy.consumption(self.usage(u), self.total) for u in self.shares}
+        return cached[user]
 
     def below_share(self, user: str) -> bool:
         return self.consumption(user) < self.shares[user]
 
-    def violators(self, exclude: str) -> list[str]:
-        """Users other than `exclude` above their share, largest violation first (Algorithm 2's get_next_user)."""
+    def violators(self, exclude: str, request: Resources) -> list[str]:
+        """Users other than `exclude` above their share by at least `request` (an LM never takes a victim below
+        its share, so a smaller excess cannot make room), largest violation first (Algorithm 2's
+        get_next_user)."""
         over = []
         for user, share in self.shares.items():
             if user != exclude:
                 violation = self.consumption(user) - share
                 if violation > 0:
-                    over.append((-violation, user))
+                    left = tuple(max(0, a - b) for a, b in zip(self.usage(user), request, strict=True))
+                    if self.policy.consumption(left, self.total) >= share:
+                        over.append((-violation, user))
         return [user for _, user in sorted(over)]
+
+    def standings(self, users: Iterable[str]) -> list[QueueStanding]:
+        return [QueueStanding(u, self.shares[u], self.usage(u), tuple(self.demand[u])) for u in users]
+
+    def order_users(self, users: Sequence[str]) -> list[str]:
+        """`users` (own queues, in round-robin order) in the order the policy serves them now."""
+        if len(users) < 2:
+            return list(users)
+        return [users[i] for i in self.policy.rank(self.standings(users), self.total)]
 
     def lms_holding(self, users: Iterable[str]) -> list[int]:
         """LMs that last reported usage by any of `users`, most of it first."""
@@ -133,14 +155,14 @@ class UserQueues:
     def extend(self, tasks: Iterable[TaskSpec]) -> None:
         for task in tasks:
             self._queues[task.user].append(task)
-            self.book.queued(task, 1)
+            self.book.pending(task)
             self._len += 1
 
     def extendleft(self, tasks: Iterable[TaskSpec]) -> None:
         """As deque.extendleft: each task goes to the front of its user's queue, so the last one ends up first."""
         for task in tasks:
             self._queues[task.user].appendleft(task)
-            self.book.queued(task, 1)
+            self.book.pending(task)
             self._len += 1
 
     def popleft(self) -> TaskSpec:
@@ -154,10 +176,19 @@ class UserQueues:
         if len(candidates) == 1:
             user = candidates[0]
         else:
-            standings = [QueueStanding(u, book.shares[u], book.usage(u), tuple(book.demand[u])) for u in candidates]
-            user = candidates[book.policy.pick(standings, book.total)]
+            user = candidates[book.policy.pick(book.standings(candidates), book.total)]
         self._next = (self._order.index(user) + 1) % n
         self._len -= 1
-        task = self._queues[user].popleft()
-        book.queued(task, -1)
-        return task
+        return self._queues[user].popleft()
+
+    def push_front(self, task: TaskSpec) -> None:
+        """Put a parked task (already counted in its user's demand) back at the front of its queue."""
+        self._queues[task.user].appendleft(task)
+        self._len += 1
+
+    def rotation(self) -> list[str]:
+        """Own users in round-robin order from the next one due; advances the rotation."""
+        n = len(self._order)
+        users = [self._order[(self._next + k) % n] for k in range(n)]
+        self._next = (self._next + 1) % n
+        return users

@@ -31,8 +31,8 @@ class LocalShares:
         self.total = total
         self.policy = policy
         self._usage: dict[str, list[int]] = {}
-        # user -> task id -> (node, request), in launch order (newest last)
-        self._tasks: dict[str, dict[str, tuple[int, Resources]]] = {}
+        # user -> node -> task id -> request, in launch order (newest last)
+        self._tasks: dict[str, dict[int, dict[str, Resources]]] = {}
 
     def started(self, task: TaskSpec, node: int) -> None:
         usage = self._usage.get(task.user)
@@ -41,33 +41,37 @@ class LocalShares:
             self._tasks[task.user] = {}
         for k, v in enumerate(task.request):
             usage[k] += v
-        self._tasks[task.user][task.task_id] = (node, task.request)
+        self._tasks[task.user].setdefault(node, {})[task.task_id] = task.request
 
-    def ended(self, task: TaskSpec) -> None:
+    def ended(self, task: TaskSpec, node: int) -> None:
         usage = self._usage[task.user]
         for k, v in enumerate(task.request):
             usage[k] -= v
-        del self._tasks[task.user][task.task_id]
+        on_node = self._tasks[task.user][node]
+        del on_node[task.task_id]
+        if not on_node:
+            del self._tasks[task.user][node]
 
     def snapshot(self) -> dict[str, Resources]:
         """Usage of every user holding something here (what the LM reports to GMs)."""
         return {u: tuple(v) for u, v in self._usage.items() if any(v)}
 
+    def _total(self, victim: Victim) -> list[int]:
+        local = self._usage.get(victim.user, [0] * len(self.total))
+        return [a + b for a, b in zip(victim.usage_elsewhere, local, strict=True)]
+
     def over_share(self, victim: Victim) -> bool:
         """Is `victim.user` above its share, by the GM's view of the rest of the data centre plus this LM's
         exact part?"""
         share = self.shares.get(victim.user)
-        if share is None:
-            return False
-        local = self._usage.get(victim.user, [0] * len(self.total))
-        usage = tuple(a + b for a, b in zip(victim.usage_elsewhere, local, strict=True))
-        return self.policy.consumption(usage, self.total) > share
+        return share is not None and self.policy.consumption(tuple(self._total(victim)), self.total) > share
 
     def plan(
         self, task: TaskSpec, victims: Sequence[Victim], free: Sequence[Resources], masks: Sequence[int]
     ) -> VictimPlan | str:
         """The first victim (in the GM's order) that is verified over its share and whose newest tasks on one
-        node satisfying `task`'s constraints free enough room for it; otherwise why none could be used."""
+        node satisfying `task`'s constraints free enough room for it, without taking the victim below its own
+        share (so the victim cannot preempt back: no ping-pong); otherwise why none could be used."""
         reasons = []
         for victim in victims:
             if victim.user == task.user:
@@ -76,15 +80,20 @@ class LocalShares:
             if not self.over_share(victim):
                 reasons.append(f"{victim.user}: not over its share")
                 continue
-            by_node: dict[int, list[tuple[str, Resources]]] = {}
-            for task_id, (node, request) in self._tasks.get(victim.user, {}).items():
-                if not task.constraints & ~masks[node]:
-                    by_node.setdefault(node, []).append((task_id, request))
+            share = self.shares[victim.user]
+            usage = self._total(victim)
+            by_node = self._tasks.get(victim.user, {})
             for node in sorted(by_node):
+                if task.constraints & ~masks[node]:
+                    continue
                 room = list(free[node])
+                left = list(usage)
                 chosen = []
-                for task_id, request in reversed(by_node[node]):
+                for task_id, request in reversed(by_node[node].items()):
                     if all(r >= q for r, q in zip(room, task.request)):
+                        break
+                    left = [a - v for a, v in zip(left, request)]
+                    if self.policy.consumption(tuple(left), self.total) < share:
                         break
                     chosen.append(task_id)
                     room = [r + v for r, v in zip(room, request)]
@@ -92,6 +101,6 @@ class LocalShares:
                     return VictimPlan(node, victim.user, tuple(chosen))  # no victim needed if it already fits
             reasons.append(
                 f"{victim.user}: no node satisfying placement constraints {constraint_ids(task.constraints)} "
-                "frees enough by preempting its tasks"
+                "frees enough by preempting its tasks without taking it below its share"
             )
         return "; ".join(reasons) or "no victims named"
