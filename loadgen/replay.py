@@ -21,7 +21,7 @@ from megha.sim.system import SchedulerSystem, build_system
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_CLUSTER = REPO_ROOT.parent / "shared" / "constraints" / "reference-cluster-10000-nodes.json"
-STRANDED = "still queued at its GM when the system went idle (no node its view shows could take it)"
+STRANDED = "still waiting in the scheduler when the system went idle (no free node it knew of could take it)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--scheduler",
         choices=sorted(SCHEDULERS),
         default="megha",
-        help="Megha, or a baseline to compare with: centralized (one GM, one LM) (default: %(default)s)",
+        help="Megha, or a baseline to compare with: centralized (one GM, one LM), pigeonc (distributors and "
+        "masters of fixed groups), pigeonc-published (PigeonC with the authors' simulator's worker count, "
+        "which reproduces the published figures), sparrow (batch sampling, late binding) (default: %(default)s)",
     )
     s.add_argument(
         "--matching",
@@ -284,6 +286,9 @@ def _replay(args: argparse.Namespace) -> int:
     result = replay(config, None if args.quiet else progress)
     title = f"{config.scheduler.capitalize()} replay of {args.trace} ({config.matching} matching, {config.mode} mode)"
     print(format_table(result.metrics, title))
+    counters = result.system.counters()
+    if counters:
+        print(f"{config.scheduler} counters: " + "  ".join(f"{k.replace('_', ' ')}: {v}" for k, v in counters.items()))
     if not args.no_files:
         extra = {
             "config": config_dict(config),

@@ -10,6 +10,8 @@ from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec
 from megha.common.transport.inmemory import EventLoop
 from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
+from megha.sim.pigeonc import PigeonCConfig, PigeonCSystem
+from megha.sim.sparrow import SparrowSystem
 
 
 class SchedulerSystem(Protocol):
@@ -60,9 +62,18 @@ def _centralized(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObs
     return EmbeddedSystem(centralized_cluster(cluster), config, observer)
 
 
+def _pigeonc_published(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver) -> SchedulerSystem:
+    """PigeonC with the distributors' worker count of the authors' simulator, which reproduces the published
+    figures (see `megha.sim.pigeonc`)."""
+    return PigeonCSystem(cluster, config, observer, PigeonCConfig(weighting="published"))
+
+
 SCHEDULERS: dict[str, SystemFactory] = {
     "megha": _megha,
     "centralized": _centralized,
+    "pigeonc": PigeonCSystem,
+    "pigeonc-published": _pigeonc_published,
+    "sparrow": SparrowSystem,
 }
 
 
