@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from megha.common.core.constraints import NUM_CONSTRAINTS
+from megha.common.core.fairness.config import FairnessConfig, parse_queues
 
 
 class ServiceSettings(BaseSettings):
@@ -33,7 +34,30 @@ class ServiceSettings(BaseSettings):
         return self.public_url or f"http://{self.host}:{self.port}"
 
 
-class GMSettings(ServiceSettings):
+class FairSettings(ServiceSettings):
+    """Fair scheduling, configured alike on every GM, LM and the request generator."""
+
+    queues: str = Field(
+        "",
+        description="fair scheduling: user queues as user:share:gm,... e.g. q1:10%:0,q2:90%:1 (empty: off); "
+        "the same on every GM, LM and the load generator",
+    )
+    share_policy: Literal["share", "drf", "demand", "demand-drf"] = Field(
+        "share", description="fair scheduling: how consumption is measured and queues are ordered"
+    )
+
+    @field_validator("queues")
+    @classmethod
+    def _parse(cls, value: str) -> str:
+        if value:
+            parse_queues(value)
+        return value
+
+    def fairness(self) -> FairnessConfig | None:
+        return parse_queues(self.queues, self.share_policy) if self.queues else None
+
+
+class GMSettings(FairSettings):
     """A Global Master."""
 
     gm_id: int = Field(0, ge=0, description="this GM's id, 0..G-1")
@@ -53,7 +77,7 @@ class GMSettings(ServiceSettings):
         return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
 
 
-class LMSettings(ServiceSettings):
+class LMSettings(FairSettings):
     """A Local Master."""
 
     port: int = Field(8100, ge=1, le=65535)
@@ -100,7 +124,7 @@ class WorkerSettings(ServiceSettings):
         return value
 
 
-class LoadgenSettings(ServiceSettings):
+class LoadgenSettings(FairSettings):
     """The request generator: replays a trace against the GM services in open loop and reports."""
 
     gm_urls: Annotated[list[str], NoDecode] = Field(
