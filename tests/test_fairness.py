@@ -104,12 +104,14 @@ def test_the_lm_refuses_a_victim_that_is_not_over_its_share_and_the_gm_requeues(
     spec = cluster([[[[]], [[]]]])
     fairness = two_users()
     gm = GlobalMaster(1, spec, fairness=fairness)
-    lm_shares = LocalShares(fairness, spec.total_capacity(), make_share_policy("share"))
+    total = spec.total_capacity()
+    lm_shares = LocalShares(fairness, 2, make_share_policy("share"))
     lm_shares.started(t("a.0", "A"), 0)  # A holds one of two nodes: exactly its share
     waiting = t("b.0", "B")
-    plan = lm_shares.plan(waiting, [Victim("A", (0, 0))], [(0, 0), (0, 0)], [0, 0])
+    plan = lm_shares.plan(waiting, [Victim("A", (0, 0))], [(0, 0), (0, 0)], [0, 0], total)
     assert plan == "A: not over its share"
-    assert "never preempts its own" in str(lm_shares.plan(t("a.1", "A"), [Victim("A", (9000, 9000))], [(0, 0)], [0]))
+    own = lm_shares.plan(t("a.1", "A"), [Victim("A", (9000, 9000))], [(0, 0)], [0], total)
+    assert "never preempts its own" in str(own)
     # The GM side: a refused request puts the task back among its shape's waiting tasks.
     gm.book.report(0, {"A": (2 * SLOT[0], 2 * SLOT[1])})  # type: ignore[union-attr]  # stale: A looks over share
     for view in gm.views[0]:
@@ -210,7 +212,9 @@ def test_random_contention_preempts_only_users_over_their_share_and_loses_nothin
 
     def checked(msg: object, now: float):  # type: ignore[no-untyped-def]
         if isinstance(msg, PreemptRequest):
-            before = {u: lm.shares.policy.consumption(tuple(v), lm.shares.total) for u, v in lm.shares._usage.items()}  # type: ignore[union-attr]
+            shares = lm.shares
+            assert shares is not None
+            before = {u: shares.policy.consumption(tuple(v), msg.total) for u, v in shares._usage.items()}
             out = handle(msg, now)
             resp = out[0].msg
             for task_id in resp.preempted:

@@ -396,7 +396,7 @@ class GlobalMaster:
         self.observer.preemption_attempted(task, lm, now)
         self.observer.decided([Placement(task, lm, -1, False)], now)
         victims_msg = [Victim(user, book.usage_elsewhere(user, lm)) for user in victims]
-        self._extra.append(Send(lm_address(lm), PreemptRequest(self.gm_id, lm, seq, task, victims_msg)))
+        self._extra.append(Send(lm_address(lm), PreemptRequest(self.gm_id, lm, seq, task, victims_msg, book.total)))
         return True
 
     def _on_preempt_response(self, resp: PreemptResponse, now: float) -> None:

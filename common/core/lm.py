@@ -71,11 +71,9 @@ class LocalMaster:
         observer: CoreObserver | None = None,
         delta_interval: float = 1.0,
         fairness: FairnessConfig | None = None,
-        total_capacity: Resources | None = None,
     ) -> None:
         """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
-        tracks usage per user, reports it in deltas and verifies preemptions against the data centre's
-        `total_capacity`."""
+        tracks usage per user, reports it in deltas and verifies preemption requests."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -106,9 +104,7 @@ class LocalMaster:
         self.launched = 0
         self.shares: LocalShares | None = None
         if fairness is not None:
-            if total_capacity is None:
-                raise ValueError("fair scheduling needs the data centre's total capacity")
-            self.shares = LocalShares(fairness, total_capacity, make_share_policy(fairness.policy))
+            self.shares = LocalShares(fairness, len(resource_names), make_share_policy(fairness.policy))
         # Tasks preempted but not yet confirmed stopped by their worker: task id -> allocation.
         self.preempting: dict[str, Allocation] = {}
         self.preemptions = 0
@@ -133,7 +129,6 @@ class LocalMaster:
             observer,
             delta_interval,
             fairness,
-            cluster.total_capacity(),
         )
 
     def handle(self, msg: object, now: float) -> list[Output]:
@@ -311,7 +306,7 @@ class LocalMaster:
         elif req.task.task_id in self.running or req.task.task_id in self.preempting:
             plan = f"task {req.task.task_id} is already running"
         else:
-            plan = self.shares.plan(req.task, req.victims, self.free, self.masks)
+            plan = self.shares.plan(req.task, req.victims, self.free, self.masks, req.total)
         if isinstance(plan, str):
             self.preemption_refusals += 1
             resp = PreemptResponse(req.gm, self.lm_id, req.seq, req.task, None, [], plan, [], self._take_delta(req.gm))

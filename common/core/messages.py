@@ -184,13 +184,15 @@ class Victim:
 @dataclass(slots=True)
 class PreemptRequest:
     """GM -> LM: make room for `task` (whose user is below its share) by preempting tasks of `victims`, tried in
-    order (largest share violation first), and launch it. `seq` shares the (GM, LM) LaunchBatch numbering."""
+    order (largest share violation first), and launch it. `seq` shares the (GM, LM) LaunchBatch numbering;
+    `total` is the data centre's capacity, which shares are fractions of (an LM knows only its own cluster)."""
 
     gm: int
     lm: int
     seq: int
     task: TaskSpec
     victims: list[Victim]
+    total: Resources
 
 
 @dataclass(slots=True)

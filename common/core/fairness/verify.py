@@ -26,9 +26,10 @@ class VictimPlan:
 class LocalShares:
     """Usage per user of one LM's cluster and the running tasks of each user, by node."""
 
-    def __init__(self, config: FairnessConfig, total: Resources, policy: SharePolicy) -> None:
+    def __init__(self, config: FairnessConfig, width: int, policy: SharePolicy) -> None:
+        """`width`: how many resource types a request has."""
         self.shares = config.shares()
-        self.total = total
+        self.width = width
         self.policy = policy
         self._usage: dict[str, list[int]] = {}
         # user -> node -> task id -> request, in launch order (newest last)
@@ -37,7 +38,7 @@ class LocalShares:
     def started(self, task: TaskSpec, node: int) -> None:
         usage = self._usage.get(task.user)
         if usage is None:
-            usage = self._usage[task.user] = [0] * len(self.total)
+            usage = self._usage[task.user] = [0] * self.width
             self._tasks[task.user] = {}
         for k, v in enumerate(task.request):
             usage[k] += v
@@ -57,17 +58,22 @@ class LocalShares:
         return {u: tuple(v) for u, v in self._usage.items() if any(v)}
 
     def _total(self, victim: Victim) -> list[int]:
-        local = self._usage.get(victim.user, [0] * len(self.total))
+        local = self._usage.get(victim.user, [0] * self.width)
         return [a + b for a, b in zip(victim.usage_elsewhere, local, strict=True)]
 
-    def over_share(self, victim: Victim) -> bool:
-        """Is `victim.user` above its share, by the GM's view of the rest of the data centre plus this LM's
-        exact part?"""
+    def over_share(self, victim: Victim, total: Resources) -> bool:
+        """Is `victim.user` above its share of `total`, by the GM's view of the rest of the data centre plus this
+        LM's exact part?"""
         share = self.shares.get(victim.user)
-        return share is not None and self.policy.consumption(tuple(self._total(victim)), self.total) > share
+        return share is not None and self.policy.consumption(tuple(self._total(victim)), total) > share
 
     def plan(
-        self, task: TaskSpec, victims: Sequence[Victim], free: Sequence[Resources], masks: Sequence[int]
+        self,
+        task: TaskSpec,
+        victims: Sequence[Victim],
+        free: Sequence[Resources],
+        masks: Sequence[int],
+        total: Resources,
     ) -> VictimPlan | str:
         """The first victim (in the GM's order) that is verified over its share and whose newest tasks on one
         node satisfying `task`'s constraints free enough room for it, without taking the victim below its own
@@ -77,7 +83,7 @@ class LocalShares:
             if victim.user == task.user:
                 reasons.append(f"{victim.user}: a task never preempts its own user's tasks")
                 continue
-            if not self.over_share(victim):
+            if not self.over_share(victim, total):
                 reasons.append(f"{victim.user}: not over its share")
                 continue
             share = self.shares[victim.user]
@@ -93,7 +99,7 @@ class LocalShares:
                     if all(r >= q for r, q in zip(room, task.request)):
                         break
                     left = [a - v for a, v in zip(left, request)]
-                    if self.policy.consumption(tuple(left), self.total) < share:
+                    if self.policy.consumption(tuple(left), total) < share:
                         break
                     chosen.append(task_id)
                     room = [r + v for r, v in zip(room, request)]
