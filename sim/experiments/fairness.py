@@ -56,7 +56,9 @@ def workers_per_partition(size: int) -> int:
     return max(1, round(size / (LMS * GMS)))
 
 
-def run_one(trace: str, first_jobs: int, policy: str, size: int, seed: int) -> tuple[Row, ShareSeries]:
+def run_one(
+    trace: str, first_jobs: int, policy: str, size: int, seed: int, samples: int = 2000
+) -> tuple[Row, ShareSeries]:
     config = ReplayConfig(
         trace=trace,
         first_jobs=first_jobs,
@@ -74,7 +76,7 @@ def run_one(trace: str, first_jobs: int, policy: str, size: int, seed: int) -> t
     result = replay(config)
     fairness = config.fairness()
     assert fairness is not None
-    series = share_series(result.recorder, fairness, result.cluster.total_capacity())
+    series = share_series(result.recorder, fairness, result.cluster.total_capacity(), samples)
     m = result.metrics
     row = Row(
         policy=policy,
@@ -92,6 +94,20 @@ def run_one(trace: str, first_jobs: int, policy: str, size: int, seed: int) -> t
         wall_seconds=result.wall_seconds,
     )
     return row, series
+
+
+def _window(series: dict[str, ShareSeries]) -> tuple[float, float] | None:
+    """Hours (since the first start) around the contended samples of any policy, with a margin; None if none."""
+    spans = []
+    for s in series.values():
+        if s.contended.any():
+            hours = (s.times - s.times[0]) / 3600
+            spans.append((hours[s.contended].min(), hours[s.contended].max()))
+    if not spans:
+        return None
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    margin = max(0.1 * (hi - lo), 0.5)
+    return max(0.0, lo - margin), hi + margin
 
 
 def plot_shares(series: dict[str, ShareSeries], targets: dict[str, float], path: Path, title: str) -> None:
@@ -112,8 +128,10 @@ def plot_shares(series: dict[str, ShareSeries], targets: dict[str, float], path:
         ax.set_title(f"{policy}: mean Jain index while contended {s.mean_jain_contended():.3f}", fontsize=9)
         ax.set_ylabel("consumption")
         ax.set_ylim(0, 1)
+        if (window := _window(series)) is not None:
+            ax.set_xlim(*window)
         ax.legend(fontsize=7, loc="upper right", ncol=4)
-    axes[-1].set_xlabel("hours since the first task started")
+    axes[-1].set_xlabel("hours since the first task started (zoomed to the contended period)")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -131,6 +149,8 @@ def plot_jain(series: dict[str, ShareSeries], path: Path, title: str) -> None:
         jain = s.jain.copy()
         jain[~s.contended] = float("nan")
         ax.plot(hours, jain, linewidth=0.9, label=policy)
+    if (window := _window(series)) is not None:
+        ax.set_xlim(*window)
     ax.set_xlabel("hours since the first task started")
     ax.set_ylabel("Jain's index (contended times)")
     ax.set_ylim(0, 1.05)
@@ -170,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "policy; writes fairness.csv, fairness.md and plots.",
     )
     parser.add_argument("--trace", default=DEFAULT_TRACE, help="trace file (default: %(default)s)")
-    parser.add_argument("--first-jobs", type=positive_int, default=1000, help="jobs replayed (default: 1000)")
+    parser.add_argument("--first-jobs", type=positive_int, default=3000, help="jobs replayed (default: 3000)")
     parser.add_argument("--sizes", type=positive_int, nargs="+", default=[200, 500, 1500], help="data-centre sizes")
     parser.add_argument(
         "--policies", nargs="+", choices=sorted(SHARE_POLICIES), default=["share", "drf", "demand", "demand-drf"]
