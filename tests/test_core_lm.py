@@ -153,3 +153,22 @@ def test_task_that_fits_nowhere_waits_and_is_rescheduled_when_resources_free() -
     assert [t.task_id for t in gm.waiting_tasks()] == ["a.1"] and gm.reschedules == 1
     net.run()  # a.0 finishes; its completion frees the node; a.1 is retried and runs
     assert not gm.waiting and net.lms[0].launched == 2 and net.lms[0].is_idle()
+
+
+def test_a_batch_that_gets_no_answer_fails_its_tasks_with_the_reason_and_leaves_no_trace() -> None:
+    from megha.loadgen.recorder import Recorder
+
+    spec = cluster([[[[], []]]])
+    rec = Recorder()
+    net = Net.build(spec, observer=rec)
+    gm = net.gms[0]
+    j = job("j", task("j.0"), task("j.1"))
+    rec.expect(0, j)
+    net.post(gm.submit(j, 0.0))
+    batch = net.take("lm/0", LaunchBatch)
+    assert gm._outstanding[0] and gm._inflight[0]
+    gm.call_failed(0, batch.seq, "LM 0 unreachable", 0.1)
+    assert not gm._outstanding[0] and not gm._inflight[0] and not gm._awaiting_response
+    assert [rec.tasks[t].failed_reason for t in ("j.0", "j.1")] == ["LM 0 unreachable"] * 2
+    # Their requests are back in the view (the LM's next report of those nodes would say if they ran).
+    assert gm.views[0][0].free == [CAP, CAP]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Iterable
-from operator import gt, sub
+from operator import add, gt, sub
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.constraints import constraint_ids
@@ -133,6 +133,37 @@ class GlobalMaster:
         else:
             raise TypeError(f"GM cannot handle {type(msg).__name__}")
         return self._drain(now)
+
+    def call_failed(self, lm: int, seq: int, reason: str, now: float) -> list[Output]:
+        """The LaunchBatch or PreemptRequest `seq` to LM `lm` got no answer (the LM is unreachable or refused the
+        call itself). A batch's tasks are reported failed with `reason` (the LM may have launched them, so
+        placing them elsewhere could run them twice) and forgotten, and their requests go back into the view
+        (if the LM did launch them, its next report of the node says so). A preemption request counts as
+        refused: the task asks the next LM or waits."""
+        placements = self._outstanding[lm].pop(seq, None)
+        if placements is not None:
+            inflight = self._inflight[lm]
+            self._sync_view()
+            for p in placements:
+                view, i = self._locate[lm][p.node]
+                view.set_free(i, tuple(map(min, view.capacity[i], map(add, view.free[i], p.task.request))))
+                self._grown.append((lm, p.node))
+                entries = inflight.get(p.node, [])
+                if (seq, p.task.request) in entries:
+                    entries.remove((seq, p.task.request))
+                if not entries:
+                    inflight.pop(p.node, None)
+                self._awaiting_response.discard(p.task.task_id)
+                self._finished_early.discard(p.task.task_id)
+                if self.book is not None:
+                    self.book.released(p.task, lm)
+                self.observer.task_failed(p.task, reason, now)
+            return self._drain(now)
+        if seq in self._preempting[lm]:
+            task = self._preempting[lm][seq][0]
+            refusal = PreemptResponse(self.gm_id, lm, seq, task, None, [], reason, [], Delta(lm, self.gm_id, 0))
+            return self.handle(refusal, now)
+        return []
 
     # ------------------------------------------------------------- admission
 
