@@ -2,7 +2,8 @@
 
 The services and the tests import these models; the core stays pydantic-free and exchanges the dataclasses of
 `megha.common.core.messages`. Each core mirror (`...Model`) converts losslessly with `from_core(obj)` and
-`to_core()`, so core -> model -> JSON -> model -> core gives back an equal object. On the wire:
+`to_core()`, so core -> model -> JSON -> model -> core gives back an equal object; `core_json(obj)` writes the
+same JSON straight from the core object (the services' send path). On the wire:
 
 * resources travel as lists of ints aligned to the data centre's resource names (`ClusterSpec.resource_names`);
 * placement constraints travel as lists of ids 0..20 without duplicates (`from_core` writes them sorted); the
@@ -16,7 +17,8 @@ fine float; NaN and infinities are refused), so bad input fails at the edge with
 
 Routes (all versioned): GM `POST /v1/jobs` (`JobSubmission` -> `JobAccepted`), GM `GET /v1/jobs/{id}`
 (`JobStatus`), LM `POST /v1/workers` (`WorkerRegistration` -> `WorkerRegistered`), GM -> LM launch
-(`LaunchBatchModel` -> `LaunchResponseModel`), LM -> worker (`WorkerLaunchModel`). Broker messages: LM -> GM
+(`LaunchBatchModel` -> `LaunchResponseModel`), LM -> worker (`WorkerLaunchModel`); preemption mirrors
+(`PreemptRequestModel`, `PreemptResponseModel`, `WorkerPreemptModel`) have no route yet. Broker messages: LM -> GM
 `DeltaModel` and `CompletionsModel`, worker -> LM `WorkerReportModel`, each in a `BrokerMessage` envelope, and
 worker -> load generator `TaskEvent`.
 """
@@ -24,10 +26,11 @@ worker -> load generator `TaskEvent`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from typing import Annotated, Literal, Self
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import to_json
 
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_mask, iter_bits
 from megha.common.core.messages import (
@@ -39,8 +42,12 @@ from megha.common.core.messages import (
     LaunchResponse,
     NodeState,
     Placement,
+    PreemptRequest,
+    PreemptResponse,
     Rejection,
+    Victim,
     WorkerLaunch,
+    WorkerPreempt,
     WorkerReport,
 )
 from megha.common.core.resources import CPU, MEMORY, Resources
@@ -60,6 +67,14 @@ def _unique(ids: list[int]) -> list[int]:
         duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise ValueError(f"duplicate constraint ids {duplicates}")
     return ids
+
+
+def _ids(mask: int) -> list[int]:
+    return list(iter_bits(mask)) if mask else []
+
+
+def _mask(ids: list[int]) -> int:
+    return constraint_mask(ids) if ids else 0
 
 
 # Field types shared by the models. Integers and strings are strict through `WireModel.model_config`.
@@ -90,9 +105,10 @@ class WireModel(BaseModel):
 
 
 class TaskRequest(WireModel):
-    """One task of a submitted job. `user` defaults to the job's user."""
+    """One task of a submitted job. `user` defaults to the job's user. A duration of 0 is allowed: traces hold
+    tasks that last 0 s."""
 
-    duration: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    duration: Seconds
     cpu_millicores: Annotated[int, Field(gt=0)]
     memory_mb: Annotated[int, Field(gt=0)]
     constraints: ConstraintIds = []
@@ -100,11 +116,18 @@ class TaskRequest(WireModel):
 
     def request(self, resource_names: Sequence[str]) -> Resources:
         """The request aligned to `resource_names`: 0 for resources the API cannot ask for (say, GPUs)."""
-        missing = [n for n in (CPU, MEMORY) if n not in resource_names]
-        if missing:
-            raise ValueError(f"resource names {list(resource_names)} lack {missing}")
-        amounts = {CPU: self.cpu_millicores, MEMORY: self.memory_mb}
-        return tuple(amounts.get(n, 0) for n in resource_names)
+        return _aligner(resource_names)(self.cpu_millicores, self.memory_mb)
+
+
+def _aligner(resource_names: Sequence[str]) -> Callable[[int, int], Resources]:
+    """A function from (CPU, memory) to a request aligned to `resource_names`; ValueError if either is missing."""
+    missing = [n for n in (CPU, MEMORY) if n not in resource_names]
+    if missing:
+        raise ValueError(f"resource names {list(resource_names)} lack {missing}")
+    if tuple(resource_names) == (CPU, MEMORY):
+        return lambda cpu, memory: (cpu, memory)
+    names = tuple(resource_names)
+    return lambda cpu, memory: tuple({CPU: cpu, MEMORY: memory}.get(n, 0) for n in names)
 
 
 class JobSubmission(WireModel):
@@ -116,14 +139,15 @@ class JobSubmission(WireModel):
 
     def to_tasks(self, job_id: str, resource_names: Sequence[str]) -> tuple[TaskSpec, ...]:
         """The core's tasks of this job: task i is f"{job_id}.{i}"."""
+        align = _aligner(resource_names)
         return tuple(
             TaskSpec(
                 f"{job_id}.{i}",
                 job_id,
                 t.user or self.user,
                 t.duration,
-                t.request(resource_names),
-                constraint_mask(t.constraints),
+                align(t.cpu_millicores, t.memory_mb),
+                _mask(t.constraints),
             )
             for i, t in enumerate(self.tasks)
         )
@@ -170,9 +194,34 @@ class JobStatus(WireModel):
 
 
 # --- Core mirrors (GM <-> LM <-> worker) ---------------------------------------------------------------------
+#
+# Each mirror's `plain(obj)` is the JSON-ready form of a core object (dicts, lists, str, int, float, bool). The
+# services send `core_json(obj)`, which serialises that form directly: building the pydantic models of a
+# 50-placement batch would cost about 0.6 ms per hop. The receiver validates the JSON into the model as always.
 
 
-class TaskSpecModel(WireModel):
+class CoreMirror(WireModel):
+    """Base of the mirror of one core message type: `from_core(obj)` and `to_core()` convert losslessly."""
+
+    @classmethod
+    def plain(cls, obj: Any) -> dict[str, Any]:
+        """The JSON-ready form of the core object `obj`: what `from_core(obj).model_dump()` gives."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_core(cls, obj: Any) -> Self:
+        return cls.model_validate(cls.plain(obj))
+
+    @classmethod
+    def core_json(cls, obj: Any) -> bytes:
+        """The JSON of `from_core(obj)`, without building (or validating) the models: the services' send path."""
+        return to_json(cls.plain(obj))
+
+    def to_core(self) -> Any:
+        raise NotImplementedError
+
+
+class TaskSpecModel(CoreMirror):
     """Mirror of `TaskSpec`."""
 
     task_id: Name
@@ -183,23 +232,23 @@ class TaskSpecModel(WireModel):
     constraints: ConstraintIds
 
     @classmethod
-    def from_core(cls, obj: TaskSpec) -> Self:
-        return cls(
-            task_id=obj.task_id,
-            job_id=obj.job_id,
-            user=obj.user,
-            duration=obj.duration,
-            request=list(obj.request),
-            constraints=list(iter_bits(obj.constraints)),
-        )
+    def plain(cls, obj: TaskSpec) -> dict[str, Any]:
+        return {
+            "task_id": obj.task_id,
+            "job_id": obj.job_id,
+            "user": obj.user,
+            "duration": obj.duration,
+            "request": list(obj.request),
+            "constraints": _ids(obj.constraints),
+        }
 
     def to_core(self) -> TaskSpec:
         return TaskSpec(
-            self.task_id, self.job_id, self.user, self.duration, tuple(self.request), constraint_mask(self.constraints)
+            self.task_id, self.job_id, self.user, self.duration, tuple(self.request), _mask(self.constraints)
         )
 
 
-class PlacementModel(WireModel):
+class PlacementModel(CoreMirror):
     """Mirror of `Placement`."""
 
     task: TaskSpecModel
@@ -208,14 +257,14 @@ class PlacementModel(WireModel):
     repartition: bool
 
     @classmethod
-    def from_core(cls, obj: Placement) -> Self:
-        return cls(task=TaskSpecModel.from_core(obj.task), lm=obj.lm, node=obj.node, repartition=obj.repartition)
+    def plain(cls, obj: Placement) -> dict[str, Any]:
+        return {"task": TaskSpecModel.plain(obj.task), "lm": obj.lm, "node": obj.node, "repartition": obj.repartition}
 
     def to_core(self) -> Placement:
         return Placement(self.task.to_core(), self.lm, self.node, self.repartition)
 
 
-class LaunchBatchModel(WireModel):
+class LaunchBatchModel(CoreMirror):
     """Mirror of `LaunchBatch` (GM -> LM launch request)."""
 
     gm: Index
@@ -224,14 +273,19 @@ class LaunchBatchModel(WireModel):
     placements: list[PlacementModel]
 
     @classmethod
-    def from_core(cls, obj: LaunchBatch) -> Self:
-        return cls(gm=obj.gm, lm=obj.lm, seq=obj.seq, placements=[PlacementModel.from_core(p) for p in obj.placements])
+    def plain(cls, obj: LaunchBatch) -> dict[str, Any]:
+        return {
+            "gm": obj.gm,
+            "lm": obj.lm,
+            "seq": obj.seq,
+            "placements": [PlacementModel.plain(p) for p in obj.placements],
+        }
 
     def to_core(self) -> LaunchBatch:
         return LaunchBatch(self.gm, self.lm, self.seq, [p.to_core() for p in self.placements])
 
 
-class RejectionModel(WireModel):
+class RejectionModel(CoreMirror):
     """Mirror of `Rejection`."""
 
     placement: PlacementModel
@@ -239,16 +293,18 @@ class RejectionModel(WireModel):
     inconsistency: bool
 
     @classmethod
-    def from_core(cls, obj: Rejection) -> Self:
-        return cls(
-            placement=PlacementModel.from_core(obj.placement), reason=obj.reason, inconsistency=obj.inconsistency
-        )
+    def plain(cls, obj: Rejection) -> dict[str, Any]:
+        return {
+            "placement": PlacementModel.plain(obj.placement),
+            "reason": obj.reason,
+            "inconsistency": obj.inconsistency,
+        }
 
     def to_core(self) -> Rejection:
         return Rejection(self.placement.to_core(), self.reason, self.inconsistency)
 
 
-class NodeStateModel(WireModel):
+class NodeStateModel(CoreMirror):
     """Mirror of `NodeState`."""
 
     node: Index
@@ -256,14 +312,14 @@ class NodeStateModel(WireModel):
     version: Index
 
     @classmethod
-    def from_core(cls, obj: NodeState) -> Self:
-        return cls(node=obj.node, free=list(obj.free), version=obj.version)
+    def plain(cls, obj: NodeState) -> dict[str, Any]:
+        return {"node": obj.node, "free": list(obj.free), "version": obj.version}
 
     def to_core(self) -> NodeState:
         return NodeState(self.node, tuple(self.free), self.version)
 
 
-class DeltaModel(WireModel):
+class DeltaModel(CoreMirror):
     """Mirror of `Delta` (LM -> GM, broker)."""
 
     lm: Index
@@ -272,19 +328,19 @@ class DeltaModel(WireModel):
     nodes: list[NodeStateModel] = []
 
     @classmethod
-    def from_core(cls, obj: Delta) -> Self:
-        return cls(
-            lm=obj.lm,
-            gm=obj.gm,
-            applied_through=obj.applied_through,
-            nodes=[NodeStateModel.from_core(n) for n in obj.nodes],
-        )
+    def plain(cls, obj: Delta) -> dict[str, Any]:
+        return {
+            "lm": obj.lm,
+            "gm": obj.gm,
+            "applied_through": obj.applied_through,
+            "nodes": [NodeStateModel.plain(n) for n in obj.nodes],
+        }
 
     def to_core(self) -> Delta:
         return Delta(self.lm, self.gm, self.applied_through, [n.to_core() for n in self.nodes])
 
 
-class LaunchResponseModel(WireModel):
+class LaunchResponseModel(CoreMirror):
     """Mirror of `LaunchResponse` (LM -> GM, the response to a `LaunchBatchModel`)."""
 
     gm: Index
@@ -296,16 +352,16 @@ class LaunchResponseModel(WireModel):
     delta: DeltaModel
 
     @classmethod
-    def from_core(cls, obj: LaunchResponse) -> Self:
-        return cls(
-            gm=obj.gm,
-            lm=obj.lm,
-            seq=obj.seq,
-            accepted=[PlacementModel.from_core(p) for p in obj.accepted],
-            rejected=[RejectionModel.from_core(r) for r in obj.rejected],
-            states=[NodeStateModel.from_core(s) for s in obj.states],
-            delta=DeltaModel.from_core(obj.delta),
-        )
+    def plain(cls, obj: LaunchResponse) -> dict[str, Any]:
+        return {
+            "gm": obj.gm,
+            "lm": obj.lm,
+            "seq": obj.seq,
+            "accepted": [PlacementModel.plain(p) for p in obj.accepted],
+            "rejected": [RejectionModel.plain(r) for r in obj.rejected],
+            "states": [NodeStateModel.plain(s) for s in obj.states],
+            "delta": DeltaModel.plain(obj.delta),
+        }
 
     def to_core(self) -> LaunchResponse:
         return LaunchResponse(
@@ -319,22 +375,28 @@ class LaunchResponseModel(WireModel):
         )
 
 
-class CompletionModel(WireModel):
+class CompletionModel(CoreMirror):
     """Mirror of `Completion`."""
 
     task_id: Name
     state: NodeStateModel
     error: str = ""
+    preempted: bool = False
 
     @classmethod
-    def from_core(cls, obj: Completion) -> Self:
-        return cls(task_id=obj.task_id, state=NodeStateModel.from_core(obj.state), error=obj.error)
+    def plain(cls, obj: Completion) -> dict[str, Any]:
+        return {
+            "task_id": obj.task_id,
+            "state": NodeStateModel.plain(obj.state),
+            "error": obj.error,
+            "preempted": obj.preempted,
+        }
 
     def to_core(self) -> Completion:
-        return Completion(self.task_id, self.state.to_core(), self.error)
+        return Completion(self.task_id, self.state.to_core(), self.error, self.preempted)
 
 
-class CompletionsModel(WireModel):
+class CompletionsModel(CoreMirror):
     """Mirror of `Completions` (LM -> GM, broker)."""
 
     lm: Index
@@ -343,33 +405,33 @@ class CompletionsModel(WireModel):
     items: list[CompletionModel]
 
     @classmethod
-    def from_core(cls, obj: Completions) -> Self:
-        return cls(
-            lm=obj.lm,
-            gm=obj.gm,
-            applied_through=obj.applied_through,
-            items=[CompletionModel.from_core(c) for c in obj.items],
-        )
+    def plain(cls, obj: Completions) -> dict[str, Any]:
+        return {
+            "lm": obj.lm,
+            "gm": obj.gm,
+            "applied_through": obj.applied_through,
+            "items": [CompletionModel.plain(c) for c in obj.items],
+        }
 
     def to_core(self) -> Completions:
         return Completions(self.lm, self.gm, self.applied_through, [c.to_core() for c in self.items])
 
 
-class WorkerLaunchModel(WireModel):
+class WorkerLaunchModel(CoreMirror):
     """Mirror of `WorkerLaunch` (LM -> worker agent)."""
 
     lm: Index
     launches: list[PlacementModel]
 
     @classmethod
-    def from_core(cls, obj: WorkerLaunch) -> Self:
-        return cls(lm=obj.lm, launches=[PlacementModel.from_core(p) for p in obj.launches])
+    def plain(cls, obj: WorkerLaunch) -> dict[str, Any]:
+        return {"lm": obj.lm, "launches": [PlacementModel.plain(p) for p in obj.launches]}
 
     def to_core(self) -> WorkerLaunch:
         return WorkerLaunch(self.lm, [p.to_core() for p in self.launches])
 
 
-class FinishedTaskModel(WireModel):
+class FinishedTaskModel(CoreMirror):
     """Mirror of `FinishedTask`, plus what a real worker measured: CPU seconds burnt, the delay from receiving
     the launch to starting the task, start and finish times, and an error ("" when the task succeeded).
 
@@ -387,25 +449,135 @@ class FinishedTaskModel(WireModel):
     error: str = ""
 
     @classmethod
-    def from_core(cls, obj: FinishedTask) -> Self:
-        return cls(task_id=obj.task_id, node=obj.node, preempted=obj.preempted, error=obj.error)
+    def plain(cls, obj: FinishedTask) -> dict[str, Any]:
+        return {
+            "task_id": obj.task_id,
+            "node": obj.node,
+            "preempted": obj.preempted,
+            "cpu_seconds": 0.0,
+            "execution_delay": 0.0,
+            "started_at": None,
+            "finished_at": None,
+            "error": obj.error,
+        }
 
     def to_core(self) -> FinishedTask:
         return FinishedTask(self.task_id, self.node, self.preempted, self.error)
 
 
-class WorkerReportModel(WireModel):
+class WorkerReportModel(CoreMirror):
     """Mirror of `WorkerReport` (worker -> LM, broker)."""
 
     lm: Index
     finished: list[FinishedTaskModel]
 
     @classmethod
-    def from_core(cls, obj: WorkerReport) -> Self:
-        return cls(lm=obj.lm, finished=[FinishedTaskModel.from_core(f) for f in obj.finished])
+    def plain(cls, obj: WorkerReport) -> dict[str, Any]:
+        return {"lm": obj.lm, "finished": [FinishedTaskModel.plain(f) for f in obj.finished]}
 
     def to_core(self) -> WorkerReport:
         return WorkerReport(self.lm, [f.to_core() for f in self.finished])
+
+
+class VictimModel(CoreMirror):
+    """Mirror of `Victim`."""
+
+    user: Name
+    usage_elsewhere: Amounts
+
+    @classmethod
+    def plain(cls, obj: Victim) -> dict[str, Any]:
+        return {"user": obj.user, "usage_elsewhere": list(obj.usage_elsewhere)}
+
+    def to_core(self) -> Victim:
+        return Victim(self.user, tuple(self.usage_elsewhere))
+
+
+class PreemptRequestModel(CoreMirror):
+    """Mirror of `PreemptRequest` (GM -> LM)."""
+
+    gm: Index
+    lm: Index
+    seq: Index
+    task: TaskSpecModel
+    victims: list[VictimModel]
+    total: Amounts
+
+    @classmethod
+    def plain(cls, obj: PreemptRequest) -> dict[str, Any]:
+        return {
+            "gm": obj.gm,
+            "lm": obj.lm,
+            "seq": obj.seq,
+            "task": TaskSpecModel.plain(obj.task),
+            "victims": [VictimModel.plain(v) for v in obj.victims],
+            "total": list(obj.total),
+        }
+
+    def to_core(self) -> PreemptRequest:
+        return PreemptRequest(
+            self.gm,
+            self.lm,
+            self.seq,
+            self.task.to_core(),
+            [v.to_core() for v in self.victims],
+            tuple(self.total),
+        )
+
+
+class PreemptResponseModel(CoreMirror):
+    """Mirror of `PreemptResponse` (LM -> GM, the response to a `PreemptRequestModel`)."""
+
+    gm: Index
+    lm: Index
+    seq: Index
+    task: TaskSpecModel
+    placement: PlacementModel | None
+    preempted: list[Name]
+    reason: str
+    states: list[NodeStateModel]
+    delta: DeltaModel
+
+    @classmethod
+    def plain(cls, obj: PreemptResponse) -> dict[str, Any]:
+        return {
+            "gm": obj.gm,
+            "lm": obj.lm,
+            "seq": obj.seq,
+            "task": TaskSpecModel.plain(obj.task),
+            "placement": None if obj.placement is None else PlacementModel.plain(obj.placement),
+            "preempted": list(obj.preempted),
+            "reason": obj.reason,
+            "states": [NodeStateModel.plain(s) for s in obj.states],
+            "delta": DeltaModel.plain(obj.delta),
+        }
+
+    def to_core(self) -> PreemptResponse:
+        return PreemptResponse(
+            self.gm,
+            self.lm,
+            self.seq,
+            self.task.to_core(),
+            None if self.placement is None else self.placement.to_core(),
+            list(self.preempted),
+            self.reason,
+            [s.to_core() for s in self.states],
+            self.delta.to_core(),
+        )
+
+
+class WorkerPreemptModel(CoreMirror):
+    """Mirror of `WorkerPreempt` (LM -> worker agent)."""
+
+    lm: Index
+    task_ids: list[Name]
+
+    @classmethod
+    def plain(cls, obj: WorkerPreempt) -> dict[str, Any]:
+        return {"lm": obj.lm, "task_ids": list(obj.task_ids)}
+
+    def to_core(self) -> WorkerPreempt:
+        return WorkerPreempt(self.lm, list(self.task_ids))
 
 
 class WorkerHeartbeat(WireModel):
@@ -436,21 +608,18 @@ class BrokerMessage(WireModel):
             raise ValueError(f"a broker message carries exactly one of {list(type(self).model_fields)}")
         return self
 
+    @classmethod
+    def core_json(cls, msg: Delta | Completions | WorkerReport) -> bytes:
+        """The JSON of the envelope carrying the core message `msg`, built as `CoreMirror.core_json` does."""
+        field, model = _ENVELOPE_FIELDS[type(msg)]
+        return to_json({field: model.plain(msg)})
 
-CoreMirror = (
-    TaskSpecModel
-    | PlacementModel
-    | LaunchBatchModel
-    | RejectionModel
-    | NodeStateModel
-    | DeltaModel
-    | LaunchResponseModel
-    | CompletionModel
-    | CompletionsModel
-    | WorkerLaunchModel
-    | FinishedTaskModel
-    | WorkerReportModel
-)
+
+_ENVELOPE_FIELDS: dict[type, tuple[str, type[CoreMirror]]] = {
+    Delta: ("delta", DeltaModel),
+    Completions: ("completions", CompletionsModel),
+    WorkerReport: ("worker_report", WorkerReportModel),
+}
 
 CORE_MIRRORS: dict[type, type[CoreMirror]] = {
     TaskSpec: TaskSpecModel,
@@ -465,17 +634,29 @@ CORE_MIRRORS: dict[type, type[CoreMirror]] = {
     WorkerLaunch: WorkerLaunchModel,
     FinishedTask: FinishedTaskModel,
     WorkerReport: WorkerReportModel,
+    Victim: VictimModel,
+    PreemptRequest: PreemptRequestModel,
+    PreemptResponse: PreemptResponseModel,
+    WorkerPreempt: WorkerPreemptModel,
 }
 """Each core message type and its wire model."""
 
 
-def to_wire(obj: object) -> CoreMirror:
-    """The wire model of a core message, whatever its type."""
+def _mirror(obj: object) -> type[CoreMirror]:
     try:
-        model = CORE_MIRRORS[type(obj)]
+        return CORE_MIRRORS[type(obj)]
     except KeyError:
         raise TypeError(f"no wire model for {type(obj).__name__}") from None
-    return model.from_core(obj)  # type: ignore[arg-type]
+
+
+def to_wire(obj: object) -> CoreMirror:
+    """The wire model of a core message, whatever its type."""
+    return _mirror(obj).from_core(obj)
+
+
+def core_json(obj: object) -> bytes:
+    """The JSON of `to_wire(obj)`, whatever the core message's type, without building the models."""
+    return _mirror(obj).core_json(obj)
 
 
 # --- Worker registration (worker agent -> LM) ----------------------------------------------------------------

@@ -57,6 +57,8 @@ class LocalDeployment:
     run_id: str = field(default_factory=lambda: f"local-{uuid.uuid4().hex[:8]}")
     log_dir: Path = Path("out/local/logs")
     delta_interval: float = 1.0
+    queues: str = ""  # fair scheduling: user:share:gm,... (empty: off), given to every GM and LM
+    share_policy: str = "share"
     processes: list[Process] = field(default_factory=list)
 
     def _env(self, **values: object) -> dict[str, str]:
@@ -91,6 +93,8 @@ class LocalDeployment:
                     num_gms=self.gms,
                     expected_nodes=self.workers_per_lm * self.nodes_per_worker,
                     delta_interval=self.delta_interval,
+                    queues=self.queues,
+                    share_policy=self.share_policy,
                 )
             )
             for w in range(self.workers_per_lm):
@@ -112,7 +116,15 @@ class LocalDeployment:
                     **extra,
                 )
         self.gm_urls = [
-            self._spawn(f"gm-{gm}", "megha.services.gm", free_port(), gm_id=gm, lm_urls=",".join(lm_urls))
+            self._spawn(
+                f"gm-{gm}",
+                "megha.services.gm",
+                free_port(),
+                gm_id=gm,
+                lm_urls=",".join(lm_urls),
+                queues=self.queues,
+                share_policy=self.share_policy,
+            )
             for gm in range(self.gms)
         ]
         self.lm_urls = lm_urls
@@ -187,7 +199,13 @@ def run_local(deployment: LocalDeployment, settings: LoadgenSettings) -> tuple[S
     """Start the deployment, replay, and return the run and every LM's final state."""
     with deployment:
         settings = settings.model_copy(
-            update={"gm_urls": deployment.gm_urls, "run_id": deployment.run_id, "amqp_url": deployment.amqp_url}
+            update={
+                "gm_urls": deployment.gm_urls,
+                "run_id": deployment.run_id,
+                "amqp_url": deployment.amqp_url,
+                "queues": deployment.queues,
+                "share_policy": deployment.share_policy,
+            }
         )
         run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
         time.sleep(0.2)  # let the last worker reports reach the LMs

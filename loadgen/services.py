@@ -7,6 +7,7 @@ collects task events from RabbitMQ, asks the GMs how each task was placed, and r
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import sys
@@ -16,22 +17,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from pydantic_core import to_json
 
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.core.task import JobSpec
 from megha.common.models import JobStatus, TaskEvent, TaskEvents
 from megha.common.settings import LoadgenSettings
+from megha.common.transport.inmemory import fewer_gc_pauses
 from megha.common.transport.rabbit import Broker
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.records import JobRecord, TaskRecord
 from megha.loadgen.trace import demo_trace_path, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload
+from megha.services.http import CallError, ServiceClient
 
 log = logging.getLogger("megha.loadgen")
 
 SUBMIT_ATTEMPTS = 4
+DETAIL_CALLS = 32
+"""How many GET /v1/jobs/{id} calls the generator has in flight at once after a replay."""
 
 
 @dataclass
@@ -46,26 +51,37 @@ class ServicesRun:
     timed_out: list[str] = field(default_factory=list)
 
 
-def submission_body(job: JobSpec) -> dict[str, object]:
-    return {
-        "job_id": job.job_id,
-        "user": job.tasks[0].user,
-        "tasks": [
-            {
-                "duration": t.duration,
-                "cpu_millicores": t.request[0],
-                "memory_mb": t.request[1],
-                "constraints": constraint_ids(t.constraints),
-            }
-            for t in job.tasks
-        ],
-    }
+def submission_body(job: JobSpec) -> bytes:
+    """The JSON of the job's `JobSubmission`, made before the replay starts so that submitting costs little."""
+    return to_json(
+        {
+            "job_id": job.job_id,
+            "user": job.tasks[0].user,
+            "tasks": [
+                {
+                    "duration": t.duration,
+                    "cpu_millicores": t.request[0],
+                    "memory_mb": t.request[1],
+                    "constraints": constraint_ids(t.constraints),
+                }
+                for t in job.tasks
+            ],
+        }
+    )
 
 
 async def replay_services(
     settings: LoadgenSettings, progress: Callable[[str], None] | None = None, broker: Broker | None = None
 ) -> ServicesRun:
-    """Submit every job of the trace at its (scaled) arrival time and wait until every accepted task ended."""
+    """Submit every job of the trace at its (scaled) arrival time and wait until every accepted task ended. The
+    generator collects young objects rarely meanwhile: a collection pause would delay submissions and events."""
+    with fewer_gc_pauses():
+        return await _replay(settings, progress, broker)
+
+
+async def _replay(
+    settings: LoadgenSettings, progress: Callable[[str], None] | None, broker: Broker | None
+) -> ServicesRun:
     trace = str(demo_trace_path()) if settings.trace == "demo" else settings.trace
     workload = build_workload(
         resolve_trace(trace, settings.first_jobs, settings.time_scale),
@@ -79,6 +95,7 @@ async def replay_services(
             job_prefix=f"{uuid.uuid4().hex[:6]}-",
         ),
     )
+    bodies = {job.job_id: submission_body(job) for _, job in workload}
     run = ServicesRun({}, {})
     for gm, job in workload:
         run.jobs[job.job_id] = JobRecord(job.job_id, gm, math.nan, len(job.tasks), max(t.duration for t in job.tasks))
@@ -125,13 +142,18 @@ async def replay_services(
     submitted_all = False
     await broker.consume("events", "", on_events, queue=queue)
     say(f"replaying {len(workload)} jobs ({len(run.tasks)} tasks) against {len(settings.gm_urls)} GMs")
-    async with httpx.AsyncClient(timeout=30.0) as http:
+    http = ServiceClient(timeout=30.0)
+    try:
         submits = []
         for gm, job in workload:
             delay = start + job.submitted_at - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            submits.append(asyncio.create_task(_submit(http, settings.gm_urls[gm], job, run, pending, ended, start)))
+            submits.append(
+                asyncio.create_task(
+                    _submit(http, settings.gm_urls[gm], job, bodies.pop(job.job_id), run, pending, ended, start)
+                )
+            )
         await asyncio.gather(*submits)
         submitted_all = True
         if not pending:
@@ -144,14 +166,17 @@ async def replay_services(
             for task_id in pending:
                 run.tasks[task_id].failed_reason = f"no completion within {settings.timeout} s of the last submit"
         run.wall_seconds = time.time() - start
-        capacity = tuple((await http.get(f"{settings.gm_urls[0]}/v1/state")).json()["total_capacity"])
+        capacity = tuple(json.loads((await http.get(f"{settings.gm_urls[0]}/v1/state")).body)["total_capacity"])
+        asking = asyncio.Semaphore(DETAIL_CALLS)
         await asyncio.gather(
             *(
-                _placement_details(http, settings.gm_urls[r.gm], r, run, start)
+                _placement_details(http, asking, settings.gm_urls[r.gm], r, run, start)
                 for r in run.jobs.values()
                 if not r.rejected_reason
             )
         )
+    finally:
+        await http.aclose()
     await broker.delete_queue(queue)
     if own_broker:
         await broker.close()
@@ -166,9 +191,10 @@ async def replay_services(
 
 
 async def _submit(
-    http: httpx.AsyncClient,
+    http: ServiceClient,
     url: str,
     job: JobSpec,
+    body: bytes,
     run: ServicesRun,
     pending: set[str],
     ended: set[str],
@@ -178,30 +204,33 @@ async def _submit(
     means the first attempt was accepted."""
     record = run.jobs[job.job_id]
     record.submitted_at = time.time() - start
-    body = submission_body(job)
     for attempt in range(SUBMIT_ATTEMPTS):
         try:
-            r = await http.post(f"{url}/v1/jobs", json=body)
-        except httpx.TransportError as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            r = await http.post(f"{url}/v1/jobs", body)
+        except CallError as exc:
+            reason = str(exc)
             log.warning("submitting %s to %s failed (attempt %d): %s", job.job_id, url, attempt + 1, reason)
             await asyncio.sleep(0.05 * 2**attempt)
             continue
-        if r.status_code == 201 or (r.status_code == 409 and attempt > 0):
+        if r.status == 201 or (r.status == 409 and attempt > 0):
             pending.update(t.task_id for t in job.tasks if t.task_id not in ended)
             return
-        reason = f"{r.status_code}: {r.text}"
+        reason = f"{r.status}: {r.text}"
         break
     record.rejected_reason = reason
     for t in job.tasks:
         run.tasks[t.task_id].failed_reason = f"rejected at submission: {reason}"
 
 
-async def _placement_details(http: httpx.AsyncClient, url: str, job: JobRecord, run: ServicesRun, start: float) -> None:
+async def _placement_details(
+    http: ServiceClient, asking: asyncio.Semaphore, url: str, job: JobRecord, run: ServicesRun, start: float
+) -> None:
     """Fill in what only the GM knows: arrival, decision time, LM, node, attempts, inconsistencies."""
-    r = await http.get(f"{url}/v1/jobs/{job.job_id}")
-    r.raise_for_status()
-    for t in JobStatus.model_validate_json(r.content).tasks:
+    async with asking:
+        r = await http.get(f"{url}/v1/jobs/{job.job_id}")
+    if r.status != 200:
+        raise RuntimeError(f"GM at {url} answered {r.status} for job {job.job_id}: {r.text[:300]}")
+    for t in JobStatus.model_validate_json(r.body).tasks:
         rec = run.tasks[t.task_id]
         if t.arrival is not None:
             rec.arrival = t.arrival - start

@@ -53,7 +53,7 @@ async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: 
     queues.append(await broker.consume("lm", lm_key(0), lm.on_broker_message))
     launched: list[object] = []
 
-    async def fake_workers(launch: object) -> None:
+    def fake_workers(launch: object) -> None:
         launched.append(launch)
 
     monkeypatch.setattr(lm, "_send_to_workers", fake_workers)

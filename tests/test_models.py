@@ -23,8 +23,12 @@ from megha.common.core.messages import (
     LaunchResponse,
     NodeState,
     Placement,
+    PreemptRequest,
+    PreemptResponse,
     Rejection,
+    Victim,
     WorkerLaunch,
+    WorkerPreempt,
     WorkerReport,
 )
 from megha.common.core.resources import CPU, MEMORY
@@ -41,6 +45,7 @@ from megha.common.models import (
     TaskSpecModel,
     WorkerNode,
     WorkerRegistration,
+    core_json,
     to_wire,
     validation_error_body,
 )
@@ -65,8 +70,9 @@ placements = st.builds(Placement, task=task_specs, lm=index, node=index, reparti
 node_states = st.builds(NodeState, node=index, free=amounts, version=index)
 deltas = st.builds(Delta, lm=index, gm=index, applied_through=index, nodes=st.lists(node_states, max_size=4))
 rejections = st.builds(Rejection, placement=placements, reason=st.text(max_size=40), inconsistency=st.booleans())
-completions = st.builds(Completion, task_id=ids, state=node_states)
-finished_tasks = st.builds(FinishedTask, task_id=ids, node=index, preempted=st.booleans())
+completions = st.builds(Completion, task_id=ids, state=node_states, error=st.text(max_size=20), preempted=st.booleans())
+finished_tasks = st.builds(FinishedTask, task_id=ids, node=index, preempted=st.booleans(), error=st.text(max_size=20))
+victims = st.builds(Victim, user=ids, usage_elsewhere=amounts)
 
 CORE_MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     TaskSpec: task_specs,
@@ -92,6 +98,29 @@ CORE_MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     WorkerLaunch: st.builds(WorkerLaunch, lm=index, launches=st.lists(placements, max_size=4)),
     FinishedTask: finished_tasks,
     WorkerReport: st.builds(WorkerReport, lm=index, finished=st.lists(finished_tasks, max_size=4)),
+    Victim: victims,
+    PreemptRequest: st.builds(
+        PreemptRequest,
+        gm=index,
+        lm=index,
+        seq=index,
+        task=task_specs,
+        victims=st.lists(victims, max_size=3),
+        total=amounts,
+    ),
+    PreemptResponse: st.builds(
+        PreemptResponse,
+        gm=index,
+        lm=index,
+        seq=index,
+        task=task_specs,
+        placement=st.none() | placements,
+        preempted=st.lists(ids, max_size=3),
+        reason=st.text(max_size=40),
+        states=st.lists(node_states, max_size=3),
+        delta=deltas,
+    ),
+    WorkerPreempt: st.builds(WorkerPreempt, lm=index, task_ids=st.lists(ids, max_size=4)),
 }
 
 
@@ -136,6 +165,33 @@ def test_round_trip_through_json_is_lossless(core_type: type) -> None:
         _same(back, obj)
 
     check()
+
+
+@pytest.mark.parametrize("core_type", list(CORE_MESSAGES), ids=lambda t: t.__name__)
+def test_core_json_is_the_json_of_the_model(core_type: type) -> None:
+    """The services' send path (no models built) writes what the model would, and it validates back."""
+    model_type = models.CORE_MIRRORS[core_type]
+
+    @given(CORE_MESSAGES[core_type])
+    def check(obj: Any) -> None:
+        raw = core_json(obj)
+        assert raw == model_type.core_json(obj)
+        assert json.loads(raw) == json.loads(to_wire(obj).model_dump_json())
+        assert model_type.model_validate_json(raw) == to_wire(obj)
+        _same(model_type.model_validate_json(raw).to_core(), obj)
+
+    check()
+
+
+def test_broker_message_core_json_carries_one_core_message() -> None:
+    delta = Delta(1, 0, 3, [NodeState(2, (5, 6), 9)])
+    done = Completions(1, 0, 3, [Completion("j.0", NodeState(2, (5, 6), 10), "oom", preempted=True)])
+    report = WorkerReport(1, [FinishedTask("j.0", 2, error="oom")])
+    for msg, field in ((delta, "delta"), (done, "completions"), (report, "worker_report")):
+        envelope = BrokerMessage.model_validate_json(BrokerMessage.core_json(msg))
+        _same(getattr(envelope, field).to_core(), msg)
+    with pytest.raises(TypeError, match="no wire model for DeltaTick"):
+        core_json(messages.DeltaTick())
 
 
 def test_wire_format_of_a_placement() -> None:
@@ -210,8 +266,8 @@ def _fields(model: type[BaseModel], body: Any) -> list[str]:
         ({"tasks": [_task(cpu_millicores=5.0)]}, "tasks.0.cpu_millicores"),
         ({"tasks": [_task(cpu_millicores=True)]}, "tasks.0.cpu_millicores"),
         ({"tasks": [_task(duration="1.5")]}, "tasks.0.duration"),
-        ({"tasks": [_task(duration=0)]}, "tasks.0.duration"),
         ({"tasks": [_task(duration=-2.0)]}, "tasks.0.duration"),
+        ({"tasks": [_task(duration=-1e-9)]}, "tasks.0.duration"),
         ('{"tasks": [{"duration": NaN, "cpu_millicores": 1, "memory_mb": 1}]}', "tasks.0.duration"),
         ('{"tasks": [{"duration": Infinity, "cpu_millicores": 1, "memory_mb": 1}]}', "tasks.0.duration"),
         ({"tasks": [_task(gpus=1)]}, "tasks.0.gpus"),
@@ -259,6 +315,12 @@ def test_valid_submission_defaults_and_json_ints_for_floats() -> None:
     assert sub.job_id is None
     assert sub.tasks[0].duration == 3.0
     assert sub.tasks[0].constraints == []
+
+
+def test_a_task_of_zero_seconds_is_accepted() -> None:
+    """Traces hold tasks that last 0 s; the API must take them (and keep the 0)."""
+    sub = JobSubmission.model_validate_json(json.dumps({"tasks": [_task(duration=0), _task(duration=0.0)]}))
+    assert [t.duration for t in sub.to_tasks("j", (CPU, MEMORY))] == [0.0, 0.0]
 
 
 def test_to_tasks_builds_core_task_specs() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,14 +22,18 @@ from megha.common.models import (
     MAX_BODY_BYTES,
     MAX_TASKS_PER_JOB,
     ROOT_FIELD,
+    BrokerMessage,
     ErrorBody,
     JobAccepted,
     JobStatus,
     LaunchResponseModel,
+    TaskEvents,
     WorkerRegistered,
 )
 from megha.common.settings import GMSettings, LMSettings, WorkerSettings
+from megha.services.gm import service as gm_service
 from megha.services.gm.app import create_app as create_gm
+from megha.services.http import CallError, ServiceClient
 from megha.services.lm.app import create_app as create_lm
 from megha.services.worker.app import create_app as create_worker
 
@@ -307,7 +313,7 @@ BAD_JOBS: list[tuple[str, Any, str]] = [
     ("zero-cpu", job(task(cpu_millicores=0)), "tasks.0.cpu_millicores"),
     ("zero-memory", job(task(memory_mb=0)), "tasks.0.memory_mb"),
     ("negative-duration", job(task(duration=-1.0)), "tasks.0.duration"),
-    ("zero-duration", job(task(duration=0)), "tasks.0.duration"),
+    ("tiny-negative-duration", job(task(duration=-1e-9)), "tasks.0.duration"),
     ("string-nan-duration", job(task(duration="NaN")), "tasks.0.duration"),
     ("string-duration", job(task(duration="5")), "tasks.0.duration"),
     ("constraint-21", job(task(constraints=[21])), "tasks.0.constraints.0"),
@@ -346,7 +352,7 @@ async def test_gm_refuses_non_finite_durations(untouched_gm: httpx.AsyncClient, 
 
 
 async def test_gm_names_every_bad_field(untouched_gm: httpx.AsyncClient) -> None:
-    r = await untouched_gm.post("/v1/jobs", json=job(task(cpu_millicores=-1, memory_mb=0), task(duration=0)))
+    r = await untouched_gm.post("/v1/jobs", json=job(task(cpu_millicores=-1, memory_mb=0), task(duration=-1)))
     assert r.status_code == 422
     assert set(fields(r)) == {"tasks.0.cpu_millicores", "tasks.0.memory_mb", "tasks.1.duration"}
 
@@ -403,6 +409,46 @@ async def test_gm_accepts_a_valid_job_and_reports_it(gm: httpx.AsyncClient) -> N
     assert r.json()["unfinished_tasks"] == 5
     r = await gm.get("/healthz")
     assert r.status_code == 200 and r.json() == {"status": "ok", "gm": 0, "ready": True}
+
+
+async def test_gm_accepts_tasks_of_zero_seconds(gm: httpx.AsyncClient) -> None:
+    """Traces hold tasks that last 0 s: they are valid work, not bad input."""
+    r = await gm.post("/v1/jobs", json=job(task(duration=0), task(duration=0.0), job_id="instant"))
+    assert r.status_code == 201, r.text
+    assert JobAccepted.model_validate(r.json()).task_ids == ["instant.0", "instant.1"]
+    status = JobStatus.model_validate((await gm.get("/v1/jobs/instant")).json())
+    assert [t.state for t in status.tasks] == ["launched", "launched"]
+
+
+async def test_gm_fails_the_tasks_of_a_launch_no_lm_answers(
+    gm: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GM's LM is unreachable: the batch's tasks are reported failed with the reason, and the resources the
+    GM had deducted for them are back in its view."""
+    monkeypatch.setattr(gm_service, "LAUNCH_ATTEMPTS", 2)
+    r = await gm.post("/v1/jobs", json=job(task(cpu_millicores=3000), job_id="lost"))
+    assert r.status_code == 201, r.text
+    for _ in range(300):
+        [t] = JobStatus.model_validate((await gm.get("/v1/jobs/lost")).json()).tasks
+        if t.state == "failed":
+            break
+        await asyncio.sleep(0.01)
+    assert t.state == "failed" and t.failed_reason is not None
+    assert "LM 0 unreachable at http://127.0.0.1:9" in t.failed_reason
+    state = (await gm.get("/v1/state")).json()
+    assert state["unfinished_tasks"] == 0
+    assert [p["used_fraction"] for p in state["partitions"]] == [0.0]
+
+
+async def test_gm_arrival_is_when_the_request_came_in(gm: httpx.AsyncClient) -> None:
+    """Allocation time counts from the submission's arrival at the GM: reading and validating it is included."""
+    before = time.time()
+    r = await gm.post("/v1/jobs", json=job(task(), job_id="timed"))
+    after = time.time()
+    assert r.status_code == 201, r.text
+    [t] = JobStatus.model_validate((await gm.get("/v1/jobs/timed")).json()).tasks
+    assert t.arrival is not None and t.launched_at is not None
+    assert before <= t.arrival <= t.launched_at <= after
 
 
 @pytest.mark.parametrize("job_id", ["nope", "job-1.0", "%20", "a" * 300])
@@ -656,3 +702,181 @@ async def test_worker_accepts_launches_on_its_nodes(worker: tuple[FastAPI, httpx
     await asyncio.sleep(0.05)
     assert (await c.get("/v1/state")).json() == {"worker": "w0", "execution": "simulated", "running": ["j.0", "j.1"]}
     assert (await c.get("/healthz")).json()["registered"] is True
+
+
+@pytest.mark.parametrize("execution", ["simulated", "real"])
+async def test_worker_runs_a_task_of_zero_seconds_to_completion(execution: str) -> None:
+    """A 0-s task starts, finishes without error and is reported to the LM and as task events."""
+    settings = WorkerSettings(execution=execution, worker_id="w0", nodes=1, lm_url=NOWHERE)
+    app = create_worker(settings, use_broker=False)
+    broker = RecordingBroker()
+    app.state.agent.broker = broker
+    register_worker(app, lm=0, first_node=0, nodes=1)
+    try:
+        async with client(app) as c:
+            r = await c.post("/v1/tasks", json=worker_launch(placement(node=0, duration=0.0), lm=0))
+            assert (r.status_code, r.json()) == (202, {"accepted": ["j.0"]})
+            for _ in range(1000):
+                if any(exchange == "lm" for exchange, _, _ in broker.published):
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        await app.state.agent.close()
+    events = [e for exchange, _, body in broker.published if exchange == "events" for e in body["events"]]
+    assert [(e["kind"], e["task_id"], e["error"]) for e in events] == [("started", "j.0", ""), ("finished", "j.0", "")]
+    TaskEvents.model_validate({"events": events})  # the agent's plain events are valid wire messages
+    [report] = [BrokerMessage.model_validate(body) for exchange, _, body in broker.published if exchange == "lm"]
+    assert report.worker_report is not None
+    [finished] = report.worker_report.finished
+    assert (finished.task_id, finished.node, finished.preempted, finished.error) == ("j.0", 0, False, "")
+
+
+# ------------------------------------------------------------------------------------------------- API documentation
+
+
+@pytest.mark.parametrize(
+    ("make", "path", "body"),
+    [
+        (gm_app, "/v1/jobs", "JobSubmission"),
+        (lm_app, "/v1/workers", "WorkerRegistration"),
+        (lm_app, "/v1/launch", "LaunchBatchModel"),
+        (worker_app, "/v1/tasks", "WorkerLaunchModel"),
+    ],
+)
+async def test_openapi_documents_each_request_body(make: Any, path: str, body: str) -> None:
+    """Routes read their bodies themselves (for speed); the OpenAPI document still gives each body's schema."""
+    app = make()
+    try:
+        async with client(app) as c:
+            r = await c.get("/openapi.json")
+    finally:
+        if hasattr(app.state, "agent"):
+            await app.state.agent.close()
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": f"#/components/schemas/{body}"}
+    components = doc["components"]["schemas"]
+    refs = {part.split('"')[0] for part in json.dumps(doc).split('"#/components/schemas/')[1:]}
+    assert body in refs and refs <= set(components)  # every reference resolves
+
+
+# ------------------------------------------------------------------------------- client for calls between services
+
+HANG = b"hang"  # a FakeServer answer: read the request, never answer
+
+
+class FakeServer:
+    """A loopback HTTP/1.1 server answering each request with the next of `answers`: raw bytes, HANG, or None to
+    close the connection without answering. It records the requests and counts connections."""
+
+    def __init__(self, *answers: bytes | None) -> None:
+        self.answers = list(answers)
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while self.answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lengths = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.startswith(b"content-length:")]
+                self.requests.append(head + await reader.readexactly(sum(lengths)))
+                reply = self.answers.pop(0)
+                if reply is None:
+                    break
+                if reply == HANG:
+                    await asyncio.sleep(3600)
+                writer.write(reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        writer.close()
+
+
+def answer(status: int, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\n{head}\r\n".encode() + body
+
+
+async def test_service_client_keeps_connections_alive() -> None:
+    server = FakeServer(answer(200, b'{"a":1}'), answer(422, b"bad"))
+    async with server as url:
+        calls = ServiceClient(timeout=5.0)
+        first = await calls.post(f"{url}/v1/launch", b'{"x":1}')
+        second = await calls.get(f"{url}/v1/state?x=1")
+        await calls.aclose()
+    assert (first.status, first.body, second.status, second.text) == (200, b'{"a":1}', 422, "bad")
+    assert server.connections == 1
+    post, get = server.requests
+    assert post.startswith(b"POST /v1/launch HTTP/1.1\r\nhost: 127.0.0.1:")
+    assert b"content-type: application/json\r\ncontent-length: 7\r\n\r\n" in post and post.endswith(b'{"x":1}')
+    assert get.startswith(b"GET /v1/state?x=1 HTTP/1.1\r\n") and get.endswith(b"\r\n\r\n")
+    assert b"content-length" not in get
+
+
+async def test_service_client_keeps_at_most_keep_idle_connections() -> None:
+    servers = [FakeServer(answer(200, b"a"), answer(200, b"b")), FakeServer(answer(200, b"c"), answer(200, b"d"))]
+    async with servers[0] as one, servers[1] as two:
+        calls = ServiceClient(timeout=5.0, keep_idle=1)
+        replies = [await calls.post(f"{url}/x", b"{}") for url in (one, two, one, two)]
+        await calls.aclose()
+    assert [r.body for r in replies] == [b"a", b"c", b"b", b"d"]
+    # one connection is kept (the first server's), the second server's is closed after each call
+    assert (servers[0].connections, servers[1].connections) == (1, 2)
+
+
+async def test_service_client_reads_chunked_answers_and_honours_connection_close() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
+    server = FakeServer(chunked, answer(200, b"one", "connection: close"), answer(200, b"two"))
+    async with server as url:
+        calls = ServiceClient(timeout=5.0)
+        assert (await calls.post(f"{url}/a", b"{}")).body == b"abcde"
+        assert (await calls.post(f"{url}/b", b"{}")).body == b"one"
+        assert (await calls.post(f"{url}/c", b"{}")).body == b"two"
+        await calls.aclose()
+    assert server.connections == 2  # the server said close: a new connection for the third call
+
+
+async def test_service_client_sends_again_when_an_idle_connection_was_closed() -> None:
+    """A kept-alive connection the server dropped is noticed on the next request, which goes out again."""
+    server = FakeServer(answer(200, b"1"), None, answer(200, b"2"))
+    async with server as url:
+        calls = ServiceClient(timeout=5.0)
+        assert (await calls.post(f"{url}/a", b"{}")).body == b"1"
+        assert (await calls.post(f"{url}/b", b'{"n":2}')).body == b"2"
+        await calls.aclose()
+    assert server.connections == 2
+    assert [r.split(b" ")[1] for r in server.requests] == [b"/a", b"/b", b"/b"]
+    assert server.requests[-1].endswith(b'\r\n\r\n{"n":2}')
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [(b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP"), (None, "IncompleteReadError"), (HANG, "no answer within 0.3 s")],
+    ids=["not-http", "closed", "silent"],
+)
+async def test_service_client_reports_transport_failures(reply: bytes | None, reason: str) -> None:
+    async with FakeServer(reply) as url:
+        calls = ServiceClient(timeout=0.3)
+        with pytest.raises(CallError, match=reason):
+            await calls.post(f"{url}/v1/tasks", b"{}")
+        await calls.aclose()
+
+
+async def test_service_client_reports_a_refused_connection() -> None:
+    calls = ServiceClient(timeout=2.0)
+    with pytest.raises(CallError, match=re.escape("POST http://127.0.0.1:9/v1/launch")):
+        await calls.post(f"{NOWHERE}/v1/launch", b"{}")
+    with pytest.raises(ValueError, match="not an http"):
+        await calls.post("ftp://host/x", b"{}")

@@ -197,3 +197,27 @@ async def test_simulated_executor_sleeps_and_burns_nothing() -> None:
     assert result.wall_seconds >= 0.19
     assert killed.preempted and killed.cpu_seconds == 0.0
     assert Counter(r.task_id for r in recorder.results) == {"sim": 1, "sim-killed": 1}
+
+
+@pytest.mark.parametrize("executor_type", [TaskExecutor, SimulatedExecutor])
+async def test_a_task_of_zero_seconds_finishes(executor_type: type[TaskExecutor] | type[SimulatedExecutor]) -> None:
+    """Traces hold tasks that last 0 s: they run (a burn process that burns nothing) and finish normally."""
+    recorder = Recorder()
+    async with executing(executor_type, on_finished=recorder) as executor:
+        await executor.start("zero", cpu_millicores=1000, memory_mb=1, duration=0.0)
+        result = await executor.wait("zero")
+    assert result.succeeded and result.exit_code == 0 and result.error == "", result
+    assert result.wall_seconds >= 0.0 and result.execution_delay == result.wall_seconds
+    assert [r.task_id for r in recorder.results] == ["zero"]
+
+
+async def test_simulated_executor_shutdown_reports_every_running_task_preempted() -> None:
+    recorder = Recorder()
+    async with executing(SimulatedExecutor, on_finished=recorder) as executor:
+        for k in range(3):
+            await executor.start(f"sim-{k}", cpu_millicores=1000, memory_mb=0, duration=LONG)
+        assert executor.running() == ["sim-0", "sim-1", "sim-2"]
+    assert sorted((r.task_id, r.preempted, r.exit_code) for r in recorder.results) == [
+        (f"sim-{k}", True, -signal.SIGTERM) for k in range(3)
+    ]
+    assert executor.running() == []

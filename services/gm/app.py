@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
@@ -14,7 +15,16 @@ from megha.common.models import JobAccepted, JobStatus, JobSubmission
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker, connected, gm_key
 from megha.services.gm.service import DuplicateJob, GMService
-from megha.services.http import configure_logging, error, install_error_handlers
+from megha.services.http import (
+    configure_logging,
+    document_bodies,
+    error,
+    install_error_handlers,
+    json_body,
+    json_response,
+    read_body,
+    serving_gc,
+)
 
 
 def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSpec | None = None) -> FastAPI:
@@ -33,7 +43,8 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             if broker is not None:
                 await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
             log.info("GM %d serving on %s with %s matching", settings.gm_id, settings.url(), settings.matching)
-            yield
+            with serving_gc():
+                yield
             await service.close()
 
     app = FastAPI(title=f"Megha GM {settings.gm_id}", lifespan=lifespan)
@@ -44,22 +55,25 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "gm": settings.gm_id, "ready": service.core is not None}
 
-    @app.post("/v1/jobs", status_code=201, response_model=JobAccepted)
-    async def submit(sub: JobSubmission) -> JobAccepted | JSONResponse:
+    @app.post("/v1/jobs", status_code=201, response_model=JobAccepted, openapi_extra=json_body(JobSubmission))
+    async def submit(request: Request) -> Response:
+        arrived = time.time()  # allocation time counts from here: parsing the job is part of it
+        sub = await read_body(request, JobSubmission)
         try:
-            job = await service.submit(sub)
+            job = await service.submit(sub, arrived)
         except Unschedulable as exc:
             return error(422, str(exc), "tasks")
         except DuplicateJob as exc:
             return error(409, str(exc), "job_id")
-        return JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=settings.gm_id)
+        accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=settings.gm_id)
+        return json_response(accepted, 201)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus)
-    async def job_status(job_id: str) -> JobStatus | JSONResponse:
+    async def job_status(job_id: str) -> Response:
         status = service.jobs.status(job_id)
         if status is None:
             return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
-        return status
+        return json_response(status)
 
     @app.get("/v1/state")
     async def state() -> dict[str, object]:
@@ -68,4 +82,5 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         snapshot["unfinished_tasks"] = service.jobs.unfinished()
         return snapshot
 
+    document_bodies(app, JobSubmission)
     return app

@@ -40,9 +40,11 @@ class JobTable(CoreObserver):
         self.tasks: dict[str, _Task] = {}
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
+        """A task's arrival is when its job's request reached the GM (the service stamps that as
+        `submitted_at`), so allocation time includes reading and validating the submission."""
         self.jobs[job.job_id] = _Job(job.tasks[0].user, [t.task_id for t in job.tasks])
         for t in job.tasks:
-            self.tasks[t.task_id] = _Task(arrival=now)
+            self.tasks[t.task_id] = _Task(arrival=job.submitted_at)
 
     def attempt(self, task: TaskSpec, now: float) -> None:
         self.tasks[task.task_id].attempts += 1

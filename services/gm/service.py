@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
-
-import httpx
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
@@ -20,6 +19,7 @@ from megha.common.models import BrokerMessage, JobSubmission, LaunchBatchModel, 
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker
 from megha.services.gm.jobs import JobTable
+from megha.services.http import CallError, Reply, ServiceClient
 
 log = logging.getLogger("megha.gm")
 
@@ -38,7 +38,7 @@ class GMService:
         self.jobs = JobTable(settings.gm_id)
         self.core: GlobalMaster | None = None
         self._lock = asyncio.Lock()
-        self._http = httpx.AsyncClient(timeout=settings.http_timeout, limits=httpx.Limits(max_keepalive_connections=32))
+        self._calls = ServiceClient(settings.http_timeout)
         self._tasks: set[asyncio.Task[None]] = set()
         self._job_numbers = itertools.count()
 
@@ -50,16 +50,16 @@ class GMService:
         for lm, url in enumerate(self.settings.lm_urls):
             while True:
                 try:
-                    r = await self._http.get(f"{url}/v1/cluster")
-                    if r.status_code == 200:
+                    r = await self._calls.get(f"{url}/v1/cluster")
+                    if r.status == 200:
                         break
                     reason = r.text
-                except httpx.HTTPError as exc:
+                except CallError as exc:
                     reason = str(exc)
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"LM {lm} at {url} not ready after {timeout} s: {reason}")
                 await asyncio.sleep(0.2)
-            doc = r.json()
+            doc = json.loads(r.body)
             if doc["lm"] != lm:
                 raise RuntimeError(f"{url} is LM {doc['lm']}, but it is listed as LM {lm}")
             names = tuple(doc["resource_names"])
@@ -85,8 +85,9 @@ class GMService:
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)
 
-    async def submit(self, sub: JobSubmission) -> JobSpec:
-        """Queue a job; raises Unschedulable (a 422) when some task could never run anywhere."""
+    async def submit(self, sub: JobSubmission, arrived: float) -> JobSpec:
+        """Queue a job that reached the GM at unix time `arrived` (its `submitted_at`, and every task's arrival in
+        the job table); raises Unschedulable (a 422) when some task could never run anywhere."""
         assert self.core is not None
         job_id = sub.job_id
         if job_id is None:
@@ -95,10 +96,11 @@ class GMService:
                 job_id = f"g{self.settings.gm_id}-{next(self._job_numbers)}"
         elif job_id in self.jobs.jobs:
             raise DuplicateJob(f"job {job_id} already exists")
-        job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), time.time())
+        job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), arrived)
         async with self._lock:
             outputs = self.core.submit(job, time.time())
         self._dispatch(outputs)
+        await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
 
     async def on_broker_message(self, body: bytes) -> None:
@@ -129,31 +131,29 @@ class GMService:
     async def _launch(self, batch: LaunchBatch) -> None:
         """POST the batch to its LM. Launch is idempotent per task at the LM, so transport errors are retried."""
         url = self.settings.lm_urls[batch.lm]
-        body = LaunchBatchModel.from_core(batch).model_dump_json()
-        r: httpx.Response | None = None
+        body = LaunchBatchModel.core_json(batch)
+        r: Reply | None = None
         failure = ""
         for attempt in range(LAUNCH_ATTEMPTS):
             try:
-                r = await self._http.post(
-                    f"{url}/v1/launch", content=body, headers={"content-type": "application/json"}
-                )
-            except httpx.TransportError as exc:
-                failure = f"LM {batch.lm} unreachable at {url}: {exc!r}"
+                r = await self._calls.post(f"{url}/v1/launch", body)
+            except CallError as exc:
+                failure = f"LM {batch.lm} unreachable at {url}: {exc}"
             else:
-                if r.status_code == 200:
+                if r.status == 200:
                     break
-                failure = f"LM {batch.lm} answered {r.status_code}: {r.text[:500]}"
-                if r.status_code < 500 and r.status_code != 429:
+                failure = f"LM {batch.lm} answered {r.status}: {r.text[:500]}"
+                if r.status < 500 and r.status != 429:
                     break  # the LM refused the batch itself: retrying cannot help
             log.warning("launch batch %d to LM %d failed (attempt %d): %s", batch.seq, batch.lm, attempt + 1, failure)
             await asyncio.sleep(0.1 * 2**attempt)
-        if r is None or r.status_code != 200:
+        if r is None or r.status != 200:
             async with self._lock:
                 assert self.core is not None
-                for p in batch.placements:
-                    self.core.observer.task_failed(p.task, failure, time.time())
+                outputs = self.core.call_failed(batch.lm, batch.seq, failure, time.time())
+            self._dispatch(outputs)
             return
-        response = LaunchResponseModel.model_validate_json(r.content).to_core()
+        response = LaunchResponseModel.model_validate_json(r.body).to_core()
         assert self.core is not None
         async with self._lock:
             outputs = self.core.handle(response, time.time())
@@ -162,4 +162,4 @@ class GMService:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        await self._http.aclose()
+        await self._calls.aclose()

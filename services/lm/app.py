@@ -5,14 +5,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from megha.common.core.constraints import constraint_ids
 from megha.common.models import LaunchBatchModel, LaunchResponseModel, WorkerRegistered, WorkerRegistration
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import Broker, connected, lm_key
-from megha.services.http import configure_logging, error, install_error_handlers
+from megha.services.http import (
+    configure_logging,
+    document_bodies,
+    error,
+    install_error_handlers,
+    json_body,
+    json_response,
+    read_body,
+    serving_gc,
+)
 from megha.services.lm.service import LMService, NotReady, RegistrationError
 
 
@@ -33,7 +42,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                 settings.expected_nodes,
                 settings.num_gms,
             )
-            yield
+            with serving_gc():
+                yield
             await service.close()
 
     app = FastAPI(title=f"Megha LM {settings.lm_id}", lifespan=lifespan)
@@ -44,8 +54,11 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "lm": settings.lm_id, "ready": service.core is not None}
 
-    @app.post("/v1/workers", status_code=201, response_model=WorkerRegistered)
-    async def register(reg: WorkerRegistration) -> WorkerRegistered | JSONResponse:
+    @app.post(
+        "/v1/workers", status_code=201, response_model=WorkerRegistered, openapi_extra=json_body(WorkerRegistration)
+    )
+    async def register(request: Request) -> Response:
+        reg = await read_body(request, WorkerRegistration)
         for i, node in enumerate(reg.nodes):
             if set(node.capacity) != set(service.resource_names):
                 return error(
@@ -54,7 +67,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                     f"nodes.{i}.capacity",
                 )
         try:
-            return service.register(reg)
+            return json_response(service.register(reg), 201)
         except RegistrationError as exc:
             return error(409, str(exc), "nodes")
 
@@ -78,8 +91,9 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             ],
         }
 
-    @app.post("/v1/launch", response_model=LaunchResponseModel)
-    async def launch(batch: LaunchBatchModel) -> LaunchResponseModel | JSONResponse:
+    @app.post("/v1/launch", response_model=LaunchResponseModel, openapi_extra=json_body(LaunchBatchModel))
+    async def launch(request: Request) -> Response:
+        batch = await read_body(request, LaunchBatchModel)
         if batch.lm != settings.lm_id:
             return error(422, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm")
         if not 0 <= batch.gm < settings.num_gms:
@@ -92,10 +106,11 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             response = await service.launch(batch.to_core())
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
-        return LaunchResponseModel.from_core(response)
+        return json_response(LaunchResponseModel.core_json(response))
 
     @app.get("/v1/state")
     async def state() -> dict[str, object]:
         return service.state()
 
+    document_bodies(app, WorkerRegistration, LaunchBatchModel)
     return app

@@ -7,8 +7,6 @@ import asyncio
 import logging
 import time
 
-import httpx
-
 from megha.common.core.cluster import PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.lm import LocalMaster
@@ -28,8 +26,6 @@ from megha.common.core.messages import (
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
 from megha.common.models import (
     BrokerMessage,
-    CompletionsModel,
-    DeltaModel,
     TaskEvent,
     TaskEvents,
     WorkerHeartbeat,
@@ -39,6 +35,7 @@ from megha.common.models import (
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import Broker, gm_key
+from megha.services.http import CallError, ServiceClient
 
 log = logging.getLogger("megha.lm")
 
@@ -63,7 +60,7 @@ class LMService:
         self.core: LocalMaster | None = None
         self.partitions_spec: tuple[PartitionSpec, ...] = ()
         self._lock = asyncio.Lock()
-        self._http = httpx.AsyncClient(timeout=settings.http_timeout)
+        self._calls = ServiceClient(settings.http_timeout)
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed_launches = 0
         self._heartbeats: dict[str, WorkerHeartbeat] = {}
@@ -139,6 +136,7 @@ class LMService:
             outputs = self.core.handle(batch, time.time())
         response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, LaunchResponse))
         self._dispatch([o for o in outputs if o.msg is not response])
+        await asyncio.sleep(0)  # the worker launches go out before the GM is answered
         return response
 
     async def on_broker_message(self, body: bytes) -> None:
@@ -156,13 +154,9 @@ class LMService:
         for out in outputs:
             if isinstance(out, Send):
                 if isinstance(out.msg, WorkerLaunch):
-                    self._spawn(self._send_to_workers(out.msg))
-                elif isinstance(out.msg, Completions):
-                    self._spawn(
-                        self._publish(out.msg.gm, BrokerMessage(completions=CompletionsModel.from_core(out.msg)))
-                    )
-                elif isinstance(out.msg, Delta):
-                    self._spawn(self._publish(out.msg.gm, BrokerMessage(delta=DeltaModel.from_core(out.msg))))
+                    self._send_to_workers(out.msg)
+                elif isinstance(out.msg, Completions | Delta):
+                    self._spawn(self._publish(out.msg.gm, BrokerMessage.core_json(out.msg)))
                 else:
                     raise TypeError(f"LM cannot send {type(out.msg).__name__}")
             else:
@@ -175,31 +169,34 @@ class LMService:
             outputs = self.core.handle(DeltaTick(), time.time())
         self._dispatch(outputs)
 
-    async def _publish(self, gm: int, message: BrokerMessage) -> None:
+    async def _publish(self, gm: int, body: bytes) -> None:
         assert self.broker is not None, "the LM needs a broker to reach GMs"
-        await self.broker.publish("gm", gm_key(gm), message.model_dump_json().encode())
+        await self.broker.publish("gm", gm_key(gm), body)
 
-    async def _send_to_workers(self, launch: WorkerLaunch) -> None:
-        """One POST per agent; an agent that cannot be reached gets its tasks reported failed, never lost."""
+    def _send_to_workers(self, launch: WorkerLaunch) -> None:
+        """One POST per agent, concurrently; an agent that cannot be reached gets its tasks reported failed,
+        never lost."""
         by_url: dict[str, list[Placement]] = {}
         for p in launch.launches:
             by_url.setdefault(self._node_worker[p.node], []).append(p)
         for url, placements in by_url.items():
-            body = WorkerLaunchModel.from_core(WorkerLaunch(launch.lm, placements)).model_dump_json()
-            for attempt in range(3):
-                try:
-                    r = await self._http.post(
-                        f"{url}/v1/tasks", content=body, headers={"content-type": "application/json"}
-                    )
-                    r.raise_for_status()
-                    break
-                except httpx.HTTPError as exc:
-                    log.warning(
-                        "launch of %d tasks on %s failed (attempt %d): %s", len(placements), url, attempt + 1, exc
-                    )
-                    await asyncio.sleep(0.2 * (attempt + 1))
+            self._spawn(self._post_to_worker(url, WorkerLaunch(launch.lm, placements)))
+
+    async def _post_to_worker(self, url: str, launch: WorkerLaunch) -> None:
+        body = WorkerLaunchModel.core_json(launch)
+        placements = launch.launches
+        for attempt in range(3):
+            try:
+                r = await self._calls.post(f"{url}/v1/tasks", body)
+            except CallError as exc:
+                failure = str(exc)
             else:
-                await self._fail_unlaunched(placements, f"worker agent {url} unreachable")
+                if 200 <= r.status < 300:
+                    return
+                failure = f"answered {r.status}: {r.text[:500]}"
+            log.warning("launch of %d tasks on %s failed (attempt %d): %s", len(placements), url, attempt + 1, failure)
+            await asyncio.sleep(0.2 * (attempt + 1))
+        await self._fail_unlaunched(placements, f"worker agent {url} unreachable")
 
     async def _fail_unlaunched(self, placements: list[Placement], reason: str) -> None:
         """Free the resources of tasks no agent could take, and report them failed (never silently dropped)."""
@@ -236,7 +233,7 @@ class LMService:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        await self._http.aclose()
+        await self._calls.aclose()
 
     def state(self) -> dict[str, object]:
         core = self.core

@@ -8,24 +8,21 @@ import random
 import time
 from collections import OrderedDict
 
-import httpx
+from pydantic_core import to_json
 
 from megha.common.constraint_stats import load_constraint_stats
 from megha.common.core.messages import Placement
 from megha.common.core.resources import CPU, MEMORY
 from megha.common.models import (
     BrokerMessage,
-    FinishedTaskModel,
-    TaskEvent,
-    TaskEvents,
     WorkerHeartbeat,
     WorkerNode,
     WorkerRegistered,
     WorkerRegistration,
-    WorkerReportModel,
 )
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, lm_key
+from megha.services.http import CallError, ServiceClient
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 
 log = logging.getLogger("megha.worker")
@@ -49,10 +46,11 @@ class WorkerAgent:
         self._placements: dict[str, Placement] = {}  # launched and not yet reported
         self._done: OrderedDict[str, None] = OrderedDict()  # recently reported, for idempotent launches
         self._starting: set[asyncio.Task[None]] = set()
-        self._reports: dict[int, list[FinishedTaskModel]] = {}  # not yet published, per LM
-        self._events: list[TaskEvent] = []
+        # Not yet published: FinishedTaskModel fields per LM, and TaskEvent fields.
+        self._reports: dict[int, list[dict[str, object]]] = {}
+        self._events: list[dict[str, object]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._http = httpx.AsyncClient(timeout=10.0)
+        self._calls = ServiceClient(timeout=10.0)
 
     def nodes(self) -> list[WorkerNode]:
         s = self.settings
@@ -73,13 +71,9 @@ class WorkerAgent:
         deadline = loop.time() + timeout
         while True:
             try:
-                r = await self._http.post(
-                    f"{self.settings.lm_url}/v1/workers",
-                    content=body.model_dump_json(),
-                    headers={"content-type": "application/json"},
-                )
-                if r.status_code == 201:
-                    self.registered = WorkerRegistered.model_validate_json(r.content)
+                r = await self._calls.post(f"{self.settings.lm_url}/v1/workers", body.model_dump_json().encode())
+                if r.status == 201:
+                    self.registered = WorkerRegistered.model_validate_json(r.body)
                     log.info(
                         "registered with LM %d as nodes %d..%d",
                         self.registered.lm,
@@ -87,10 +81,10 @@ class WorkerAgent:
                         self.registered.first_node + self.registered.nodes - 1,
                     )
                     return self.registered
-                reason = f"{r.status_code} {r.text}"
-                if r.status_code < 500:
+                reason = f"{r.status} {r.text}"
+                if r.status < 500:
                     raise RuntimeError(f"LM refused registration: {reason}")
-            except httpx.HTTPError as exc:
+            except CallError as exc:
                 reason = str(exc)
             if loop.time() > deadline:
                 raise RuntimeError(f"LM at {self.settings.lm_url} unreachable for {timeout} s: {reason}")
@@ -126,52 +120,56 @@ class WorkerAgent:
         return [p.task.task_id for p in placements]
 
     async def _start_all(self, placements: list[Placement]) -> None:
+        executor = self.executor
         for p in placements:
+            task = p.task
             try:
-                await self.executor.start(p.task.task_id, p.task.request[0], p.task.request[1], p.task.duration)
+                await executor.start(task.task_id, task.request[0], task.request[1], task.duration)
             except Exception as exc:  # the task must still be reported, never silently dropped
-                log.exception("could not start %s", p.task.task_id)
-                await self._report(p, ExecutionResult.failed_to_start(p.task.task_id, str(exc)))
+                log.exception("could not start %s", task.task_id)
+                self._report(p, ExecutionResult.failed_to_start(task.task_id, str(exc)))
                 continue
-            await self._event("started", p, at=time.time())
+            self._event("started", p, at=time.time())
 
     async def _on_finished(self, result: ExecutionResult) -> None:
-        await self._report(self._placements[result.task_id], result)
+        self._report(self._placements[result.task_id], result)
 
-    async def _report(self, placement: Placement, result: ExecutionResult) -> None:
+    def _report(self, placement: Placement, result: ExecutionResult) -> None:
         """Report the end of a task to the LM (which frees its resources) and to whoever watches task events."""
         self._placements.pop(result.task_id, None)
         self._done[result.task_id] = None
         if len(self._done) > REMEMBER_FINISHED:
             self._done.popitem(last=False)
         kind = "preempted" if result.preempted else ("failed" if result.error else "finished")
-        await self._event(kind, placement, at=result.finished_at, result=result)
-        finished = FinishedTaskModel(
-            task_id=result.task_id,
-            node=placement.node,
-            preempted=result.preempted,
-            cpu_seconds=result.cpu_seconds,
-            execution_delay=max(0.0, result.execution_delay),
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            error=result.error,
+        self._event(kind, placement, at=result.finished_at, result=result)
+        self._reports.setdefault(placement.lm, []).append(
+            {
+                "task_id": result.task_id,
+                "node": placement.node,
+                "preempted": result.preempted,
+                "cpu_seconds": result.cpu_seconds,
+                "execution_delay": max(0.0, result.execution_delay),
+                "started_at": result.started_at,
+                "finished_at": result.finished_at,
+                "error": result.error,
+            }
         )
-        self._reports.setdefault(placement.lm, []).append(finished)
-        self._flush_soon()
 
-    async def _event(self, kind: str, p: Placement, at: float, result: ExecutionResult | None = None) -> None:
+    def _event(self, kind: str, p: Placement, at: float, result: ExecutionResult | None = None) -> None:
+        """Queue a `TaskEvent` for the next flush (the agent's own data, as plain JSON-ready fields: building the
+        model for every task start would cost a few microseconds each on the path of allocation time)."""
         self._events.append(
-            TaskEvent(
-                kind=kind,  # type: ignore[arg-type]
-                task_id=p.task.task_id,
-                job_id=p.task.job_id,
-                lm=p.lm,
-                node=p.node,
-                at=at,
-                cpu_seconds=result.cpu_seconds if result else 0.0,
-                execution_delay=max(0.0, result.execution_delay) if result else 0.0,
-                error=result.error if result else "",
-            )
+            {
+                "kind": kind,
+                "task_id": p.task.task_id,
+                "job_id": p.task.job_id,
+                "lm": p.lm,
+                "node": p.node,
+                "at": at,
+                "cpu_seconds": result.cpu_seconds if result else 0.0,
+                "execution_delay": max(0.0, result.execution_delay) if result else 0.0,
+                "error": result.error if result else "",
+            }
         )
         self._flush_soon()
 
@@ -181,7 +179,8 @@ class WorkerAgent:
             self._flusher = asyncio.get_running_loop().create_task(self._flush(FLUSH_SECONDS))
 
     async def _flush(self, after: float) -> None:
-        """Publish until nothing is left: what arrives while a publish is in flight goes in the next round."""
+        """Publish until nothing is left: what arrives while a publish is in flight goes in the next round. The
+        bodies are a `BrokerMessage` with a `WorkerReportModel` per LM, and `TaskEvents`."""
         await asyncio.sleep(after)
         while self._reports or self._events:
             reports, self._reports = self._reports, {}
@@ -189,12 +188,12 @@ class WorkerAgent:
             if self.broker is None:
                 continue
             for lm, finished in reports.items():
-                message = BrokerMessage(worker_report=WorkerReportModel(lm=lm, finished=finished))
-                await self.broker.publish("lm", lm_key(lm), message.model_dump_json().encode())
+                body = to_json({"worker_report": {"lm": lm, "finished": finished}})
+                await self.broker.publish("lm", lm_key(lm), body)
             if events:
-                await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
+                await self.broker.publish("events", "", to_json({"events": events}))
 
     async def close(self) -> None:
         await self.executor.shutdown()
         await self._flush(0.0)
-        await self._http.aclose()
+        await self._calls.aclose()

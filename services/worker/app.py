@@ -6,14 +6,24 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic_core import to_json
 
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.models import WorkerLaunchModel
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, connected
-from megha.services.http import configure_logging, error, install_error_handlers
+from megha.services.http import (
+    configure_logging,
+    document_bodies,
+    error,
+    install_error_handlers,
+    json_body,
+    json_response,
+    read_body,
+    serving_gc,
+)
 from megha.services.worker.agent import WorkerAgent
 
 
@@ -34,7 +44,8 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
                 settings.execution,
                 settings.nodes,
             )
-            yield
+            with serving_gc():
+                yield
             beating.cancel()
             await agent.close()
 
@@ -46,8 +57,9 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "worker": settings.worker_id, "registered": agent.registered is not None}
 
-    @app.post("/v1/tasks", status_code=202, response_model=None)
-    async def launch(body: WorkerLaunchModel) -> dict[str, object] | JSONResponse:
+    @app.post("/v1/tasks", status_code=202, response_model=None, openapi_extra=json_body(WorkerLaunchModel))
+    async def launch(request: Request) -> Response:
+        body = await read_body(request, WorkerLaunchModel)
         registered = agent.registered
         if registered is None:
             return error(503, "not registered with an LM yet")
@@ -63,10 +75,13 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             if len(p.task.request) != len(DEFAULT_RESOURCE_NAMES):
                 names = list(DEFAULT_RESOURCE_NAMES)
                 return error(422, f"request {p.task.request} is not aligned to {names}", f"launches.{i}.task.request")
-        return {"accepted": agent.launch(body.to_core().launches)}
+        accepted = agent.launch(body.to_core().launches)
+        await asyncio.sleep(0)  # the tasks start (simulated ones all of them) before the LM is answered
+        return json_response(to_json({"accepted": accepted}), 202)
 
     @app.get("/v1/state")
     async def state() -> dict[str, object]:
         return {"worker": settings.worker_id, "execution": settings.execution, "running": agent.executor.running()}
 
+    document_bodies(app, WorkerLaunchModel)
     return app

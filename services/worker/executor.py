@@ -1,7 +1,7 @@
 """Task execution on a worker node: one OS process per task (really burning CPU and holding memory), or simulated.
 
 `TaskExecutor` runs each task as ``python -m megha.services.worker.burn`` in its own process group, so a kill
-reaches the burning child processes too. `SimulatedExecutor` has the same interface but only sleeps for the
+reaches the burning child processes too. `SimulatedExecutor` has the same interface but only waits for the
 duration and reports no CPU: the "simulated-execution mode" for scale tests.
 
 Both report every task that ends exactly once, as an `ExecutionResult`: to the `on_finished` callback (if given)
@@ -289,33 +289,45 @@ class TaskExecutor(_Executor):
 
 
 class SimulatedExecutor(_Executor):
-    """Simulated-execution mode: sleeps each task's duration, burns nothing, reports 0 CPU-seconds and 0 MB."""
+    """Simulated-execution mode: waits each task's duration, burns nothing, reports 0 CPU-seconds and 0 MB.
+
+    A task is a loop timer resolving a future (True when the duration has passed, False when it was killed), not
+    a sleeping asyncio task: starting a batch of tasks is on the path of allocation time, and this costs one
+    asyncio task and one `asyncio.wait` fewer per task."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sleeps: dict[str, asyncio.Task[None]] = {}
+        self._timers: dict[str, tuple[asyncio.Future[bool], asyncio.TimerHandle]] = {}
 
     async def _launch(self, task: _Task, cpu_millicores: int, memory_mb: int, duration: float) -> None:
-        self._sleeps[task.task_id] = asyncio.create_task(asyncio.sleep(duration))
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        self._timers[task.task_id] = (ended, loop.call_later(duration, _resolve, ended, True))
 
     async def _outcome(self, task_id: str) -> _Outcome:
-        sleep = self._sleeps[task_id]
+        ended, timer = self._timers[task_id]
         try:
-            await asyncio.wait({sleep})  # unlike awaiting it, cancelling the watcher does not cancel the sleep
+            ran_out = await ended
         finally:
-            sleep.cancel()  # a no-op once it is done
-            del self._sleeps[task_id]
-        if sleep.cancelled():
+            timer.cancel()  # a no-op once it has fired
+            del self._timers[task_id]
+        if not ran_out:
             return _Outcome(exit_code=-signal.SIGTERM, error="simulated task cancelled")
         return _Outcome(exit_code=0)
 
     def _terminate(self, task_id: str) -> None:
-        sleep = self._sleeps.get(task_id)
-        if sleep is not None:
-            sleep.cancel()
+        entry = self._timers.get(task_id)
+        if entry is not None:
+            entry[1].cancel()
+            _resolve(entry[0], False)
 
     def _force_kill(self, task_id: str) -> None:
         self._terminate(task_id)
+
+
+def _resolve(ended: asyncio.Future[bool], ran_out: bool) -> None:
+    if not ended.done():
+        ended.set_result(ran_out)
 
 
 def _parse_report(stdout: bytes) -> dict[str, float] | None:
