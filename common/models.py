@@ -167,7 +167,8 @@ TaskState = Literal["queued", "launched", "running", "finished", "failed"]
 class TaskStatus(WireModel):
     """One task in GM `GET /v1/jobs/{id}`. Times are unix seconds; `lm`/`node` are set once placed.
 
-    `attempts` counts placements sent to an LM, `inconsistencies` those an LM rejected for a stale view.
+    `attempts` counts placements sent to an LM, `inconsistencies` those an LM rejected for a stale view,
+    `preemptions` the times the task was stopped for another user's task (it then runs again).
     """
 
     task_id: Name
@@ -181,6 +182,7 @@ class TaskStatus(WireModel):
     attempts: Count = 0
     inconsistencies: Count = 0
     repartitioned: bool = False
+    preemptions: Count = 0
     failed_reason: str | None = None
 
 
@@ -326,6 +328,7 @@ class DeltaModel(CoreMirror):
     gm: Index
     applied_through: Index
     nodes: list[NodeStateModel] = []
+    usage: dict[User, Amounts] | None = None  # fair scheduling: what each user holds on this LM
 
     @classmethod
     def plain(cls, obj: Delta) -> dict[str, Any]:
@@ -334,10 +337,12 @@ class DeltaModel(CoreMirror):
             "gm": obj.gm,
             "applied_through": obj.applied_through,
             "nodes": [NodeStateModel.plain(n) for n in obj.nodes],
+            "usage": None if obj.usage is None else {u: list(v) for u, v in obj.usage.items()},
         }
 
     def to_core(self) -> Delta:
-        return Delta(self.lm, self.gm, self.applied_through, [n.to_core() for n in self.nodes])
+        usage = None if self.usage is None else {u: tuple(v) for u, v in self.usage.items()}
+        return Delta(self.lm, self.gm, self.applied_through, [n.to_core() for n in self.nodes], usage)
 
 
 class LaunchResponseModel(CoreMirror):

@@ -93,6 +93,7 @@ async def _replay(
             cpu_scale=settings.cpu_scale,
             mem_scale=settings.mem_scale,
             job_prefix=f"{uuid.uuid4().hex[:6]}-",
+            queues=fairness.queues if (fairness := settings.fairness()) is not None else (),
         ),
     )
     bodies = {job.job_id: submission_body(job) for _, job in workload}

@@ -193,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="scaled mode memory divisor; 1000 keeps a laptop's memory safe (default: 1000)",
     )
     loc.add_argument("--seed", type=int, default=0)
+    loc.add_argument(
+        "--queues",
+        type=_queues_arg,
+        default="",
+        help="fair scheduling: user queues as user:share:gm,... given to every GM, LM and the load generator",
+    )
+    loc.add_argument("--share-policy", choices=sorted(SHARE_POLICIES), default="share", help="(default: share)")
     loc.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
     loc.add_argument("--run-id", default=None, help="prefix of this deployment's queues (default: random)")
     loc.add_argument("--out", type=Path, default=Path("out/local"), help="report files and service logs")
@@ -213,6 +220,8 @@ def _local(args: argparse.Namespace) -> int:
         node_cpu_millicores=args.node_cpu,
         node_memory_mb=args.node_mem,
         constraint_seed=args.constraint_seed,
+        queues=args.queues,
+        share_policy=args.share_policy,
         amqp_url=args.amqp_url,
         log_dir=args.out / "logs",
         **({"run_id": args.run_id} if args.run_id else {}),

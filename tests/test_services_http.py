@@ -880,3 +880,52 @@ async def test_service_client_reports_a_refused_connection() -> None:
         await calls.post(f"{NOWHERE}/v1/launch", b"{}")
     with pytest.raises(ValueError, match="not an http"):
         await calls.post("ftp://host/x", b"{}")
+
+
+# --------------------------------------------------------------------------------------- fair scheduling
+
+PREEMPT = {
+    "gm": 1,
+    "lm": 0,
+    "seq": 1,
+    "task": {
+        "task_id": "b.0",
+        "job_id": "b",
+        "user": "B",
+        "duration": 1.0,
+        "request": [1000, 512],
+        "constraints": [],
+    },
+    "victims": [{"user": "A", "usage_elsewhere": [0, 0]}],
+    "total": [8000, 16384],
+}
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_preempt_on_an_lm_without_fair_scheduling_is_a_409_naming_the_setting(
+    shared_ready_lm: httpx.AsyncClient,
+) -> None:
+    r = await shared_ready_lm.post("/v1/preempt", json=PREEMPT)
+    assert r.status_code == 409 and "MEGHA_QUEUES" in r.text
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"total": [8000]}, "total"),
+        ({"total": [0, 16384]}, "total"),
+        ({"victims": [{"user": "A", "usage_elsewhere": [1]}]}, "victims.0.usage_elsewhere"),
+        ({"victims": [{"user": "", "usage_elsewhere": [0, 0]}]}, "victims.0.user"),
+        ({"lm": 3}, "lm"),
+        ({"gm": 7}, "gm"),
+        ({"task": {**PREEMPT["task"], "request": [-1, 5]}}, "task.request.0"),
+    ],
+)
+async def test_bad_preemption_requests_are_4xx_naming_the_field(change: dict[str, object], field: str) -> None:
+    settings = LMSettings(expected_nodes=4, num_gms=2, http_timeout=1.0, queues="A:0.5:0,B:0.5:1")
+    async with running(create_lm(settings, use_broker=False)) as lm:
+        await register_all(lm)
+        r = await lm.post("/v1/preempt", json={**PREEMPT, **change})
+    assert 400 <= r.status_code < 500, r.text
+    assert field in r.text, r.text

@@ -1,4 +1,4 @@
-"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs/{id}, GET /v1/state, GET /healthz."""
+"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs/{id}, GET /v1/queues, GET /v1/state, GET /healthz."""
 
 from __future__ import annotations
 
@@ -74,6 +74,17 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         if status is None:
             return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
         return json_response(status)
+
+    @app.get("/v1/queues")
+    async def queues() -> dict[str, object]:
+        """Fair scheduling: the configured queues, shares and share policy, with this GM's view of each."""
+        fairness = settings.fairness()
+        return {
+            "gm": settings.gm_id,
+            "fair_scheduling": fairness is not None,
+            "policy": fairness.policy if fairness is not None else None,
+            "queues": service.queues(),
+        }
 
     @app.get("/v1/state")
     async def state() -> dict[str, object]:

@@ -22,6 +22,7 @@ class _Task:
     attempts: int = 0
     inconsistencies: int = 0
     repartitioned: bool = False
+    preemptions: int = 0
     failed_reason: str | None = None
 
 
@@ -56,7 +57,7 @@ class JobTable(CoreObserver):
                 "launched",
                 now,
                 p.lm,
-                p.node,
+                p.node if p.node >= 0 else None,  # a preemption request leaves the node to the LM
                 p.repartition,
             )
 
@@ -68,6 +69,19 @@ class JobTable(CoreObserver):
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
         rec = self.tasks[task.task_id]
         rec.state, rec.failed_reason = "failed", reason
+
+    def placed_by_preemption(self, placement: Placement) -> None:
+        """The LM chose the node for a task it made room for by preemption."""
+        rec = self.tasks.get(placement.task.task_id)
+        if rec is not None:
+            rec.node, rec.repartitioned = placement.node, placement.repartition
+
+    def preempted(self, task_id: str) -> None:
+        """Stopped for another user's task: back in its queue, to run again."""
+        rec = self.tasks.get(task_id)
+        if rec is not None and rec.state == "launched":
+            rec.state = "queued"
+            rec.preemptions += 1
 
     def completed(self, task_id: str, now: float, error: str = "") -> None:
         rec = self.tasks.get(task_id)
@@ -96,6 +110,7 @@ class JobTable(CoreObserver):
                     attempts=r.attempts,
                     inconsistencies=r.inconsistencies,
                     repartitioned=r.repartitioned,
+                    preemptions=r.preemptions,
                     failed_reason=r.failed_reason,
                 )
                 for tid in job.task_ids

@@ -12,10 +12,17 @@ import time
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster
-from megha.common.core.messages import LaunchBatch, Output, Send
+from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send
 from megha.common.core.placement.choice import make_choice
 from megha.common.core.task import JobSpec
-from megha.common.models import BrokerMessage, JobSubmission, LaunchBatchModel, LaunchResponseModel
+from megha.common.models import (
+    BrokerMessage,
+    JobSubmission,
+    LaunchBatchModel,
+    LaunchResponseModel,
+    PreemptRequestModel,
+    PreemptResponseModel,
+)
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker
 from megha.services.gm.jobs import JobTable
@@ -81,7 +88,12 @@ class GMService:
     def adopt(self, cluster: ClusterSpec) -> None:
         """Build the GM core over `cluster`, all free: the LMs' deltas and responses correct the view from here."""
         self.core = GlobalMaster(
-            self.settings.gm_id, cluster, make_choice(self.settings.matching), self.settings.seed, self.jobs
+            self.settings.gm_id,
+            cluster,
+            make_choice(self.settings.matching),
+            self.settings.seed,
+            self.jobs,
+            self.settings.fairness(),
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)
 
@@ -109,7 +121,10 @@ class GMService:
         now = time.time()
         if msg.completions is not None:
             for item in msg.completions.items:
-                self.jobs.completed(item.task_id, now, item.error)
+                if item.preempted:
+                    self.jobs.preempted(item.task_id)
+                else:
+                    self.jobs.completed(item.task_id, now, item.error)
             core_msg: object = msg.completions.to_core()
         elif msg.delta is not None:
             core_msg = msg.delta.to_core()
@@ -121,8 +136,9 @@ class GMService:
 
     def _dispatch(self, outputs: list[Output]) -> None:
         for out in outputs:
-            if isinstance(out, Send) and isinstance(out.msg, LaunchBatch):
-                task = asyncio.get_running_loop().create_task(self._launch(out.msg))
+            if isinstance(out, Send) and isinstance(out.msg, LaunchBatch | PreemptRequest):
+                call = self._launch(out.msg) if isinstance(out.msg, LaunchBatch) else self._preempt(out.msg)
+                task = asyncio.get_running_loop().create_task(call)
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:
@@ -158,6 +174,61 @@ class GMService:
         async with self._lock:
             outputs = self.core.handle(response, time.time())
         self._dispatch(outputs)
+
+    async def _preempt(self, req: PreemptRequest) -> None:
+        """POST a preemption request to its LM; an LM that cannot be reached counts as refusing it (the core
+        then asks the next LM or parks the task). Not retried: a repeat could preempt twice."""
+        url = self.settings.lm_urls[req.lm]
+        try:
+            r = await self._calls.post(f"{url}/v1/preempt", PreemptRequestModel.core_json(req))
+        except CallError as exc:
+            failure = f"LM {req.lm} unreachable at {url}: {exc}"
+        else:
+            if r.status == 200:
+                response = PreemptResponseModel.model_validate_json(r.body).to_core()
+                if response.placement is not None:
+                    self.jobs.placed_by_preemption(response.placement)
+                    log.info(
+                        "task %s (user %s) runs on LM %d node %d after preempting %s",
+                        req.task.task_id,
+                        req.task.user,
+                        req.lm,
+                        response.placement.node,
+                        response.preempted,
+                    )
+                else:
+                    log.info("LM %d refused to preempt for %s: %s", req.lm, req.task.task_id, response.reason)
+                assert self.core is not None
+                async with self._lock:
+                    outputs = self.core.handle(response, time.time())
+                self._dispatch(outputs)
+                return
+            failure = f"LM {req.lm} answered {r.status}: {r.text[:500]}"
+        log.warning("preemption request %d to LM %d failed: %s", req.seq, req.lm, failure)
+        assert self.core is not None
+        async with self._lock:
+            outputs = self.core.call_failed(req.lm, req.seq, failure, time.time())
+        self._dispatch(outputs)
+
+    def queues(self) -> list[dict[str, object]]:
+        """Every configured queue with this GM's view of its usage (exact for its own queues)."""
+        assert self.core is not None
+        book = self.core.book
+        if book is None:
+            return []
+        return [
+            {
+                "user": q.user,
+                "share": q.share,
+                "gm": q.gm,
+                "own": q.user in book.own,
+                "usage": list(book.usage(q.user)),
+                "consumption": round(book.consumption(q.user), 6),
+                "below_share": book.below_share(q.user),
+                "demand": list(book.demand[q.user]) if q.user in book.own else None,
+            }
+            for q in book.config.queues
+        ]
 
     async def close(self) -> None:
         for task in list(self._tasks):

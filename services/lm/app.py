@@ -1,4 +1,4 @@
-"""The LM's HTTP API: POST /v1/workers, POST /v1/launch, GET /v1/cluster, GET /v1/state, GET /healthz."""
+"""The LM's HTTP API: POST /v1/workers, /v1/launch and /v1/preempt; GET /v1/cluster, /v1/state and /healthz."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from megha.common.core.constraints import constraint_ids
-from megha.common.models import LaunchBatchModel, LaunchResponseModel, WorkerRegistered, WorkerRegistration
+from megha.common.models import (
+    LaunchBatchModel,
+    LaunchResponseModel,
+    PreemptRequestModel,
+    PreemptResponseModel,
+    WorkerRegistered,
+    WorkerRegistration,
+)
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import Broker, connected, lm_key
 from megha.services.http import (
@@ -108,9 +115,32 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(LaunchResponseModel.core_json(response))
 
+    @app.post("/v1/preempt", response_model=PreemptResponseModel, openapi_extra=json_body(PreemptRequestModel))
+    async def preempt(request: Request) -> Response:
+        req = await read_body(request, PreemptRequestModel)
+        if req.lm != settings.lm_id:
+            return error(422, f"preemption request for LM {req.lm} sent to LM {settings.lm_id}", "lm")
+        if not 0 <= req.gm < settings.num_gms:
+            return error(422, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm")
+        if settings.fairness() is None:
+            return error(409, f"LM {settings.lm_id} is not configured for fair scheduling (MEGHA_QUEUES)", "lm")
+        width = len(service.resource_names)
+        if len(req.task.request) != width:
+            return error(422, f"request {req.task.request} is not aligned to {list(service.resource_names)}", "task")
+        if len(req.total) != width or any(v <= 0 for v in req.total):
+            return error(422, f"total {req.total} must be {width} positive amounts", "total")
+        for i, v in enumerate(req.victims):
+            if len(v.usage_elsewhere) != width:
+                return error(422, f"usage {v.usage_elsewhere} has not {width} amounts", f"victims.{i}.usage_elsewhere")
+        try:
+            response = await service.preempt(req.to_core())
+        except NotReady as exc:
+            return error(503, f"LM {settings.lm_id} not ready: {exc}")
+        return json_response(PreemptResponseModel.core_json(response))
+
     @app.get("/v1/state")
     async def state() -> dict[str, object]:
         return service.state()
 
-    document_bodies(app, WorkerRegistration, LaunchBatchModel)
+    document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel)
     return app

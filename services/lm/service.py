@@ -19,8 +19,11 @@ from megha.common.core.messages import (
     LaunchResponse,
     Output,
     Placement,
+    PreemptRequest,
+    PreemptResponse,
     Send,
     WorkerLaunch,
+    WorkerPreempt,
     WorkerReport,
 )
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
@@ -30,6 +33,7 @@ from megha.common.models import (
     TaskEvents,
     WorkerHeartbeat,
     WorkerLaunchModel,
+    WorkerPreemptModel,
     WorkerRegistered,
     WorkerRegistration,
 )
@@ -114,7 +118,13 @@ class LMService:
             for gm in range(g)
         )
         self.partitions_spec = parts
-        self.core = LocalMaster(lm, parts, self.resource_names, delta_interval=self.settings.delta_interval)
+        self.core = LocalMaster(
+            lm,
+            parts,
+            self.resource_names,
+            delta_interval=self.settings.delta_interval,
+            fairness=self.settings.fairness(),
+        )
         log.info(
             "cluster complete: %d nodes in %d partitions of sizes %s",
             n,
@@ -138,6 +148,55 @@ class LMService:
         self._dispatch([o for o in outputs if o.msg is not response])
         await asyncio.sleep(0)  # the worker launches go out before the GM is answered
         return response
+
+    async def preempt(self, req: PreemptRequest) -> PreemptResponse:
+        """Verify and carry out a GM's preemption request; the victims' agents stop them before the waiting task
+        is sent to its agent."""
+        if self.core is None:
+            raise NotReady(f"{len(self._capacities)}/{self.settings.expected_nodes} nodes registered")
+        async with self._lock:
+            outputs = self.core.handle(req, time.time())
+            stops = [o.msg for o in outputs if isinstance(o.msg, WorkerPreempt)]
+            by_url: dict[str, list[str]] = {}
+            for stop in stops:
+                for task_id in stop.task_ids:
+                    node = self.core.preempting[task_id].placement.node
+                    by_url.setdefault(self._node_worker[node], []).append(task_id)
+        response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, PreemptResponse))
+        if response.placement is not None:
+            log.info(
+                "GM %d: %s (user %s) on node %d after preempting %s",
+                req.gm,
+                req.task.task_id,
+                req.task.user,
+                response.placement.node,
+                response.preempted,
+            )
+        else:
+            log.info("GM %d: refused to preempt for %s: %s", req.gm, req.task.task_id, response.reason)
+        rest = [o for o in outputs if o.msg is not response and not isinstance(o.msg, WorkerPreempt)]
+        if by_url:
+            self._spawn(self._stop_then_dispatch(by_url, rest))
+        else:
+            self._dispatch(rest)
+        return response
+
+    async def _stop_then_dispatch(self, by_url: dict[str, list[str]], outputs: list[Output]) -> None:
+        """Stop the victims on their agents (each reports them preempted), then launch the waiting task: on a real
+        node the victims' CPU and memory are free before the new task takes them."""
+        lm = self.settings.lm_id
+
+        async def stop(url: str, task_ids: list[str]) -> None:
+            body = WorkerPreemptModel.core_json(WorkerPreempt(lm, task_ids))
+            try:
+                r = await self._calls.post(f"{url}/v1/preempt", body)
+                if r.status != 200:
+                    log.warning("agent %s answered %d to a preemption: %s", url, r.status, r.text[:300])
+            except CallError as exc:
+                log.warning("agent %s unreachable for a preemption of %s: %s", url, task_ids, exc)
+
+        await asyncio.gather(*(stop(url, ids) for url, ids in by_url.items()))
+        self._dispatch(outputs)
 
     async def on_broker_message(self, body: bytes) -> None:
         msg = BrokerMessage.model_validate_json(body)
@@ -247,11 +306,15 @@ class LMService:
             "logical_nodes": len(core.logical_nodes) if core else 0,
             "inconsistencies": core.inconsistencies if core else 0,
             "repartitions": core.repartitions if core else 0,
+            "preemptions": core.preemptions if core else 0,
+            "preemption_refusals": core.preemption_refusals if core else 0,
+            "preempting": len(core.preempting) if core else 0,
             "launched": core.launched if core else 0,
             "failed_launches": self.failed_launches,
             "free": [list(f) for f in core.free] if core else [],
             "capacity": [list(c) for c in core.capacity] if core else [],
             "idle": core.is_idle() if core else True,
+            "usage": {u: list(v) for u, v in core.shares.snapshot().items()} if core and core.shares else {},
             "heartbeats": {
                 w: {"age_seconds": round(time.time() - h.at, 3), "running": h.running}
                 for w, h in self._heartbeats.items()

@@ -119,6 +119,15 @@ class WorkerAgent:
             task.add_done_callback(self._starting.discard)
         return [p.task.task_id for p in placements]
 
+    async def preempt(self, task_ids: list[str]) -> list[str]:
+        """Stop these tasks' processes (each is reported preempted); returns those that were running. A task
+        already finished was reported finished; one not started yet here is not known and is left alone."""
+        stopped = await asyncio.gather(*(self.executor.kill(task_id) for task_id in task_ids))
+        killed = [task_id for task_id, was in zip(task_ids, stopped) if was]
+        for task_id in killed:
+            self._done.pop(task_id, None)  # it will be launched again: that launch is not a repeat of this one
+        return killed
+
     async def _start_all(self, placements: list[Placement]) -> None:
         executor = self.executor
         for p in placements:

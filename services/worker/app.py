@@ -1,4 +1,4 @@
-"""The worker agent's HTTP API: POST /v1/tasks (launch), GET /v1/state, GET /healthz."""
+"""The worker agent's HTTP API: POST /v1/tasks (launch), POST /v1/preempt, GET /v1/state, GET /healthz."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from pydantic_core import to_json
 
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
-from megha.common.models import WorkerLaunchModel
+from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, connected
 from megha.services.http import (
@@ -79,9 +79,20 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         await asyncio.sleep(0)  # the tasks start (simulated ones all of them) before the LM is answered
         return json_response(to_json({"accepted": accepted}), 202)
 
+    @app.post("/v1/preempt", response_model=None, openapi_extra=json_body(WorkerPreemptModel))
+    async def preempt(request: Request) -> Response:
+        body = await read_body(request, WorkerPreemptModel)
+        registered = agent.registered
+        if registered is None:
+            return error(503, "not registered with an LM yet")
+        if body.lm != registered.lm:
+            return error(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
+        stopped = await agent.preempt(body.task_ids)
+        return json_response(to_json({"stopped": stopped}))
+
     @app.get("/v1/state")
     async def state() -> dict[str, object]:
         return {"worker": settings.worker_id, "execution": settings.execution, "running": agent.executor.running()}
 
-    document_bodies(app, WorkerLaunchModel)
+    document_bodies(app, WorkerLaunchModel, WorkerPreemptModel)
     return app
