@@ -1,1 +1,1 @@
-"""Megha's services: GM, LM and worker agent wrapping the scheduling core (FastAPI, aio-pika, the HTTP client in `http.py`)."""
+"""Megha's services: GM, LM and worker agent wrapping the scheduling core (FastAPI, aio-pika, http.py)."""
