@@ -168,7 +168,7 @@ def markdown(rows: list[Row], command: str, first_jobs: int, wall: float) -> str
         "",
         f"Queues {QUEUES} (user:share:GM), first {first_jobs} jobs of the Google sub-trace, scaled requests, "
         f"no placement constraints, {LMS} LMs x {GMS} GMs. Jain's index is over consumption / share of the queues "
-        "with work, averaged over the sampled times at which some task was waiting.",
+        "with tasks waiting, averaged over the sampled times at which some task was waiting.",
         "",
         "| policy | workers | tasks | completed once | alloc p50 | alloc p99 | repartitions | preemption attempts "
         "| preemptions | work lost (CPU-s) | Jain (contended) | time contended |",
