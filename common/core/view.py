@@ -13,6 +13,7 @@ from operator import ge
 from megha.common.core.cluster import PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, iter_bits
 from megha.common.core.resources import Resources
+from megha.common.core.task import TaskSpec
 
 MAX_FIT_SHAPES = 64
 
@@ -85,6 +86,19 @@ class PartitionView:
                     bits |= 1 << i
             self._fit[request] = bits
         return bits
+
+    def feasible(self, task: TaskSpec) -> int:
+        """Nodes that satisfy `task`'s constraints and (in this view) have room for its request: the two cached
+        bitsets ANDed, read straight from the caches on the hot path."""
+        match = self._match.get(task.constraints)
+        if match is None:
+            match = self.matching(task.constraints)
+        if not match:
+            return 0
+        fit = self._fit.get(task.request)
+        if fit is None:
+            fit = self.fitting(task.request)
+        return match & fit
 
     def could_ever_fit(self, request: Resources) -> int:
         """Nodes whose capacity covers `request`, whatever is running."""

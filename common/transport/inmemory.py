@@ -7,12 +7,12 @@ due). Periodic timers (LM delta ticks) are "background": when only background ev
 from __future__ import annotations
 
 import gc
-import heapq
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from heapq import heappop, heappush
 
-from megha.common.core.messages import Output, Send
+from megha.common.core.messages import Output, Send, Wake
 
 Handler = Callable[[object, float], list[Output]]
 
@@ -40,7 +40,7 @@ class EventLoop:
         self.hop_delay = hop_delay
         self.realtime = realtime
         self.now = 0.0
-        self._heap: list[tuple[float, int, str, object]] = []
+        self._heap: list[tuple[float, int, Handler, object]] = []
         self._seq = 0
         self._endpoints: dict[str, Handler] = {}
         self._background: tuple[type, ...] = ()
@@ -58,21 +58,24 @@ class EventLoop:
 
     def post(self, at: float, dest: str, msg: object) -> None:
         """Deliver `msg` to `dest` at time `at`."""
-        if dest not in self._endpoints:
-            raise KeyError(f"no endpoint {dest}")
-        self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, dest, msg))
-        if not isinstance(msg, self._background):
-            self._work += 1
+        self.dispatch((Wake(at, dest, msg),))
 
     def dispatch(self, outputs: Iterable[Output]) -> None:
-        """Send a core step's outputs: Send after one hop, Wake at its time."""
-        now = self.now
+        """Send a core step's outputs: Send after one hop, Wake at its time. The heap holds each message's handler
+        (looked up once, here), so a delivery costs no lookup."""
+        heap = self._heap
+        endpoints = self._endpoints
+        background = self._background
+        sent = self.now + self.hop_delay
         for out in outputs:
-            if type(out) is Send:
-                self.post(now + self.hop_delay, out.dest, out.msg)
-            else:
-                self.post(out.at, out.dest, out.msg)
+            handler = endpoints.get(out.dest)
+            if handler is None:
+                raise KeyError(f"no endpoint {out.dest}")
+            msg = out.msg
+            self._seq += 1
+            heappush(heap, (sent if type(out) is Send else out.at, self._seq, handler, msg))
+            if not isinstance(msg, background):
+                self._work += 1
 
     def run(self, keep_going: Callable[[], bool], on_event: Callable[[float], None] | None = None) -> None:
         """Process events until only background events remain and `keep_going()` says no more are needed."""
@@ -81,21 +84,24 @@ class EventLoop:
 
     def _loop(self, keep_going: Callable[[], bool], on_event: Callable[[float], None] | None) -> None:
         heap = self._heap
-        endpoints = self._endpoints
         background = self._background
+        dispatch = self.dispatch
+        realtime = self.realtime
         wall_start = time.monotonic()
         while heap:
             if self._work == 0 and not keep_going():
                 return
-            at, _, dest, msg = heapq.heappop(heap)
+            at, _, handler, msg = heappop(heap)
             if not isinstance(msg, background):
                 self._work -= 1
-            if self.realtime:
+            if realtime:
                 delay = wall_start + at - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
             self.now = at
             self.events += 1
-            self.dispatch(endpoints[dest](msg, at))
+            outputs = handler(msg, at)
+            if outputs:
+                dispatch(outputs)
             if on_event is not None:
                 on_event(at)

@@ -1,0 +1,290 @@
+"""What the simulator experiments share: named workloads and data centres, one replay's figures as a CSV row,
+seeds summarised as mean and spread, and the header, tables and plots of every page under `docs/results/`."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from megha.loadgen.replay import ReplayConfig, ReplayResult, replay
+from megha.loadgen.report import format_seconds
+from megha.loadgen.trace import demo_trace_path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+TRACES = ROOT.parent / "shared" / "traces"
+#: Short names of the shared traces.
+NAMED_TRACES = {
+    "syn_250": "syn_250.0.tr",
+    "syn_500": "syn_500.0.tr",
+    "syn_1000": "syn_1000.0.tr",
+    "GOOG": "GOOG_subtrace.tr",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DataCentre:
+    """The published 10,000-node reference cluster (`reference`), or one generated as LMs x GMs x workers per
+    partition (written `5x5x800`)."""
+
+    lms: int = 5
+    gms: int = 5
+    workers_per_partition: int = 400
+    reference: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> DataCentre:
+        if text == "reference":
+            return cls(reference=True)
+        try:
+            lms, gms, wpp = (int(part) for part in text.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"data centre {text!r}: expected 'reference' or LMSxGMSxWORKERS, e.g. 5x5x800") from None
+        if min(lms, gms, wpp) < 1:
+            raise ValueError(f"data centre {text!r}: every count must be at least 1")
+        return cls(lms, gms, wpp)
+
+    @property
+    def workers(self) -> int:
+        return self.lms * self.gms * self.workers_per_partition
+
+    def replay_fields(self) -> dict[str, Any]:
+        if self.reference:
+            return {"cluster": "reference"}
+        wpp = self.workers_per_partition
+        return {"cluster": "generate", "lms": self.lms, "gms": self.gms, "workers_per_partition": wpp}
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A trace under a short name (`syn_250`, `GOOG`, a `syn:<tasks>:<jobs>` spec or a `.tr` path) on a data
+    centre; written `TRACE` (its default data centre) or `TRACE@DATACENTRE`. `demo` is the shipped 100-job sample."""
+
+    name: str
+    trace: str
+    centre: DataCentre
+
+    @classmethod
+    def parse(cls, spec: str, default: DataCentre | None = None) -> Workload:
+        """Without `@` and `default`, the papers' data centre for the trace (`paper_centre`)."""
+        name, _, centre = spec.partition("@")
+        if name in NAMED_TRACES:
+            trace = str(TRACES / NAMED_TRACES[name])
+        else:
+            trace = str(demo_trace_path()) if name == "demo" else name
+        if not trace.startswith("syn:") and not Path(trace).exists():
+            raise FileNotFoundError(f"trace {trace} not found (the shared traces live in ../shared/traces)")
+        if centre:
+            return cls(name, trace, DataCentre.parse(centre))
+        return cls(name, trace, default if default is not None else paper_centre(name))
+
+
+def paper_centre(name: str) -> DataCentre:
+    """The constraint-aware paper's data centre for a trace: the Google sub-trace on 20,000 generated workers
+    (5 LMs x 5 GMs x 800), any other trace on the published 10,000-node reference cluster."""
+    return DataCentre(5, 5, 800) if name == "GOOG" else DataCentre(reference=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """The figures of one replay (times in seconds); one CSV row."""
+
+    workload: str
+    scheduler: str
+    matching: str
+    workers: int
+    lms: int
+    gms: int
+    delta_interval: float
+    seed: int
+    tasks: int
+    completed_once: int
+    failed: int
+    jobs_rejected: int
+    alloc_median: float
+    alloc_p90: float
+    alloc_p99: float
+    alloc_p9999: float
+    alloc_max: float
+    jrt_median: float
+    jrt_p90: float
+    jrt_p99: float
+    jrt_max: float
+    utilization: float
+    inconsistencies: int
+    repartitions: int
+    reschedules: int
+    wall_seconds: float
+
+    @property
+    def wall_us_per_task(self) -> float:
+        """Wall-clock cost of the event loop per task (all GMs, LMs and workers on one core), microseconds."""
+        return 1e6 * self.wall_seconds / self.tasks if self.tasks else math.nan
+
+
+def run_replay(config: ReplayConfig, workload: str) -> tuple[Run, ReplayResult]:
+    """Replay `config` and summarise it as a Run labelled `workload`."""
+    result = replay(config)
+    m = result.metrics
+    a, j = m.allocation_time, m.jrt_delay
+    run = Run(
+        workload=workload,
+        scheduler=config.scheduler,
+        matching=config.matching,
+        workers=result.cluster.num_nodes,
+        lms=result.cluster.num_lms,
+        gms=result.cluster.num_gms,
+        delta_interval=config.delta_interval,
+        seed=config.seed,
+        tasks=m.tasks,
+        completed_once=m.tasks - len(m.not_exactly_once) - m.tasks_failed,
+        failed=m.tasks_failed,
+        jobs_rejected=m.jobs_rejected,
+        alloc_median=a.median,
+        alloc_p90=a.p90,
+        alloc_p99=a.p99,
+        alloc_p9999=a.p9999,
+        alloc_max=a.max,
+        jrt_median=j.median,
+        jrt_p90=j.p90,
+        jrt_p99=j.p99,
+        jrt_max=j.max,
+        utilization=next(iter(m.utilization.mean.values())),
+        inconsistencies=m.inconsistencies,
+        repartitions=m.repartitions,
+        reschedules=m.reschedules,
+        wall_seconds=result.wall_seconds,
+    )
+    progress(
+        f"{workload} on {run.workers:,} workers, {config.scheduler}/{config.matching}, seed {config.seed}: "
+        f"alloc p50 {format_seconds(a.median)} p99 {format_seconds(a.p99)}, JRT delay p50 "
+        f"{format_seconds(j.median)} p99 {format_seconds(j.p99)}, {run.completed_once:,}/{run.tasks:,} completed "
+        f"once, {run.wall_seconds:,.1f} s wall"
+    )
+    return run, result
+
+
+def allocation_times(result: ReplayResult) -> np.ndarray:
+    """Every started task's allocation time, seconds."""
+    values = np.fromiter((t.allocation_time for t in result.recorder.tasks.values()), dtype=np.float64)
+    return values[~np.isnan(values)]
+
+
+def write_runs(path: Path, runs: Sequence[Run]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([f.name for f in fields(Run)])
+        writer.writerows(astuple(r) for r in runs)
+
+
+def group(runs: Iterable[Run], *keys: str) -> dict[tuple[Any, ...], list[Run]]:
+    """Runs grouped by the values of `keys` (seeds of one configuration end up together), in first-seen order."""
+    groups: dict[tuple[Any, ...], list[Run]] = {}
+    for r in runs:
+        groups.setdefault(tuple(getattr(r, k) for k in keys), []).append(r)
+    return groups
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Mean, minimum and maximum of one figure over seeds."""
+
+    mean: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        data = np.asarray(list(values), dtype=np.float64)
+        if data.size == 0 or np.isnan(data).all():
+            return cls(math.nan, math.nan, math.nan)
+        return cls(float(np.nanmean(data)), float(np.nanmin(data)), float(np.nanmax(data)))
+
+    def seconds(self) -> str:
+        """The mean ("1.00 ms"), followed by "(min - max)" when the seeds differ in the digits shown."""
+        return self._show(format_seconds)
+
+    def percent(self) -> str:
+        return self._show(lambda value: f"{100 * value:.1f}%")
+
+    def _show(self, fmt: Callable[[float], str]) -> str:
+        low, high = fmt(self.low), fmt(self.high)
+        return fmt(self.mean) if low == high else f"{fmt(self.mean)} ({low} - {high})"
+
+
+def spread(runs: Sequence[Run], figure: str) -> Spread:
+    return Spread.of(getattr(r, figure) for r in runs)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def machine() -> str:
+    """CPU model and count, OS and Python: what a reader needs to compare wall times."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    system = f"{platform.system()} {platform.release()}"
+    return f"{model}, {os.cpu_count()} CPUs, {system}, Python {platform.python_version()}"
+
+
+def page(title: str, command: str, wall: float, body: Iterable[str]) -> str:
+    """A results page: title, the command that wrote it, the machine and the wall time, then `body`."""
+    head = [
+        f"# {title}",
+        "",
+        f"Produced by `{command}` in {wall:,.0f} s of wall time on {machine()}. The machine is shared: wall times "
+        "are indicative; every other figure is on the simulator's virtual clock and does not depend on the machine.",
+        "",
+    ]
+    return "\n".join([*head, *body]) + "\n"
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return " ".join([f"python -m megha.sim.experiments.{module}", *args])
+
+
+def parser(module: str, name: str, description: str, seeds: Sequence[int] = (0, 1, 2)) -> argparse.ArgumentParser:
+    """The options every experiment has: `--seeds`, `--out` and `--name` (the stem of the files it writes)."""
+    p = argparse.ArgumentParser(prog=f"python -m megha.sim.experiments.{module}", description=description)
+    p.add_argument("--seeds", type=int, nargs="+", default=list(seeds), help="seeds (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="output directory (default: docs/results)")
+    p.add_argument("--name", default=name, help="stem of the files written (default: %(default)s)")
+    return p
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def figure(rows: int = 1, cols: int = 1, width: float = 11, height: float = 4) -> tuple[Any, np.ndarray]:
+    """A matplotlib figure (no display backend) and its axes as a 2-D array."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,154 @@
+"""The simulator experiments of issue 4, each reduced to a few hundred tasks and run through its command's main():
+the files it writes and the sanity of its figures (the full-size runs are the commands' defaults)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from megha.loadgen.replay import REFERENCE_CLUSTER
+from megha.loadgen.trace import TraceJob
+from megha.sim.experiments import allocation, heartbeat, scale, vs_pigeonc
+from megha.sim.experiments.harness import TRACES, DataCentre, Workload, paper_centre
+from megha.sim.experiments.workloads import PoissonLoad, retime
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def assert_every_task_accounted_for(rows: list[dict[str, str]]) -> None:
+    """Every task of an accepted job completed exactly once; only rejected jobs' tasks failed."""
+    for r in rows:
+        assert int(r["completed_once"]) + int(r["failed"]) == int(r["tasks"]), r
+        assert int(r["completed_once"]) > 0, r
+        assert int(r["failed"]) == 0 or int(r["jobs_rejected"]) > 0, r
+
+
+def assert_written(out: Path, *names: str) -> None:
+    for name in names:
+        assert (out / name).stat().st_size > (10_000 if name.endswith(".png") else 100), name
+
+
+def test_data_centre_and_workload_specs() -> None:
+    assert DataCentre.parse("5x5x800").workers == 20_000
+    assert DataCentre.parse("reference").replay_fields() == {"cluster": "reference"}
+    assert paper_centre("GOOG") == DataCentre(5, 5, 800) and paper_centre("syn_250").reference
+    workload = Workload.parse("syn:10:2@2x3x4")
+    assert (workload.trace, workload.centre.workers) == ("syn:10:2", 24)
+    with pytest.raises(ValueError, match="LMSxGMSxWORKERS"):
+        DataCentre.parse("5x5")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        Workload.parse("no-such-trace.tr")
+
+
+def test_poisson_load_offers_the_asked_share_of_the_workers(tmp_path: Path) -> None:
+    load = PoissonLoad(load=0.5, tasks_per_job=10, seconds=200.0)
+    jobs = load.write(tmp_path / "t.tr", workers=100, seed=3)
+    # 0.5 x 100 workers busy with 1 s tasks = 50 tasks/s = 5 jobs/s over 200 s: 1,000 jobs, +-3 sigma.
+    assert abs(jobs - 1000) < 3 * math.sqrt(1000)
+    first = (tmp_path / "t.tr").read_text().splitlines()[0].split()
+    assert first[1:3] == ["10", "1.000000"] and len(first) == 13
+    assert load.write(tmp_path / "u.tr", workers=100, seed=3) == jobs
+
+
+def test_retimed_jobs_keep_their_tasks_and_offer_the_asked_load() -> None:
+    jobs = [TraceJob(0.0, (10.0, 30.0)), TraceJob(5.0, (20.0,))] * 2000  # 30 task-seconds a job on average
+    retimed = retime(jobs, workers=60, load=0.5, seed=1)
+    assert [j.durations for j in retimed] == [j.durations for j in jobs]
+    arrivals = [j.arrival for j in retimed]
+    assert arrivals[0] == 0 and arrivals == sorted(arrivals)
+    # 0.5 x 60 workers / 30 task-seconds per job = 1 job a second.
+    assert arrivals[-1] / (len(jobs) - 1) == pytest.approx(1.0, rel=0.1)
+
+
+def test_reduced_megha_vs_pigeonc_writes_one_row_per_run(tmp_path: Path) -> None:
+    argv = ["--workloads", "syn:100:6@2x2x250", "--seeds", "0", "1", "--matchings", "random", "--out", str(tmp_path)]
+    assert vs_pigeonc.main(argv) == 0
+    rows = read_rows(tmp_path / "megha-vs-pigeonc.csv")
+    assert [(r["scheduler"], r["seed"]) for r in rows] == [
+        ("megha", "0"),
+        ("megha", "1"),
+        ("pigeonc", "0"),
+        ("pigeonc", "1"),
+    ]
+    assert_every_task_accounted_for(rows)
+    for r in rows:
+        assert int(r["workers"]) == 1000 and 0 < float(r["utilization"]) <= 1
+        assert float(r["jrt_median"]) <= float(r["jrt_p99"]) <= float(r["jrt_max"])
+    assert_written(tmp_path, "megha-vs-pigeonc.md", "megha-vs-pigeonc.png")
+    text = (tmp_path / "megha-vs-pigeonc.md").read_text()
+    assert "`python -m megha.sim.experiments.vs_pigeonc --workloads syn:100:6@2x2x250" in text
+    assert "| syn:100:6 | random | pigeonc |" in text  # the baseline / Megha table
+
+
+@pytest.mark.shared
+def test_reduced_syn_250_megha_beats_pigeonc_at_the_99th_percentile(tmp_path: Path) -> None:
+    if not REFERENCE_CLUSTER.exists() or not (TRACES / "syn_250.0.tr").exists():
+        pytest.skip("needs ../shared (syn_250.0.tr and the reference cluster)")
+    assert (
+        vs_pigeonc.main(["--workloads", "syn_250", "--first-jobs", "12", "--seeds", "0", "--out", str(tmp_path)]) == 0
+    )
+    rows = read_rows(tmp_path / "megha-vs-pigeonc.csv")
+    assert len(rows) == 4 and {r["workers"] for r in rows} == {"10000"}
+    assert_every_task_accounted_for(rows)
+    for matching in ("random", "min-constraints"):
+        p99 = {r["scheduler"]: float(r["jrt_p99"]) for r in rows if r["matching"] == matching}
+        assert p99["megha"] < p99["pigeonc"], (matching, p99)
+
+
+def test_reduced_allocation_time_comparison(tmp_path: Path) -> None:
+    argv = ["--workload", "demo", "--first-jobs", "20", "--centres", "2x2x150", "--out", str(tmp_path)]
+    assert allocation.main([*argv, "--loads", "0.9", "trace"]) == 0
+    rows = read_rows(tmp_path / "allocation-time.csv")
+    assert [(r["workload"], r["scheduler"]) for r in rows] == [
+        (scenario, scheduler)
+        for scenario in ("demo at 90% load", "demo, trace arrivals")
+        for scheduler in ("megha", "sparrow", "centralized")
+    ]
+    assert {r["workers"] for r in rows} == {"600"}
+    assert_every_task_accounted_for(rows)
+    for r in rows:
+        figures = [float(r[f]) for f in ("alloc_median", "alloc_p90", "alloc_p99", "alloc_p9999", "alloc_max")]
+        assert figures == sorted(figures) and figures[0] > 0.00099  # at least two hops (GM -> LM -> worker)
+    cdf = read_rows(tmp_path / "allocation-time-cdf.csv")
+    assert list(cdf[0])[:4] == [
+        "percent",
+        *(f"{s} @ 600 (demo at 90% load)" for s in ("megha", "sparrow", "centralized")),
+    ]
+    for column in list(cdf[0])[1:]:
+        values = [float(row[column]) for row in cdf]
+        assert values == sorted(values)
+    assert_written(tmp_path, "allocation-time.md", "allocation-time.png", "allocation-time-tail.png")
+
+
+def test_reduced_scale_experiment(tmp_path: Path) -> None:
+    argv = ["--sizes", "200", "400", "--gms-lms", "2", "--grid-workers", "400", "--counts", "1", "2"]
+    argv += ["--seconds", "3", "--tasks-per-job", "20", "--out", str(tmp_path)]
+    assert scale.main(argv) == 0
+    rows = read_rows(tmp_path / "scale.csv")
+    sizes = [r for r in rows if r["workload"] == "size"]
+    grid = [r for r in rows if r["workload"] == "grid"]
+    assert [int(r["workers"]) for r in sizes] == [200, 400]
+    assert [(r["lms"], r["gms"]) for r in grid] == [("1", "2"), ("2", "1"), ("2", "2")]  # one varied, the other 2
+    assert_every_task_accounted_for(rows)
+    # More workers at the same offered load: about twice the tasks.
+    assert 1.5 < int(sizes[1]["tasks"]) / int(sizes[0]["tasks"]) < 2.5
+    assert_written(tmp_path, "scale.md", "scale.png")
+
+
+def test_reduced_heartbeat_experiment(tmp_path: Path) -> None:
+    argv = ["--workloads", "syn:100:20@2x2x150", "--intervals", "0.1", "10", "--out", str(tmp_path)]
+    assert heartbeat.main(argv) == 0
+    rows = read_rows(tmp_path / "heartbeat.csv")
+    assert [float(r["delta_interval"]) for r in rows] == [0.1, 10.0]
+    assert_every_task_accounted_for(rows)
+    fast, slow = rows
+    # Staler views: more placements the LMs refuse, and jobs at least as delayed.
+    assert int(slow["inconsistencies"]) >= int(fast["inconsistencies"])
+    assert float(slow["jrt_p99"]) >= float(fast["jrt_p99"])
+    assert_written(tmp_path, "heartbeat.md", "heartbeat.png")
