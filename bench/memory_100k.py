@@ -5,8 +5,8 @@ holds a view of all 100,000 workers), the workload and the system, replays the w
 and reports its peak resident set size (`resource.getrusage`, ru_maxrss). The target is under 8 GB.
 
 Scenarios:
-* `poisson`: jobs of 100 one-second tasks arriving as a Poisson process that offers 80% of the workers for 30
-  simulated seconds (about 2.4 million tasks; the scale experiment's workload, `megha.sim.experiments.scale`);
+* `poisson`: jobs of 100 one-second tasks arriving as a Poisson process that offers 80% of the workers for 10
+  simulated seconds (about 800,000 tasks; the scale experiment's workload, `megha.sim.experiments.scale`);
 * `goog`: all of GOOG_subtrace.tr (312,558 tasks, mostly long ones), when ../shared is present.
 
     python bench/memory_100k.py                       # both scenarios
@@ -51,7 +51,7 @@ print(json.dumps({"workers": result.cluster.num_nodes, "tasks": m.tasks, "loop":
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", choices=["poisson", "goog"], action="append", help="default: both")
-    parser.add_argument("--seconds", type=float, default=30.0, help="simulated seconds of Poisson arrivals")
+    parser.add_argument("--seconds", type=float, default=10.0, help="simulated seconds of Poisson arrivals")
     args = parser.parse_args()
     scenarios = args.scenario or ["poisson", "goog"]
     if "goog" in scenarios and not GOOG.exists():
