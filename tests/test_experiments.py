@@ -12,21 +12,16 @@ import pytest
 from megha.loadgen.replay import REFERENCE_CLUSTER
 from megha.loadgen.trace import TraceJob
 from megha.sim.experiments import allocation, heartbeat, scale, vs_pigeonc
-from megha.sim.experiments.harness import TRACES, DataCentre, Workload, paper_centre
+from megha.sim.experiments.harness import TRACES, DataCentre, Run, Workload, paper_centre, read_runs
 from megha.sim.experiments.workloads import PoissonLoad, retime
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with path.open() as handle:
-        return list(csv.DictReader(handle))
-
-
-def assert_every_task_accounted_for(rows: list[dict[str, str]]) -> None:
+def assert_every_task_accounted_for(runs: list[Run]) -> None:
     """Every task of an accepted job completed exactly once; only rejected jobs' tasks failed."""
-    for r in rows:
-        assert int(r["completed_once"]) + int(r["failed"]) == int(r["tasks"]), r
-        assert int(r["completed_once"]) > 0, r
-        assert int(r["failed"]) == 0 or int(r["jobs_rejected"]) > 0, r
+    for r in runs:
+        assert r.completed_once + r.failed == r.tasks, r
+        assert r.completed_once > 0, r
+        assert r.failed == 0 or r.jobs_rejected > 0, r
 
 
 def assert_written(out: Path, *names: str) -> None:
@@ -69,17 +64,12 @@ def test_retimed_jobs_keep_their_tasks_and_offer_the_asked_load() -> None:
 def test_reduced_megha_vs_pigeonc_writes_one_row_per_run(tmp_path: Path) -> None:
     argv = ["--workloads", "syn:100:6@2x2x250", "--seeds", "0", "1", "--matchings", "random", "--out", str(tmp_path)]
     assert vs_pigeonc.main(argv) == 0
-    rows = read_rows(tmp_path / "megha-vs-pigeonc.csv")
-    assert [(r["scheduler"], r["seed"]) for r in rows] == [
-        ("megha", "0"),
-        ("megha", "1"),
-        ("pigeonc", "0"),
-        ("pigeonc", "1"),
-    ]
-    assert_every_task_accounted_for(rows)
-    for r in rows:
-        assert int(r["workers"]) == 1000 and 0 < float(r["utilization"]) <= 1
-        assert float(r["jrt_median"]) <= float(r["jrt_p99"]) <= float(r["jrt_max"])
+    runs = read_runs(tmp_path / "megha-vs-pigeonc.csv")
+    assert [(r.scheduler, r.seed) for r in runs] == [("megha", 0), ("megha", 1), ("pigeonc", 0), ("pigeonc", 1)]
+    assert_every_task_accounted_for(runs)
+    for r in runs:
+        assert r.workers == 1000 and 0 < r.utilization <= 1
+        assert r.jrt_median <= r.jrt_p99 <= r.jrt_max
     assert_written(tmp_path, "megha-vs-pigeonc.md", "megha-vs-pigeonc.png")
     text = (tmp_path / "megha-vs-pigeonc.md").read_text()
     assert "`python -m megha.sim.experiments.vs_pigeonc --workloads syn:100:6@2x2x250" in text
@@ -90,65 +80,73 @@ def test_reduced_megha_vs_pigeonc_writes_one_row_per_run(tmp_path: Path) -> None
 def test_reduced_syn_250_megha_beats_pigeonc_at_the_99th_percentile(tmp_path: Path) -> None:
     if not REFERENCE_CLUSTER.exists() or not (TRACES / "syn_250.0.tr").exists():
         pytest.skip("needs ../shared (syn_250.0.tr and the reference cluster)")
-    assert (
-        vs_pigeonc.main(["--workloads", "syn_250", "--first-jobs", "12", "--seeds", "0", "--out", str(tmp_path)]) == 0
-    )
-    rows = read_rows(tmp_path / "megha-vs-pigeonc.csv")
-    assert len(rows) == 4 and {r["workers"] for r in rows} == {"10000"}
-    assert_every_task_accounted_for(rows)
+    argv = ["--workloads", "syn_250", "--first-jobs", "12", "--seeds", "0", "--out", str(tmp_path)]
+    assert vs_pigeonc.main(argv) == 0
+    runs = read_runs(tmp_path / "megha-vs-pigeonc.csv")
+    assert len(runs) == 4 and {r.workers for r in runs} == {10_000}
+    assert_every_task_accounted_for(runs)
     for matching in ("random", "min-constraints"):
-        p99 = {r["scheduler"]: float(r["jrt_p99"]) for r in rows if r["matching"] == matching}
+        p99 = {r.scheduler: r.jrt_p99 for r in runs if r.matching == matching}
         assert p99["megha"] < p99["pigeonc"], (matching, p99)
 
 
 def test_reduced_allocation_time_comparison(tmp_path: Path) -> None:
     argv = ["--workload", "demo", "--first-jobs", "20", "--centres", "2x2x150", "--out", str(tmp_path)]
     assert allocation.main([*argv, "--loads", "0.9", "trace"]) == 0
-    rows = read_rows(tmp_path / "allocation-time.csv")
-    assert [(r["workload"], r["scheduler"]) for r in rows] == [
-        (scenario, scheduler)
-        for scenario in ("demo at 90% load", "demo, trace arrivals")
-        for scheduler in ("megha", "sparrow", "centralized")
-    ]
-    assert {r["workers"] for r in rows} == {"600"}
-    assert_every_task_accounted_for(rows)
-    for r in rows:
-        figures = [float(r[f]) for f in ("alloc_median", "alloc_p90", "alloc_p99", "alloc_p9999", "alloc_max")]
+    runs = read_runs(tmp_path / "allocation-time.csv")
+    scenarios = ("demo at 90% load", "demo, trace arrivals")
+    schedulers = ("megha", "sparrow", "centralized")
+    assert [(r.workload, r.scheduler) for r in runs] == [(w, s) for w in scenarios for s in schedulers]
+    assert {r.workers for r in runs} == {600}
+    assert_every_task_accounted_for(runs)
+    for r in runs:
+        figures = [r.alloc_median, r.alloc_p90, r.alloc_p99, r.alloc_p9999, r.alloc_max]
         assert figures == sorted(figures) and figures[0] > 0.00099  # at least two hops (GM -> LM -> worker)
-    cdf = read_rows(tmp_path / "allocation-time-cdf.csv")
-    assert list(cdf[0])[:4] == [
-        "percent",
-        *(f"{s} @ 600 (demo at 90% load)" for s in ("megha", "sparrow", "centralized")),
-    ]
+    with (tmp_path / "allocation-time-cdf.csv").open() as handle:
+        cdf = list(csv.DictReader(handle))
+    assert list(cdf[0])[:4] == ["percent", *(f"{s} @ 600 ({scenarios[0]})" for s in schedulers)]
     for column in list(cdf[0])[1:]:
         values = [float(row[column]) for row in cdf]
         assert values == sorted(values)
     assert_written(tmp_path, "allocation-time.md", "allocation-time.png", "allocation-time-tail.png")
 
 
+def test_reduced_allocation_time_without_constraints(tmp_path: Path) -> None:
+    argv = ["--workload", "demo", "--first-jobs", "10", "--centres", "2x2x100", "--loads", "0.5", "--no-constraints"]
+    argv += ["--delta-interval", "10", "--schedulers", "megha", "sparrow", "--out", str(tmp_path), "--name", "nc"]
+    assert allocation.main(argv) == 0
+    runs = read_runs(tmp_path / "nc.csv")
+    assert [r.scheduler for r in runs] == ["megha", "sparrow"]
+    assert all(r.delta_interval == 10 for r in runs)
+    assert_every_task_accounted_for(runs)
+    assert all(r.jobs_rejected == 0 for r in runs)  # without constraints every task can run somewhere
+    text = (tmp_path / "nc.md").read_text()
+    assert "without placement constraints" in text and "10 s delta interval" in text
+
+
 def test_reduced_scale_experiment(tmp_path: Path) -> None:
     argv = ["--sizes", "200", "400", "--gms-lms", "2", "--grid-workers", "400", "--counts", "1", "2"]
     argv += ["--seconds", "3", "--tasks-per-job", "20", "--out", str(tmp_path)]
     assert scale.main(argv) == 0
-    rows = read_rows(tmp_path / "scale.csv")
-    sizes = [r for r in rows if r["workload"] == "size"]
-    grid = [r for r in rows if r["workload"] == "grid"]
-    assert [int(r["workers"]) for r in sizes] == [200, 400]
-    assert [(r["lms"], r["gms"]) for r in grid] == [("1", "2"), ("2", "1"), ("2", "2")]  # one varied, the other 2
-    assert_every_task_accounted_for(rows)
+    runs = read_runs(tmp_path / "scale.csv")
+    sizes = [r for r in runs if r.workload == "size"]
+    grid = [r for r in runs if r.workload == "grid"]
+    assert [r.workers for r in sizes] == [200, 400]
+    assert [(r.lms, r.gms) for r in grid] == [(1, 2), (2, 1), (2, 2)]  # one count varied, the other 2
+    assert_every_task_accounted_for(runs)
     # More workers at the same offered load: about twice the tasks.
-    assert 1.5 < int(sizes[1]["tasks"]) / int(sizes[0]["tasks"]) < 2.5
+    assert 1.5 < sizes[1].tasks / sizes[0].tasks < 2.5
     assert_written(tmp_path, "scale.md", "scale.png")
 
 
 def test_reduced_heartbeat_experiment(tmp_path: Path) -> None:
     argv = ["--workloads", "syn:100:20@2x2x150", "--intervals", "0.1", "10", "--out", str(tmp_path)]
     assert heartbeat.main(argv) == 0
-    rows = read_rows(tmp_path / "heartbeat.csv")
-    assert [float(r["delta_interval"]) for r in rows] == [0.1, 10.0]
-    assert_every_task_accounted_for(rows)
-    fast, slow = rows
-    # Staler views: more placements the LMs refuse, and jobs at least as delayed.
-    assert int(slow["inconsistencies"]) >= int(fast["inconsistencies"])
-    assert float(slow["jrt_p99"]) >= float(fast["jrt_p99"])
+    runs = read_runs(tmp_path / "heartbeat.csv")
+    assert [r.delta_interval for r in runs] == [0.1, 10.0]
+    assert_every_task_accounted_for(runs)
+    fast, slow = runs
+    # A task parked because its GM's view showed no free worker waits for a delta to show one: staler views
+    # delay jobs at least as much.
+    assert slow.jrt_p99 >= fast.jrt_p99
     assert_written(tmp_path, "heartbeat.md", "heartbeat.png")

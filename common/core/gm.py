@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from operator import add, gt, sub
 
 from megha.common.core.cluster import ClusterSpec
@@ -28,6 +28,7 @@ from megha.common.core.messages import (
     lm_address,
 )
 from megha.common.core.observer import CoreObserver
+from megha.common.core.parked import ParkedShapes, Shape
 from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
 from megha.common.core.placement.feasibility import ever_feasible_nodes, feasible_nodes
 from megha.common.core.placement.search import PartitionSearch
@@ -81,8 +82,8 @@ class GlobalMaster:
         # Tasks that fit nowhere in the view, parked by shape (constraints, request, user under fair scheduling,
         # else "") in the order shapes first failed; a shape is retried only when a node it could use frees up in
         # the view (or, under fair scheduling, for a preemption when a delta arrives).
-        self.waiting: dict[tuple[int, Resources, str], deque[TaskSpec]] = {}
-        self._parked_requests: dict[Resources, int] = {}  # request -> parked shapes with that request
+        self.parked = ParkedShapes()
+        self.waiting = self.parked.tasks
         self._next_seq = [0] * cluster.num_lms
         self._outstanding: list[dict[int, list[Placement]]] = [{} for _ in range(cluster.num_lms)]
         self._inflight: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
@@ -96,7 +97,7 @@ class GlobalMaster:
         self._has_pending = False
         # Preemption requests awaiting their answer, per LM: seq -> (task, LMs still to ask if this one refuses).
         self._preempting: list[dict[int, tuple[TaskSpec, list[int]]]] = [{} for _ in range(cluster.num_lms)]
-        self._preempt_shapes: set[tuple[int, Resources, str]] = set()
+        self._preempt_shapes: set[Shape] = set()
         self._extra: list[Output] = []
         self.repartitions = 0
         self.inconsistencies = 0
@@ -241,7 +242,7 @@ class GlobalMaster:
             if not self._place(task, batches):
                 if book is not None and shape not in self._preempt_shapes and self._preempt(task, now):
                     continue
-                self._park_shape(shape, task)
+                self.parked.park(shape, task)
                 self.reschedules += 1
                 observer.rescheduled(task, now)
         return self._flush(batches, now)
@@ -249,18 +250,17 @@ class GlobalMaster:
     def _retry_waiting(self, grown: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]]) -> None:
         """For each node whose free resources grew, retry (oldest shape first) the parked shapes it could run,
         until the node cannot take any parked request any more."""
+        parked_shapes = self.parked
         waiting = self.waiting
-        requests = self._parked_requests
         for lm, node in grown:
             view, i = self._locate[lm][node]
-            if not any(covers(view.free[i], r) for r in requests):
+            if not parked_shapes.any_request_fits(view.free[i]):
                 continue
-            node_mask = view.masks[i]
             emptied = []
-            for shape, parked in self._shapes_in_service_order():
-                mask, request, _ = shape
-                if mask & ~node_mask or not covers(view.free[i], request):
+            for shape in self._in_service_order(parked_shapes.runnable_on(view.masks[i])):
+                if not covers(view.free[i], shape[1]):
                     continue
+                parked = waiting[shape]
                 placed = False
                 while parked:
                     self.observer.attempt(parked[0], now)
@@ -270,33 +270,21 @@ class GlobalMaster:
                     placed = True
                 if not parked:
                     emptied.append(shape)
-                if placed and not any(covers(view.free[i], r) for r in requests):
+                if placed and not parked_shapes.any_request_fits(view.free[i]):
                     break
             for shape in emptied:
-                del waiting[shape]
-                self._unpark_shape(shape)
+                parked_shapes.unpark(shape)
             if not waiting:
                 return
 
-    def _shapes_in_service_order(self) -> Iterable[tuple[tuple[int, Resources, str], deque[TaskSpec]]]:
-        """Parked shapes, oldest first; under fair scheduling grouped by user in the share policy's order (who
-        gets a freed node under contention is the policy's decision)."""
+    def _in_service_order(self, shapes: Iterator[Shape]) -> Iterable[Shape]:
+        """Parked shapes (given oldest first) in the order they are served: under fair scheduling grouped by user
+        in the share policy's order (who gets a freed node under contention is the policy's decision)."""
         if self.book is None:
-            return self.waiting.items()
+            return shapes
         order = self.book.order_users(self.queue.rotation())  # type: ignore[union-attr]
         rank = {user: k for k, user in enumerate(order)}
-        return sorted(self.waiting.items(), key=lambda item: rank[item[0][2]])
-
-    def _park_shape(self, shape: tuple[int, Resources, str], task: TaskSpec) -> None:
-        self.waiting[shape] = deque((task,))
-        self._parked_requests[shape[1]] = self._parked_requests.get(shape[1], 0) + 1
-
-    def _unpark_shape(self, shape: tuple[int, Resources, str]) -> None:
-        count = self._parked_requests[shape[1]] - 1
-        if count:
-            self._parked_requests[shape[1]] = count
-        else:
-            del self._parked_requests[shape[1]]
+        return sorted(shapes, key=lambda shape: rank[shape[2]])
 
     def _place(self, task: TaskSpec, batches: dict[int, list[Placement]]) -> bool:
         """Match `task`; on success deduct it from the view and add it to its LM's batch."""
@@ -454,8 +442,7 @@ class GlobalMaster:
             if parked:  # the next task of this shape may preempt in turn
                 head = parked.popleft()
                 if not parked:
-                    del self.waiting[shape]
-                    self._unpark_shape(shape)
+                    self.parked.unpark(shape)
                 self.queue.push_front(head)  # type: ignore[union-attr]
             return
         book.released(task, resp.lm)
@@ -464,7 +451,7 @@ class GlobalMaster:
             return
         parked = self.waiting.get(shape)
         if parked is None:
-            self._park_shape(shape, task)
+            self.parked.park(shape, task)
         else:
             parked.appendleft(task)
         self.reschedules += 1
@@ -481,8 +468,7 @@ class GlobalMaster:
             if self._preempt(task, now):
                 parked.popleft()
                 if not parked:
-                    del self.waiting[shape]
-                    self._unpark_shape(shape)
+                    self.parked.unpark(shape)
 
     def _apply_delta(self, delta: Delta) -> None:
         self._apply_states(delta.lm, delta.nodes, delta.applied_through)

@@ -8,14 +8,22 @@ Bitsets are Python ints, bit i = node i of the partition. Two caches keep matchi
 
 from __future__ import annotations
 
+from functools import cache
 from operator import ge
 
 from megha.common.core.cluster import PartitionSpec
-from megha.common.core.constraints import NUM_CONSTRAINTS, iter_bits
+from megha.common.core.constraints import ALL_CONSTRAINTS_MASK, NUM_CONSTRAINTS, iter_bits
 from megha.common.core.resources import Resources
 from megha.common.core.task import TaskSpec
 
 MAX_FIT_SHAPES = 64
+
+
+@cache
+def missing_constraints(mask: int) -> tuple[int, ...]:
+    """The constraint ids a node with machine constraints `mask` lacks (memoised: nodes share few masks, and a GM
+    asks for every node that frees up while tasks wait)."""
+    return tuple(iter_bits(ALL_CONSTRAINTS_MASK & ~mask))
 
 
 def covers(free: Resources, request: Resources) -> bool:
@@ -114,10 +122,12 @@ class PartitionView:
     def set_free(self, i: int, free: Resources) -> None:
         """Record node i's free resources and keep the fit caches current."""
         self.free[i] = free
-        bit = 1 << i
         fit = self._fit
         for request, bits in fit.items():
-            fit[request] = bits | bit if all(map(ge, free, request)) else bits & ~bit
+            if all(map(ge, free, request)):
+                fit[request] = bits | 1 << i
+            else:
+                fit[request] = bits & ~(1 << i)
 
     def used_fraction(self) -> float:
         """Share of the partition's first resource in use, in this view (for reports and debugging)."""

@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
@@ -124,17 +125,29 @@ class Run:
     inconsistencies: int
     repartitions: int
     reschedules: int
-    wall_seconds: float
+    wall_seconds: float  # the event loop's wall time
+    cpu_seconds: float = math.nan  # the whole replay's CPU time (data centre, workload, run, metrics)
 
     @property
-    def wall_us_per_task(self) -> float:
-        """Wall-clock cost of the event loop per task (all GMs, LMs and workers on one core), microseconds."""
-        return 1e6 * self.wall_seconds / self.tasks if self.tasks else math.nan
+    def cpu_us_per_task(self) -> float:
+        """The simulator's processing cost per task (every GM, LM and worker on one core), in CPU microseconds:
+        less disturbed than wall time by other work on a shared machine."""
+        return 1e6 * self.cpu_seconds / self.tasks if self.tasks else math.nan
+
+
+def seconds(value: float) -> str:
+    """A duration for a results table: "1.50 ms" below a second, "1.003 s" below 100 s, "6,050 s" above (hours-long
+    waits need no millisecond digits)."""
+    if not math.isnan(value) and abs(value) >= 100:
+        return f"{value:,.0f} s"
+    return format_seconds(value)
 
 
 def run_replay(config: ReplayConfig, workload: str) -> tuple[Run, ReplayResult]:
     """Replay `config` and summarise it as a Run labelled `workload`."""
+    cpu = time.process_time()
     result = replay(config)
+    cpu = time.process_time() - cpu
     m = result.metrics
     a, j = m.allocation_time, m.jrt_delay
     run = Run(
@@ -164,11 +177,12 @@ def run_replay(config: ReplayConfig, workload: str) -> tuple[Run, ReplayResult]:
         repartitions=m.repartitions,
         reschedules=m.reschedules,
         wall_seconds=result.wall_seconds,
+        cpu_seconds=cpu,
     )
     progress(
         f"{workload} on {run.workers:,} workers, {config.scheduler}/{config.matching}, seed {config.seed}: "
-        f"alloc p50 {format_seconds(a.median)} p99 {format_seconds(a.p99)}, JRT delay p50 "
-        f"{format_seconds(j.median)} p99 {format_seconds(j.p99)}, {run.completed_once:,}/{run.tasks:,} completed "
+        f"alloc p50 {seconds(a.median)} p99 {seconds(a.p99)}, JRT delay p50 "
+        f"{seconds(j.median)} p99 {seconds(j.p99)}, {run.completed_once:,}/{run.tasks:,} completed "
         f"once, {run.wall_seconds:,.1f} s wall"
     )
     return run, result
@@ -185,6 +199,14 @@ def write_runs(path: Path, runs: Sequence[Run]) -> None:
         writer = csv.writer(handle)
         writer.writerow([f.name for f in fields(Run)])
         writer.writerows(astuple(r) for r in runs)
+
+
+def read_runs(path: Path) -> list[Run]:
+    """The runs of a CSV written by `write_runs` (to redraw a page without replaying)."""
+    convert = {"int": int, "float": float, "str": str}
+    types = {f.name: convert[str(f.type)] for f in fields(Run)}  # absent columns (older CSVs) take their default
+    with path.open(newline="") as handle:
+        return [Run(**{k: types[k](v) for k, v in row.items()}) for row in csv.DictReader(handle)]
 
 
 def group(runs: Iterable[Run], *keys: str) -> dict[tuple[Any, ...], list[Run]]:
@@ -212,7 +234,7 @@ class Spread:
 
     def seconds(self) -> str:
         """The mean ("1.00 ms"), followed by "(min - max)" when the seeds differ in the digits shown."""
-        return self._show(format_seconds)
+        return self._show(seconds)
 
     def percent(self) -> str:
         return self._show(lambda value: f"{100 * value:.1f}%")
@@ -224,6 +246,17 @@ class Spread:
 
 def spread(runs: Sequence[Run], figure: str) -> Spread:
     return Spread.of(getattr(r, figure) for r in runs)
+
+
+def accounted(runs: Sequence[Run]) -> str:
+    """Tasks of accepted jobs that completed exactly once, of all such tasks, summed over `runs`."""
+    return f"{sum(r.completed_once for r in runs):,} / {sum(r.tasks - r.failed for r in runs):,}"
+
+
+def count_range(runs: Sequence[Run], figure: str) -> str:
+    """An integer figure over seeds: "11", or "11 - 22" when the seeds differ."""
+    low, high = min(getattr(r, figure) for r in runs), max(getattr(r, figure) for r in runs)
+    return f"{low:,}" if low == high else f"{low:,} - {high:,}"
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:

@@ -25,6 +25,7 @@ from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Run, Workload, group, spread
 
 MODULE = "heartbeat"
+TITLE = "Heartbeat period (LM delta interval) sensitivity"
 DEFAULT_INTERVALS = [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 DEFAULT_WORKLOADS = ["syn_1000", "GOOG"]
 
@@ -52,7 +53,9 @@ def run_all(
     return runs
 
 
-def markdown(runs: Sequence[Run]) -> list[str]:
+def markdown(runs: Sequence[Run], first_jobs: int | None, stem: str) -> list[str]:
+    jobs = "all jobs" if first_jobs is None else f"the first {first_jobs:,} jobs"
+    seeds = ", ".join(map(str, sorted({r.seed for r in runs})))
     rows = []
     for (workload, interval), rs in group(runs, "workload", "delta_interval").items():
         rows.append(
@@ -64,11 +67,17 @@ def markdown(runs: Sequence[Run]) -> list[str]:
                 f"{sum(r.inconsistencies for r in rs) / len(rs):,.0f}",
                 f"{sum(r.inconsistencies for r in rs) / max(sum(r.tasks - r.failed for r in rs), 1):.2%}",
                 f"{sum(r.reschedules for r in rs) / len(rs):,.0f}",
-                f"{sum(r.completed_once for r in rs):,} / {sum(r.tasks - r.failed for r in rs):,}",
+                harness.accounted(rs),
                 f"{sum(r.wall_seconds for r in rs) / len(rs):,.1f}",
             ]
         )
-    return harness.table(
+    intro = (
+        f"Megha (5 GMs x 5 LMs) on {jobs} of each trace, slot mode, Sharma et al. constraints, {runs[0].matching} "
+        f"matching, 0.5 ms per hop, seeds {seeds} (mean over seeds, range in brackets when they differ). syn_* "
+        "traces run on the reference cluster, the Google sub-trace on 20,000 generated workers. An inconsistency is "
+        "a placement the LM refused because the GM's view was stale."
+    )
+    table = harness.table(
         [
             "workload",
             "workers",
@@ -81,11 +90,12 @@ def markdown(runs: Sequence[Run]) -> list[str]:
             "inconsistencies",
             "per accepted task",
             "reschedules",
-            "completed once / accepted",
+            "completed once / accepted tasks",
             "wall s per run",
         ],
         rows,
     )
+    return [intro, "", *table, "", f"![heartbeat sensitivity]({stem}.png)"]
 
 
 def plot(runs: Sequence[Run], path: Path) -> None:
@@ -135,22 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_all(workloads, args.intervals, args.seeds, args.first_jobs, args.matching)
     harness.write_runs(args.out / f"{args.name}.csv", runs)
     plot(runs, args.out / f"{args.name}.png")
-    jobs = "all jobs" if args.first_jobs is None else f"the first {args.first_jobs:,} jobs"
-    body = [
-        f"Megha (5 GMs x 5 LMs) on {jobs} of each trace, slot mode, Sharma et al. constraints, {args.matching} "
-        f"matching, 0.5 ms per hop, seeds {', '.join(map(str, args.seeds))} (mean over seeds, range in brackets "
-        "when they differ). syn_* traces run on the reference cluster, the Google sub-trace on 20,000 generated "
-        "workers. An inconsistency is a placement the LM refused because the GM's view was stale.",
-        "",
-        *markdown(runs),
-        "",
-        f"![heartbeat sensitivity]({args.name}.png)",
-    ]
     text = harness.page(
-        "Heartbeat period (LM delta interval) sensitivity",
+        TITLE,
         harness.command_line(MODULE, argv),
         time.perf_counter() - start,
-        body,
+        markdown(runs, args.first_jobs, args.name),
     )
     (args.out / f"{args.name}.md").write_text(text)
     harness.progress(f"wrote {args.out}/{args.name}.md, .csv and .png")

@@ -8,7 +8,7 @@ ones' queues), for 10 simulated seconds (ten task lifetimes: long enough for a s
 written to a temporary directory (seeded, so a run is reproducible).
 
 On the simulator's virtual clock, deciding costs no time: the allocation time shows network hops, inconsistencies
-and waiting for workers, not processing. What a bigger state costs the GMs and LMs shows instead in the wall
+and waiting for workers, not processing. What a bigger state costs the GMs and LMs shows instead in the CPU
 time per task, the simulator's own processing cost (every GM, LM and worker on one core).
 
     python -m megha.sim.experiments.scale                # the full experiment: writes docs/results/scale*
@@ -64,8 +64,8 @@ def size_rows(runs: Sequence[Run]) -> list[list[str]]:
                 *(spread(rs, f).seconds() for f in ("alloc_median", "alloc_p99", "alloc_p9999", "alloc_max")),
                 f"{sum(r.inconsistencies for r in rs) / len(rs):,.0f}",
                 f"{sum(r.repartitions for r in rs) / len(rs):,.0f}",
-                f"{sum(r.completed_once for r in rs):,} / {sum(r.tasks - r.failed for r in rs):,}",
-                f"{sum(r.wall_us_per_task for r in rs) / len(rs):,.0f}",
+                harness.accounted(rs),
+                f"{_cost(rs):,.0f}",
             ]
         )
     return rows
@@ -82,8 +82,8 @@ HEADER = [
     "alloc max",
     "inconsistencies",
     "repartitions",
-    "completed once / accepted",
-    "wall µs per task",
+    "completed once / accepted tasks",
+    "CPU µs per task",
 ]
 
 
@@ -97,7 +97,7 @@ def plot(sizes: Sequence[Run], grid: Sequence[Run], fixed: int, path: Path) -> N
         axes[0][0].plot(xs, [spread(rs, figure).mean for rs in by_size.values()], marker="o", label=label)
     axes[0][0].set_title(f"allocation time, {fixed} GMs x {fixed} LMs")
     axes[0][1].plot(xs, [_cost(rs) for rs in by_size.values()], marker="o")
-    axes[0][1].set_title(f"simulator wall time per task, {fixed} GMs x {fixed} LMs")
+    axes[0][1].set_title(f"simulator CPU time per task, {fixed} GMs x {fixed} LMs")
     for ax in axes[0]:
         ax.set_xlabel("workers")
     for varied, other in (("gms", "lms"), ("lms", "gms")):
@@ -108,7 +108,7 @@ def plot(sizes: Sequence[Run], grid: Sequence[Run], fixed: int, path: Path) -> N
         axes[1][1].plot(counts, [_cost(rs) for rs in series.values()], marker="o", label=label)
     if grid:
         axes[1][0].set_title(f"p99 allocation time, {grid[0].workers:,} workers")
-        axes[1][1].set_title(f"simulator wall time per task, {grid[0].workers:,} workers")
+        axes[1][1].set_title(f"simulator CPU time per task, {grid[0].workers:,} workers")
     for ax in axes[1]:
         ax.set_xlabel("GMs or LMs")
     for row in axes:
@@ -123,7 +123,7 @@ def plot(sizes: Sequence[Run], grid: Sequence[Run], fixed: int, path: Path) -> N
 
 
 def _cost(runs: Sequence[Run]) -> float:
-    return sum(r.wall_us_per_task for r in runs) / len(runs)
+    return sum(r.cpu_us_per_task for r in runs) / len(runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Poisson arrivals of {args.tasks_per_job}-task jobs of one-second tasks offering {args.load:.0%} of the "
         f"workers for {args.seconds:g} simulated seconds; slot mode, Sharma et al. constraints, 0.5 ms per hop, 1 s "
         f"delta interval, seeds {', '.join(map(str, args.seeds))}. Allocation times are on the virtual clock "
-        "(deciding costs no time there); 'wall µs per task' is the simulator's processing cost per task, every GM, "
-        "LM and worker sharing one core. See `sim/experiments/scale.py` for why the load grows with the size.",
+        "(deciding costs no time there); 'CPU µs per task' is the simulator's processing cost per task (CPU time of "
+        "the whole replay over its tasks), every GM, LM and worker sharing one core. See `sim/experiments/scale.py` "
+        "for why the load grows with the size.",
         "",
         f"## Data-centre size ({n} GMs x {n} LMs)",
         "",

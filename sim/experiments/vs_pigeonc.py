@@ -21,7 +21,6 @@ from pathlib import Path
 from megha.common.argtypes import positive_int
 from megha.common.core.placement.choice import CHOICE_POLICIES
 from megha.loadgen.replay import ReplayConfig
-from megha.loadgen.report import format_seconds
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Run, Workload, group, spread
 
@@ -69,8 +68,8 @@ def markdown(runs: Sequence[Run], first_jobs: int | None, seeds: Sequence[int], 
                 spread(rs, "jrt_p99").seconds(),
                 spread(rs, "jrt_max").seconds(),
                 spread(rs, "utilization").percent(),
-                f"{sum(r.completed_once for r in rs):,} / {sum(r.tasks for r in rs):,}",
-                f"{rs[0].jobs_rejected}",
+                harness.accounted(rs),
+                harness.count_range(rs, "jobs_rejected"),
                 f"{sum(r.inconsistencies for r in rs) / len(rs):,.0f}",
                 f"{sum(r.wall_seconds for r in rs) / len(rs):,.1f}",
             ]
@@ -82,7 +81,7 @@ def markdown(runs: Sequence[Run], first_jobs: int | None, seeds: Sequence[int], 
         for (baseline,), others in by_scheduler.items():
             if megha and baseline != "megha":
                 m, p = spread(megha, "jrt_p99").mean, spread(others, "jrt_p99").mean
-                ratios.append([workload, matching, baseline, format_seconds(m), format_seconds(p), _ratio(p, m)])
+                ratios.append([workload, matching, baseline, harness.seconds(m), harness.seconds(p), _ratio(p, m)])
     jobs = "all jobs" if first_jobs is None else f"the first {first_jobs:,} jobs"
     return [
         f"Each trace ({jobs}) replayed by Megha (5 GMs, 5 LMs, 1 s delta interval) and PigeonC (10 distributors, "
@@ -94,7 +93,8 @@ def markdown(runs: Sequence[Run], first_jobs: int | None, seeds: Sequence[int], 
         "Figures are the mean over seeds with the range (min - max) in brackets when seeds differ. JRT delay = "
         "actual JRT - the job's longest task. Utilization is the time-average share of workers busy from the first "
         "task start to the last finish. Jobs with a task no worker can ever run are rejected at submission by "
-        "both schedulers (counted under 'rejected jobs', per seed); their tasks count as failed, not completed.",
+        "both schedulers ('rejected jobs': per seed, the range when seeds differ); the tasks of the other jobs are "
+        "the accepted tasks, summed over seeds.",
         "",
         *harness.table(
             [
@@ -106,7 +106,7 @@ def markdown(runs: Sequence[Run], first_jobs: int | None, seeds: Sequence[int], 
                 "JRT delay p99",
                 "JRT delay max",
                 "utilization",
-                "completed once / tasks",
+                "completed once / accepted tasks",
                 "rejected jobs",
                 "inconsistencies",
                 "wall s per run",
