@@ -459,16 +459,38 @@ class GlobalMaster:
 
     def _retry_preemptions(self, now: float) -> None:
         """On news from an LM, let the oldest parked task of each shape whose user is below its share try a
-        preemption again (shares change as tasks start and end everywhere)."""
+        preemption again (shares change as tasks start and end everywhere).
+
+        Whether a user is below its share, and whether a (user, request) finds victims, change only when a
+        preemption request goes out (its task then counts against its user); until then they are remembered,
+        so hundreds of parked shapes cost a few share checks."""
+        book = self.book
+        assert book is not None
+        below: dict[str, bool] = {}
+        if not any(book.below_share(user) for user in book.shares):
+            return
+        no_victims: set[tuple[str, Resources]] = set()
         for shape, parked in list(self.waiting.items()):
-            task = parked[0]
-            if shape in self._preempt_shapes or not self.book.below_share(task.user):  # type: ignore[union-attr]
+            _, request, user = shape
+            if shape in self._preempt_shapes:
                 continue
+            is_below = below.get(user)
+            if is_below is None:
+                is_below = below[user] = book.below_share(user)
+            if not is_below:
+                continue
+            task = parked[0]
             self.observer.attempt(task, now)
+            if (user, request) in no_victims:
+                continue
             if self._preempt(task, now):
                 parked.popleft()
                 if not parked:
                     self.parked.unpark(shape)
+                below.clear()
+                no_victims.clear()
+            else:
+                no_victims.add((user, request))
 
     def _apply_delta(self, delta: Delta) -> None:
         self._apply_states(delta.lm, delta.nodes, delta.applied_through)
