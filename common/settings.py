@@ -70,6 +70,11 @@ class GMSettings(FairSettings):
     )
     seed: int = Field(0, description="seed of the GM's random choices")
     http_timeout: float = Field(10.0, gt=0, description="seconds for one LM call")
+    finished_tasks_kept: int = Field(
+        1_000_000,
+        ge=0,
+        description="finished tasks GET /v1/jobs/{id} keeps; the oldest finished jobs beyond are forgotten",
+    )
 
     @field_validator("lm_urls", mode="before")
     @classmethod

@@ -49,6 +49,7 @@ class ServicesRun:
     metrics: RunMetrics | None = None
     wall_seconds: float = 0.0
     timed_out: list[str] = field(default_factory=list)
+    details_gone: int = 0  # jobs whose GM had already forgotten them (MEGHA_FINISHED_TASKS_KEPT) when asked
 
 
 def submission_body(job: JobSpec) -> bytes:
@@ -176,6 +177,11 @@ async def _replay(
                 if not r.rejected_reason
             )
         )
+        if run.details_gone:
+            say(
+                f"{run.details_gone} finished jobs were gone from their GM when asked for placement details (a GM "
+                "keeps MEGHA_FINISHED_TASKS_KEPT finished tasks); their allocation times are unknown"
+            )
     finally:
         await http.aclose()
     await broker.delete_queue(queue)
@@ -229,6 +235,9 @@ async def _placement_details(
     """Fill in what only the GM knows: arrival, decision time, LM, node, attempts, inconsistencies."""
     async with asking:
         r = await http.get(f"{url}/v1/jobs/{job.job_id}")
+    if r.status == 404:  # the GM accepted this job, so it ended and was forgotten since
+        run.details_gone += 1
+        return
     if r.status != 200:
         raise RuntimeError(f"GM at {url} answered {r.status} for job {job.job_id}: {r.text[:300]}")
     for t in JobStatus.model_validate_json(r.body).tasks:

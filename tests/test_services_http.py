@@ -457,6 +457,30 @@ async def test_gm_unknown_job_is_404(untouched_gm: httpx.AsyncClient, job_id: st
     assert "no job" in err.error
 
 
+async def test_gm_forgets_its_oldest_finished_jobs_beyond_the_limit_and_says_so() -> None:
+    # The LM is unreachable, so every task fails at once with the reason: both jobs end. Keeping 2 finished
+    # tasks, the GM forgets job A (2 tasks) when job B (1 task) ends.
+    settings = GMSettings(lm_urls=[NOWHERE], http_timeout=1.0, finished_tasks_kept=2)
+    async with running(create_gm(settings, use_broker=False, cluster=CLUSTER)) as c:
+
+        async def state_when_ended() -> dict[str, Any]:
+            deadline = time.monotonic() + 20  # the GM retries a launch 5 times over about 3 s
+            while (state := (await c.get("/v1/state")).json())["unfinished_tasks"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return state  # type: ignore[no-any-return]
+
+        assert (await c.post("/v1/jobs", json=job(task(), task(), job_id="A"))).status_code == 201
+        assert (await state_when_ended())["finished_jobs_dropped"] == 0
+        assert JobStatus.model_validate((await c.get("/v1/jobs/A")).json()).tasks[0].state == "failed"
+        assert (await c.post("/v1/jobs", json=job(job_id="B"))).status_code == 201
+        state = await state_when_ended()
+        assert (state["unfinished_tasks"], state["finished_jobs_dropped"]) == (0, 1)
+        err = assert_error(await c.get("/v1/jobs/A"), 404, "job_id")
+        assert "forgotten its 1 oldest finished jobs" in err.error and "MEGHA_FINISHED_TASKS_KEPT=2" in err.error
+        failed = JobStatus.model_validate((await c.get("/v1/jobs/B")).json()).tasks[0]
+        assert failed.state == "failed" and failed.failed_reason
+
+
 # -------------------------------------------------------------------------------------------- LM /v1/workers
 
 

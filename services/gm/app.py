@@ -72,7 +72,13 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     async def job_status(job_id: str) -> Response:
         status = service.jobs.status(job_id)
         if status is None:
-            return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
+            message = f"no job {job_id} at GM {settings.gm_id}"
+            if service.jobs.dropped_jobs:
+                message += (
+                    f" (this GM has forgotten its {service.jobs.dropped_jobs:,} oldest finished jobs to keep at most "
+                    f"MEGHA_FINISHED_TASKS_KEPT={settings.finished_tasks_kept:,} finished tasks)"
+                )
+            return error(404, message, "job_id")
         return json_response(status)
 
     @app.get("/v1/queues")
@@ -91,6 +97,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         assert service.core is not None
         snapshot = service.core.view_snapshot()
         snapshot["unfinished_tasks"] = service.jobs.unfinished()
+        snapshot["finished_jobs_dropped"] = service.jobs.dropped_jobs
         return snapshot
 
     document_bodies(app, JobSubmission)

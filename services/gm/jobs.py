@@ -1,7 +1,13 @@
-"""The GM service's job table: what GET /v1/jobs/{id} reports, filled from the GM core's observer events."""
+"""The GM service's job table: what GET /v1/jobs/{id} reports, filled from the GM core's observer events.
+
+A long-running GM must not grow without bound: once every task of a job has finished or failed, the job counts
+as finished, and the oldest finished jobs are forgotten while more than `finished_tasks_kept` finished tasks are
+held (MEGHA_FINISHED_TASKS_KEPT). Jobs with a task still queued or running are always kept.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -10,9 +16,12 @@ from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.models import JobStatus, TaskStatus
 
+ENDED = ("finished", "failed")
+
 
 @dataclass(slots=True)
 class _Task:
+    job_id: str
     state: str = "queued"
     arrival: float | None = None
     launched_at: float | None = None
@@ -30,22 +39,29 @@ class _Task:
 class _Job:
     user: str
     task_ids: list[str] = field(default_factory=list)
+    open: int = 0  # tasks neither finished nor failed
 
 
 class JobTable(CoreObserver):
     """Per-task state at this GM: queued -> launched -> finished (or failed, with the reason)."""
 
-    def __init__(self, gm: int) -> None:
+    def __init__(self, gm: int, finished_tasks_kept: int = 1_000_000) -> None:
         self.gm = gm
+        self.finished_tasks_kept = finished_tasks_kept
         self.jobs: dict[str, _Job] = {}
         self.tasks: dict[str, _Task] = {}
+        self.dropped_jobs = 0  # finished jobs forgotten to keep the table bounded
+        self._open_tasks = 0
+        self._finished_jobs: deque[str] = deque()  # oldest first
+        self._finished_tasks = 0
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         """A task's arrival is when its job's request reached the GM (the service stamps that as
         `submitted_at`), so allocation time includes reading and validating the submission."""
-        self.jobs[job.job_id] = _Job(job.tasks[0].user, [t.task_id for t in job.tasks])
+        self.jobs[job.job_id] = _Job(job.tasks[0].user, [t.task_id for t in job.tasks], len(job.tasks))
+        self._open_tasks += len(job.tasks)
         for t in job.tasks:
-            self.tasks[t.task_id] = _Task(arrival=job.submitted_at)
+            self.tasks[t.task_id] = _Task(job.job_id, arrival=job.submitted_at)
 
     def attempt(self, task: TaskSpec, now: float) -> None:
         self.tasks[task.task_id].attempts += 1
@@ -67,8 +83,13 @@ class JobTable(CoreObserver):
         rec.state = "queued"
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
-        rec = self.tasks[task.task_id]
+        rec = self.tasks.get(task.task_id)
+        if rec is None:
+            return  # its job ended and was forgotten: this is news of an already-ended task
+        ended = rec.state in ENDED
         rec.state, rec.failed_reason = "failed", reason
+        if not ended:
+            self._ended(rec.job_id)
 
     def placed_by_preemption(self, placement: Placement) -> None:
         """The LM chose the node for a task it made room for by preemption."""
@@ -86,9 +107,29 @@ class JobTable(CoreObserver):
     def completed(self, task_id: str, now: float, error: str = "") -> None:
         rec = self.tasks.get(task_id)
         if rec is not None and rec.state != "finished":
+            ended = rec.state in ENDED
             rec.finished_at = now
             rec.state = "failed" if error else "finished"
             rec.failed_reason = error or None
+            if not ended:
+                self._ended(rec.job_id)
+
+    def _ended(self, job_id: str) -> None:
+        """One task of `job_id` finished or failed; a job whose last task ended joins the finished jobs, and the
+        oldest of those are forgotten while more than `finished_tasks_kept` finished tasks are held."""
+        self._open_tasks -= 1
+        job = self.jobs[job_id]
+        job.open -= 1
+        if job.open:
+            return
+        self._finished_jobs.append(job_id)
+        self._finished_tasks += len(job.task_ids)
+        while self._finished_tasks > self.finished_tasks_kept and self._finished_jobs:
+            old = self.jobs.pop(self._finished_jobs.popleft())
+            for tid in old.task_ids:
+                del self.tasks[tid]
+            self._finished_tasks -= len(old.task_ids)
+            self.dropped_jobs += 1
 
     def status(self, job_id: str) -> JobStatus | None:
         job = self.jobs.get(job_id)
@@ -119,4 +160,5 @@ class JobTable(CoreObserver):
         )
 
     def unfinished(self) -> int:
-        return sum(1 for r in self.tasks.values() if r.state not in ("finished", "failed"))
+        """Tasks neither finished nor failed."""
+        return self._open_tasks

@@ -42,7 +42,7 @@ class GMService:
     def __init__(self, settings: GMSettings, broker: Broker | None = None) -> None:
         self.settings = settings
         self.broker = broker
-        self.jobs = JobTable(settings.gm_id)
+        self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept)
         self.core: GlobalMaster | None = None
         self._lock = asyncio.Lock()
         self._calls = ServiceClient(settings.http_timeout)
