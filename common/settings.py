@@ -91,6 +91,12 @@ class LMSettings(FairSettings):
     expected_nodes: int = Field(1, ge=1, description="nodes worker agents must register before launches are served")
     delta_interval: float = Field(1.0, gt=0, description="seconds between delta updates to each GM")
     http_timeout: float = Field(10.0, gt=0, description="seconds for one worker-agent call")
+    worker_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="seconds without a heartbeat after which an agent that fails its health check loses its nodes "
+        "and its tasks are reported failed",
+    )
 
 
 class WorkerSettings(ServiceSettings):

@@ -57,6 +57,8 @@ class LocalDeployment:
     run_id: str = field(default_factory=lambda: f"local-{uuid.uuid4().hex[:8]}")
     log_dir: Path = Path("out/local/logs")
     delta_interval: float = 1.0
+    heartbeat_interval: float = 5.0  # worker agents -> LM
+    worker_timeout: float = 30.0  # an LM takes a silent agent's nodes out of service after this long
     queues: str = ""  # fair scheduling: user:share:gm,... (empty: off), given to every GM and LM
     share_policy: str = "share"
     processes: list[Process] = field(default_factory=list)
@@ -93,6 +95,7 @@ class LocalDeployment:
                     num_gms=self.gms,
                     expected_nodes=self.workers_per_lm * self.nodes_per_worker,
                     delta_interval=self.delta_interval,
+                    worker_timeout=self.worker_timeout,
                     queues=self.queues,
                     share_policy=self.share_policy,
                 )
@@ -113,6 +116,7 @@ class LocalDeployment:
                     nodes=self.nodes_per_worker,
                     node_cpu_millicores=self.node_cpu_millicores,
                     node_memory_mb=self.node_memory_mb,
+                    heartbeat_interval=self.heartbeat_interval,
                     **extra,
                 )
         self.gm_urls = [

@@ -52,6 +52,29 @@ class ServicesRun:
     details_gone: int = 0  # jobs whose GM had already forgotten them (MEGHA_FINISHED_TASKS_KEPT) when asked
 
 
+def apply_event(run: ServicesRun, rec: TaskRecord, event: TaskEvent, at: float) -> bool:
+    """Record one task event (`at`: seconds since the replay began); True when the task has ended. A preempted
+    task has not: it waits in its user's queue and runs again."""
+    if event.kind == "started":
+        rec.started_at = rec.worker_received_at = at
+        return False
+    if event.kind == "preempted":
+        rec.preemptions += 1
+        if not math.isnan(rec.started_at):
+            rec.lost_cpu_seconds += rec.request[0] / 1000 * max(0.0, at - rec.started_at)
+        return False
+    rec.finished_at = at
+    if event.kind == "finished":
+        rec.completions += 1
+        job = run.jobs[rec.job_id]
+        job.finished_tasks += 1
+        if job.finished_tasks == job.num_tasks:
+            job.finished_at = at
+    elif not rec.failed_reason:  # the first reason given is the cause; later ones are its echoes
+        rec.failed_reason = f"{event.kind}: {event.error}"
+    return True
+
+
 def submission_body(job: JobSpec) -> bytes:
     """The JSON of the job's `JobSubmission`, made before the replay starts so that submitting costs little."""
     return to_json(
@@ -123,19 +146,7 @@ async def _replay(
         if rec is None:
             return  # another run's task on a shared broker
         run.events.setdefault(event.task_id, []).append(event)
-        at = event.at - start
-        if event.kind == "started":
-            rec.started_at = rec.worker_received_at = at
-        else:
-            rec.finished_at = at
-            if event.kind == "finished":
-                rec.completions += 1
-                job = run.jobs[rec.job_id]
-                job.finished_tasks += 1
-                if job.finished_tasks == job.num_tasks:
-                    job.finished_at = at
-            else:
-                rec.failed_reason = f"{event.kind}: {event.error}"
+        if apply_event(run, rec, event, event.at - start):
             ended.add(event.task_id)
             pending.discard(event.task_id)
             if not pending and submitted_all:

@@ -172,3 +172,60 @@ def test_a_batch_that_gets_no_answer_fails_its_tasks_with_the_reason_and_leaves_
     assert [rec.tasks[t].failed_reason for t in ("j.0", "j.1")] == ["LM 0 unreachable"] * 2
     # Their requests are back in the view (the LM's next report of those nodes would say if they ran).
     assert gm.views[0][0].free == [CAP, CAP]
+
+
+def test_a_node_taken_down_fails_its_tasks_to_their_gm_and_takes_no_launch_until_it_is_back() -> None:
+    spec = cluster([[[[], []]]])  # one LM, one GM, nodes 0 and 1
+    lm = LocalMaster.in_cluster(spec, 0)
+    a, b, c = task("a.0", duration=60.0), task("b.0", duration=60.0), task("c.0")
+    resp = lm.handle(LaunchBatch(0, 0, 1, [Placement(a, 0, 0, False), Placement(b, 0, 1, False)]), 0.0)[0].msg
+    assert len(resp.accepted) == 2
+    out = lm.take_down([0], "worker agent w0 silent for 30 s", 1.0)
+    (completions,) = [o.msg for o in out if isinstance(o.msg, Completions)]
+    assert [(i.task_id, i.error) for i in completions.items] == [("a.0", "worker agent w0 silent for 30 s")]
+    assert lm.free[0] == (0, 0) and set(lm.running) == {"b.0"} and lm.down == {0: "worker agent w0 silent for 30 s"}
+    assert lm.take_down([0], "again", 1.5) == []  # already down: nothing more to fail
+    # A GM whose view predates the failure is told the node is out of service, with its state, and places again.
+    resp = lm.handle(LaunchBatch(0, 0, 2, [Placement(c, 0, 0, False)]), 2.0)[0].msg
+    (rejection,) = resp.rejected
+    assert rejection.inconsistency and "out of service: worker agent w0 silent" in rejection.reason
+    assert resp.states[0].free == (0, 0)
+    # Every GM learns of it by delta, this one on the response (the change was no GM's own).
+    assert [(s.node, s.free) for s in resp.delta.nodes] == [(0, (0, 0))]
+    lm.bring_up([0], 4.0)
+    assert lm.free[0] == CAP and not lm.down
+    resp = lm.handle(LaunchBatch(0, 0, 3, [Placement(c, 0, 0, False)]), 5.0)[0].msg
+    assert [p.task.task_id for p in resp.accepted] == ["c.0"]
+    # The lost task's worker, if it ever reports, is ignored: the task ended once, failed.
+    assert [
+        o for o in lm.handle(WorkerReport(0, [FinishedTask("a.0", 0)]), 6.0) if isinstance(o.msg, Completions)
+    ] == []
+    lm.handle(WorkerReport(0, [FinishedTask("b.0", 1), FinishedTask("c.0", 0)]), 7.0)
+    assert lm.is_idle()
+
+
+def test_in_simulation_a_failed_node_loses_only_its_tasks_and_every_other_task_completes() -> None:
+    from megha.loadgen.recorder import Recorder
+
+    spec = cluster([[[[], []]], [[[], []]]])  # two LMs of two nodes, one GM
+    recorder = Recorder()
+    net = Net.build(spec, observer=recorder)
+    for part in (*net.lms, *net.workers):
+        part.observer = recorder
+    work = job("j", *(task(f"j.{i}", duration=10.0) for i in range(6)))
+    recorder.expect(0, work)
+    net.post(net.gms[0].submit(work, 0.0))
+    while net.inbox:  # launches reach the LMs and their workers; the first four tasks start
+        net.deliver()
+    on_node0 = [t for t in recorder.tasks.values() if t.lm == 0 and t.node == 0]
+    assert len(on_node0) == 1
+    net.post(net.lms[0].take_down([0], "agent gone", 1.0))
+    net.run()
+    for lm in net.lms:  # deltas show the GM the nodes the first tasks freed
+        net.post(lm.handle(DeltaTick(), 100.0))
+    net.run()
+    failed = [t for t in recorder.tasks.values() if t.failed_reason]
+    assert [t.task_id for t in failed] == [on_node0[0].task_id] and failed[0].failed_reason == "agent gone"
+    done = [t for t in recorder.tasks.values() if not t.failed_reason]
+    assert len(done) == 5 and all(t.completions == 1 for t in done)
+    assert all(t.node != 0 or t.lm != 0 for t in done if t.started_at > 1.0)  # nothing started on the dead node

@@ -18,6 +18,8 @@ from fastapi import FastAPI
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
+from megha.common.core.messages import LaunchBatch, Placement
+from megha.common.core.task import TaskSpec
 from megha.common.models import (
     MAX_BODY_BYTES,
     MAX_TASKS_PER_JOB,
@@ -28,6 +30,7 @@ from megha.common.models import (
     JobStatus,
     LaunchResponseModel,
     TaskEvents,
+    WorkerHeartbeat,
     WorkerRegistered,
 )
 from megha.common.settings import GMSettings, LMSettings, WorkerSettings
@@ -479,6 +482,45 @@ async def test_gm_forgets_its_oldest_finished_jobs_beyond_the_limit_and_says_so(
         assert "forgotten its 1 oldest finished jobs" in err.error and "MEGHA_FINISHED_TASKS_KEPT=2" in err.error
         failed = JobStatus.model_validate((await c.get("/v1/jobs/B")).json()).tasks[0]
         assert failed.state == "failed" and failed.failed_reason
+
+
+async def test_lm_takes_a_silent_agent_out_of_service_fails_its_tasks_and_brings_it_back_when_idle() -> None:
+    settings = LMSettings(expected_nodes=4, num_gms=2, http_timeout=1.0, worker_timeout=20.0)
+    app = create_lm(settings, use_broker=False)
+    service = app.state.service
+    broker = service.broker = RecordingBroker()
+    async with running(app) as c:
+        await register_all(c)  # w0 holds nodes 0-1, w1 nodes 2-3; both at NOWHERE, so health checks fail
+        lost, kept = TaskSpec("a.0", "a", "u", 60.0, (500, 256), 0), TaskSpec("b.0", "b", "u", 60.0, (500, 256), 0)
+        launch = LaunchBatch(0, 0, 1, [Placement(lost, 0, 0, False), Placement(kept, 0, 2, True)])
+        async with service._lock:  # tasks running on nodes 0 and 2, without calling the (unreachable) agents
+            service.core.handle(launch, time.time())
+        await service.check_workers()
+        assert (await c.get("/v1/state")).json()["down_nodes"] == {}  # nobody silent for long yet
+        service._last_seen["w0"] -= 60
+        await service.check_workers()
+        for _ in range(100):
+            await asyncio.sleep(0)  # the spawned publications
+        state = (await c.get("/v1/state")).json()
+        assert set(state["down_nodes"]) == {"0", "1"} and state["lost_workers"] == {"w0": 1}
+        assert re.search(r"worker agent w0 at \S+ silent for 6\d s", state["down_nodes"]["0"])
+        assert state["free"][0] == [0, 0] and state["running"] == 1
+        (completion,) = [
+            item
+            for ex, _, body in broker.published
+            if ex == "gm" and body.get("completions")
+            for item in body["completions"]["items"]
+        ]
+        assert completion["task_id"] == "a.0" and "silent for" in completion["error"]
+        (failed,) = [e for ex, _, body in broker.published if ex == "events" for e in body["events"]]
+        assert (failed["task_id"], failed["kind"]) == ("a.0", "failed") and "silent for" in failed["error"]
+        # Back while its old tasks still run: kept out; back with nothing running: in service again.
+        for running_tasks, down in ((1, {"0", "1"}), (0, set())):
+            beat = WorkerHeartbeat(worker_id="w0", lm=0, at=time.time(), running=running_tasks)
+            await service.on_broker_message(BrokerMessage(heartbeat=beat).model_dump_json().encode())
+            state = (await c.get("/v1/state")).json()
+            assert set(state["down_nodes"]) == down
+        assert state["free"][0] == state["capacity"][0] and state["lost_workers"] == {}
 
 
 # -------------------------------------------------------------------------------------------- LM /v1/workers

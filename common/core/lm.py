@@ -18,6 +18,7 @@ from megha.common.core.messages import (
     Completions,
     Delta,
     DeltaTick,
+    FinishedTask,
     LaunchBatch,
     LaunchResponse,
     Output,
@@ -107,6 +108,8 @@ class LocalMaster:
             self.shares = LocalShares(fairness, len(resource_names), make_share_policy(fairness.policy))
         # Tasks preempted but not yet confirmed stopped by their worker: task id -> allocation.
         self.preempting: dict[str, Allocation] = {}
+        # Nodes out of service (their worker went silent): node -> why. They show no free resources to every GM.
+        self.down: dict[int, str] = {}
         self.preemptions = 0
         self.preemption_refusals = 0
 
@@ -225,6 +228,9 @@ class LocalMaster:
                 f"node {n} is in GM {self.owner[n]}'s partition; repartition flag is wrong",
                 inconsistency=False,
             )
+        if n in self.down:
+            self.inconsistencies += 1  # the GM's view predates the node going down: it places the task again
+            return Rejection(p, f"node {n} is out of service: {self.down[n]}", inconsistency=True)
         free = self.free[n]
         if all(map(ge, free, p.task.request)):
             return None
@@ -291,6 +297,47 @@ class LocalMaster:
         ]
         self._arm_tick(now, out)
         return out
+
+    # ------------------------------------------------------- node failures
+
+    def take_down(self, nodes: Sequence[int], reason: str, now: float) -> list[Output]:
+        """Nodes whose worker is gone: every task on them is reported failed with `reason` (to its GM, as a
+        completion with an error), and they show no free resources to any GM until `bring_up`."""
+        nodes = [n for n in dict.fromkeys(nodes) if 0 <= n < len(self.capacity) and n not in self.down]
+        wanted = set(nodes)
+        lost = [
+            alloc.placement
+            for table in (self.running, self.preempting)
+            for alloc in table.values()
+            if alloc.placement.node in wanted
+        ]
+        report = [FinishedTask(p.task.task_id, p.node, error=reason) for p in lost]
+        out = self._on_report(WorkerReport(self.lm_id, report), now) if lost else []
+        for p in lost:
+            self.observer.task_failed(p.task, reason, now)
+        zero = (0,) * len(self.resource_names)
+        for n in nodes:
+            self.down[n] = reason
+            self._set_free_for_all(n, zero)
+        self._arm_tick(now, out)
+        return out
+
+    def bring_up(self, nodes: Sequence[int], now: float) -> list[Output]:
+        """Nodes back in service, all free (nothing ran on them while they were down)."""
+        out: list[Output] = []
+        for n in nodes:
+            if self.down.pop(n, None) is not None:
+                self._set_free_for_all(n, self.capacity[n])
+        self._arm_tick(now, out)
+        return out
+
+    def _set_free_for_all(self, n: int, free: Resources) -> None:
+        """Change node n's free resources, to be reported to every GM."""
+        self.free[n] = free
+        self._clock += 1
+        self.version[n] = self._clock
+        for dirty in self._dirty:
+            dirty.add(n)
 
     # ------------------------------------------------------------ preemption
 
@@ -361,4 +408,10 @@ class LocalMaster:
 
     def is_idle(self) -> bool:
         """True when nothing runs and every node's free resources equal its capacity."""
-        return not self.running and not self.preempting and not self.logical_nodes and self.free == self.capacity
+        return (
+            not self.running
+            and not self.preempting
+            and not self.logical_nodes
+            and not self.down
+            and self.free == self.capacity
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -49,8 +50,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                 settings.expected_nodes,
                 settings.num_gms,
             )
+            # Heartbeats come over the broker: without one, silence would say nothing about an agent.
+            watcher = asyncio.get_running_loop().create_task(service.watch_workers()) if broker is not None else None
             with serving_gc():
                 yield
+            if watcher is not None:
+                watcher.cancel()
             await service.close()
 
     app = FastAPI(title=f"Megha LM {settings.lm_id}", lifespan=lifespan)

@@ -68,12 +68,16 @@ class LMService:
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed_launches = 0
         self._heartbeats: dict[str, WorkerHeartbeat] = {}
+        self._agent_nodes: dict[str, tuple[str, range]] = {}  # worker id -> (URL, its nodes)
+        self._last_seen: dict[str, float] = {}  # worker id -> monotonic time of its last sign of life
+        self._lost: dict[str, int] = {}  # worker id -> tasks failed when it went silent (its nodes are down)
 
     # --------------------------------------------------------- registration
 
     def register(self, reg: WorkerRegistration) -> WorkerRegistered:
         known = self._workers.get(reg.worker_id)
         if known is not None:
+            self._last_seen[reg.worker_id] = time.monotonic()
             return known  # an agent that re-registers after a restart keeps its nodes
         if self.core is not None or len(self._capacities) + len(reg.nodes) > self.settings.expected_nodes:
             raise RegistrationError(
@@ -92,6 +96,8 @@ class LMService:
             worker_id=reg.worker_id, lm=self.settings.lm_id, first_node=first, nodes=len(reg.nodes)
         )
         self._workers[reg.worker_id] = registered
+        self._agent_nodes[reg.worker_id] = (reg.url, range(first, first + len(reg.nodes)))
+        self._last_seen[reg.worker_id] = time.monotonic()
         log.info(
             "registered %s (%d nodes from %d); %d/%d nodes",
             reg.worker_id,
@@ -201,7 +207,12 @@ class LMService:
     async def on_broker_message(self, body: bytes) -> None:
         msg = BrokerMessage.model_validate_json(body)
         if msg.heartbeat is not None:
-            self._heartbeats[msg.heartbeat.worker_id] = msg.heartbeat
+            beat = msg.heartbeat
+            self._heartbeats[beat.worker_id] = beat
+            if beat.worker_id in self._agent_nodes:
+                self._last_seen[beat.worker_id] = time.monotonic()
+                if beat.worker_id in self._lost and beat.running == 0:
+                    await self._bring_back(beat.worker_id)
         if msg.worker_report is not None:
             if self.core is None:
                 raise NotReady("report before the cluster is complete")
@@ -268,21 +279,76 @@ class LMService:
         async with self._lock:
             outputs = self.core.handle(report, time.time())
         self._dispatch(outputs)
-        if self.broker is not None:
-            now = time.time()
-            events = [
-                TaskEvent(
-                    kind="failed",
-                    task_id=p.task.task_id,
-                    job_id=p.task.job_id,
-                    lm=p.lm,
-                    node=p.node,
-                    at=now,
-                    error=reason,
-                )
-                for p in placements
+        await self._publish_failed(placements, reason)
+
+    async def _publish_failed(self, placements: list[Placement], reason: str) -> None:
+        """Tell whoever follows task events (the load generator) that these tasks failed, and why."""
+        if self.broker is None or not placements:
+            return
+        now = time.time()
+        events = [
+            TaskEvent(
+                kind="failed", task_id=p.task.task_id, job_id=p.task.job_id, lm=p.lm, node=p.node, at=now, error=reason
+            )
+            for p in placements
+        ]
+        await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
+
+    # ------------------------------------------------------ worker failures
+
+    async def watch_workers(self) -> None:
+        """Check the agents' heartbeats every few seconds (runs until cancelled)."""
+        while True:
+            await asyncio.sleep(min(self.settings.worker_timeout / 4, 5.0))
+            await self.check_workers()
+
+    async def check_workers(self) -> None:
+        """Take out of service the nodes of every agent silent for more than MEGHA_WORKER_TIMEOUT seconds whose
+        health check fails too, and report their tasks failed (an agent that answers is kept: its heartbeats
+        are only late)."""
+        if self.core is None:
+            return
+        now = time.monotonic()
+        for worker_id, seen in list(self._last_seen.items()):
+            silent = now - seen
+            if worker_id in self._lost or silent <= self.settings.worker_timeout:
+                continue
+            url = self._agent_nodes[worker_id][0]
+            try:
+                alive = (await self._calls.get(f"{url}/healthz")).status == 200
+            except CallError:
+                alive = False
+            if alive:
+                log.warning("no heartbeat from %s for %.0f s, but it answers at %s: keeping it", worker_id, silent, url)
+                self._last_seen[worker_id] = time.monotonic()
+                continue
+            await self._take_down(worker_id, f"worker agent {worker_id} at {url} silent for {silent:.0f} s")
+
+    async def _take_down(self, worker_id: str, reason: str) -> None:
+        assert self.core is not None
+        _, nodes = self._agent_nodes[worker_id]
+        async with self._lock:
+            core = self.core
+            lost = [
+                alloc.placement
+                for table in (core.running, core.preempting)
+                for alloc in table.values()
+                if alloc.placement.node in nodes
             ]
-            await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
+            outputs = core.take_down(list(nodes), reason, time.time())
+        self._lost[worker_id] = len(lost)
+        log.error("%s: its %d nodes are out of service; %d tasks failed", reason, len(nodes), len(lost))
+        self._dispatch(outputs)
+        await self._publish_failed(lost, reason)
+
+    async def _bring_back(self, worker_id: str) -> None:
+        assert self.core is not None
+        _, nodes = self._agent_nodes[worker_id]
+        async with self._lock:
+            outputs = self.core.bring_up(list(nodes), time.time())
+        del self._lost[worker_id]
+        log.info("worker agent %s is back with nothing running: its %d nodes are in service", worker_id, len(nodes))
+        self._dispatch(outputs)
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.get_running_loop().create_task(coro)
@@ -319,4 +385,6 @@ class LMService:
                 w: {"age_seconds": round(time.time() - h.at, 3), "running": h.running}
                 for w, h in self._heartbeats.items()
             },
+            "down_nodes": {str(n): why for n, why in core.down.items()} if core else {},
+            "lost_workers": dict(self._lost),
         }
