@@ -200,6 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="fair scheduling: user queues as user:share:gm,... given to every GM, LM and the load generator",
     )
     loc.add_argument("--share-policy", choices=sorted(SHARE_POLICIES), default="share", help="(default: share)")
+    loc.add_argument(
+        "--delta-interval", type=positive_float, default=1.0, help="seconds between LM delta updates (default: 1)"
+    )
+    loc.add_argument(
+        "--heartbeat-interval", type=positive_float, default=5.0, help="seconds between agent heartbeats (default: 5)"
+    )
+    loc.add_argument(
+        "--worker-timeout",
+        type=positive_float,
+        default=30.0,
+        help="seconds of heartbeat silence after which an LM fails a dead agent's tasks (default: 30)",
+    )
     loc.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
     loc.add_argument("--run-id", default=None, help="prefix of this deployment's queues (default: random)")
     loc.add_argument("--out", type=Path, default=Path("out/local"), help="report files and service logs")
@@ -222,6 +234,9 @@ def _local(args: argparse.Namespace) -> int:
         constraint_seed=args.constraint_seed,
         queues=args.queues,
         share_policy=args.share_policy,
+        delta_interval=args.delta_interval,
+        heartbeat_interval=args.heartbeat_interval,
+        worker_timeout=args.worker_timeout,
         amqp_url=args.amqp_url,
         log_dir=args.out / "logs",
         **({"run_id": args.run_id} if args.run_id else {}),
