@@ -98,4 +98,6 @@ def test_a_killed_worker_agent_loses_only_its_tasks_and_they_are_reported_failed
     # Exactly the tasks placed on the victim's node failed (the ones it ran and any launch in flight to it).
     (down_node,) = map(int, lost["down_nodes"])
     assert {(run.tasks[tid].lm, run.tasks[tid].node) for tid in failed} == {(0, down_node)}
-    assert lost["lost_workers"][victim] == len(failed)
+    # Those running or sent to it when it was found silent; a launch that failed to reach it before that was
+    # reported failed then, as unreachable.
+    assert 0 < lost["lost_workers"][victim] <= len(failed)
