@@ -514,12 +514,24 @@ async def test_lm_takes_a_silent_agent_out_of_service_fails_its_tasks_and_brings
         assert completion["task_id"] == "a.0" and "silent for" in completion["error"]
         (failed,) = [e for ex, _, body in broker.published if ex == "events" for e in body["events"]]
         assert (failed["task_id"], failed["kind"]) == ("a.0", "failed") and "silent for" in failed["error"]
-        # Back while its old tasks still run: kept out; back with nothing running: in service again.
+        # Back while its old tasks still run (it was cut off, not dead): kept out, and asked to stop the tasks
+        # reported failed; back with nothing running: in service again.
+        asked: list[tuple[str, bytes]] = []
+
+        async def post(url: str, body: bytes) -> Any:
+            asked.append((url, body))
+            raise CallError("not reachable in this test")
+
+        service._calls.post = post
         for running_tasks, down in ((1, {"0", "1"}), (0, set())):
             beat = WorkerHeartbeat(worker_id="w0", lm=0, at=time.time(), running=running_tasks)
             await service.on_broker_message(BrokerMessage(heartbeat=beat).model_dump_json().encode())
+            for _ in range(10):
+                await asyncio.sleep(0)
             state = (await c.get("/v1/state")).json()
             assert set(state["down_nodes"]) == down
+        ((url, body),) = asked
+        assert url == f"{NOWHERE}/v1/preempt" and json.loads(body)["task_ids"] == ["a.0"]
         assert state["free"][0] == state["capacity"][0] and state["lost_workers"] == {}
 
 

@@ -70,7 +70,9 @@ class LMService:
         self._heartbeats: dict[str, WorkerHeartbeat] = {}
         self._agent_nodes: dict[str, tuple[str, range]] = {}  # worker id -> (URL, its nodes)
         self._last_seen: dict[str, float] = {}  # worker id -> monotonic time of its last sign of life
-        self._lost: dict[str, int] = {}  # worker id -> tasks failed when it went silent (its nodes are down)
+        # Agents found silent (their nodes are down): worker id -> the tasks failed then, to stop if it shows up.
+        self._lost: dict[str, list[str]] = {}
+        self._stopping: set[str] = set()  # lost agents asked to stop those tasks
 
     # --------------------------------------------------------- registration
 
@@ -211,8 +213,14 @@ class LMService:
             self._heartbeats[beat.worker_id] = beat
             if beat.worker_id in self._agent_nodes:
                 self._last_seen[beat.worker_id] = time.monotonic()
-                if beat.worker_id in self._lost and beat.running == 0:
-                    await self._bring_back(beat.worker_id)
+                if beat.worker_id in self._lost:
+                    if beat.running == 0:
+                        await self._bring_back(beat.worker_id)
+                    elif beat.worker_id not in self._stopping:
+                        # Alive after all (cut off, not dead): its tasks were reported failed, so they must not
+                        # run on; its nodes come back once it runs nothing.
+                        self._stopping.add(beat.worker_id)
+                        self._spawn(self._stop_lost(beat.worker_id))
         if msg.worker_report is not None:
             if self.core is None:
                 raise NotReady("report before the cluster is complete")
@@ -336,10 +344,24 @@ class LMService:
                 if alloc.placement.node in nodes
             ]
             outputs = core.take_down(list(nodes), reason, time.time())
-        self._lost[worker_id] = len(lost)
+        self._lost[worker_id] = [p.task.task_id for p in lost]
         log.error("%s: its %d nodes are out of service; %d tasks failed", reason, len(nodes), len(lost))
         self._dispatch(outputs)
         await self._publish_failed(lost, reason)
+
+    async def _stop_lost(self, worker_id: str) -> None:
+        """Ask an agent that was found silent and is heard from again to stop the tasks reported failed then."""
+        url = self._agent_nodes[worker_id][0]
+        task_ids = self._lost.get(worker_id, [])
+        log.warning("worker agent %s is back with tasks running; stopping the %d it lost", worker_id, len(task_ids))
+        body = WorkerPreemptModel.core_json(WorkerPreempt(self.settings.lm_id, task_ids))
+        try:
+            r = await self._calls.post(f"{url}/v1/preempt", body)
+            if r.status != 200:
+                log.warning("agent %s answered %d when asked to stop lost tasks: %s", url, r.status, r.text[:300])
+        except CallError as exc:
+            log.warning("agent %s unreachable to stop lost tasks: %s", url, exc)
+        self._stopping.discard(worker_id)  # the next heartbeat still showing tasks asks again
 
     async def _bring_back(self, worker_id: str) -> None:
         assert self.core is not None
@@ -347,6 +369,7 @@ class LMService:
         async with self._lock:
             outputs = self.core.bring_up(list(nodes), time.time())
         del self._lost[worker_id]
+        self._stopping.discard(worker_id)
         log.info("worker agent %s is back with nothing running: its %d nodes are in service", worker_id, len(nodes))
         self._dispatch(outputs)
 
@@ -386,5 +409,5 @@ class LMService:
                 for w, h in self._heartbeats.items()
             },
             "down_nodes": {str(n): why for n, why in core.down.items()} if core else {},
-            "lost_workers": dict(self._lost),
+            "lost_workers": {w: len(ids) for w, ids in self._lost.items()},
         }
