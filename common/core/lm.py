@@ -4,7 +4,7 @@ placement (the plan applier), repartition into logical nodes, and per-GM delta u
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import add, ge, sub
 
@@ -304,13 +304,7 @@ class LocalMaster:
         """Nodes whose worker is gone: every task on them is reported failed with `reason` (to its GM, as a
         completion with an error), and they show no free resources to any GM until `bring_up`."""
         nodes = [n for n in dict.fromkeys(nodes) if 0 <= n < len(self.capacity) and n not in self.down]
-        wanted = set(nodes)
-        lost = [
-            alloc.placement
-            for table in (self.running, self.preempting)
-            for alloc in table.values()
-            if alloc.placement.node in wanted
-        ]
+        lost = self.tasks_on(nodes)
         report = [FinishedTask(p.task.task_id, p.node, error=reason) for p in lost]
         out = self._on_report(WorkerReport(self.lm_id, report), now) if lost else []
         for p in lost:
@@ -321,6 +315,16 @@ class LocalMaster:
             self._set_free_for_all(n, zero)
         self._arm_tick(now, out)
         return out
+
+    def tasks_on(self, nodes: Iterable[int]) -> list[Placement]:
+        """The placements of the tasks running (or being preempted) on `nodes`."""
+        wanted = set(nodes)
+        return [
+            alloc.placement
+            for table in (self.running, self.preempting)
+            for alloc in table.values()
+            if alloc.placement.node in wanted
+        ]
 
     def bring_up(self, nodes: Sequence[int], now: float) -> list[Output]:
         """Nodes back in service, all free (nothing ran on them while they were down)."""

@@ -336,14 +336,8 @@ class LMService:
         assert self.core is not None
         _, nodes = self._agent_nodes[worker_id]
         async with self._lock:
-            core = self.core
-            lost = [
-                alloc.placement
-                for table in (core.running, core.preempting)
-                for alloc in table.values()
-                if alloc.placement.node in nodes
-            ]
-            outputs = core.take_down(list(nodes), reason, time.time())
+            lost = [p for p in self.core.tasks_on(nodes) if p.node not in self.core.down]
+            outputs = self.core.take_down(list(nodes), reason, time.time())
         self._lost[worker_id] = [p.task.task_id for p in lost]
         log.error("%s: its %d nodes are out of service; %d tasks failed", reason, len(nodes), len(lost))
         self._dispatch(outputs)
