@@ -5,13 +5,16 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
+
+if TYPE_CHECKING:
+    from megha.common.transport.rabbit import Broker
 
 
 class ServiceSettings(BaseSettings):
@@ -30,8 +33,29 @@ class ServiceSettings(BaseSettings):
         description="prefix of exchanges and queues, so deployments on one broker do not mix",
     )
 
+    broker_timeout: float = Field(
+        60.0, gt=0, description="seconds to keep retrying RabbitMQ at start-up before exiting with an error"
+    )
+    outbox_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="bytes of messages held for RabbitMQ while it is away (publishers wait beyond, never drop)",
+    )
+
+    queue_type: Literal["classic", "quorum"] = Field(
+        "classic",
+        description="type of the durable queues this service declares: quorum for a RabbitMQ cluster "
+        "(docs/reliability.md)",
+    )
+
     def url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
+
+    def broker(self) -> Broker:
+        """This service's connection to RabbitMQ, configured from these settings."""
+        from megha.common.transport.rabbit import Broker
+
+        return Broker(self.amqp_url, self.run_id, outbox_bytes=self.outbox_bytes, connect_timeout=self.broker_timeout)
 
 
 class FairSettings(ServiceSettings):

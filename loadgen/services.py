@@ -128,7 +128,7 @@ async def _replay(
             run.tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, gm, t.user, t.duration, t.request)
     say = progress or (lambda line: None)
     own_broker = broker is None
-    broker = broker or Broker(settings.amqp_url, settings.run_id)
+    broker = broker or settings.broker()
     if own_broker:
         await broker.connect()
     queue = f"{settings.run_id}.events.loadgen-{uuid.uuid4().hex[:8]}"

@@ -14,7 +14,7 @@ import asyncio
 import gc
 import logging
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
@@ -300,6 +300,24 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 async def _skip_trailers(reader: asyncio.StreamReader) -> None:
     while await reader.readuntil(b"\r\n") != b"\r\n":
         pass
+
+
+def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """Run `coro` in the background, held in `tasks` until it ends; an exception it raises is logged (a
+    background step never fails silently)."""
+    task = asyncio.get_running_loop().create_task(coro)
+    tasks.add(task)
+    task.add_done_callback(_forget_and_log(tasks))
+    return task
+
+
+def _forget_and_log(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logging.getLogger("megha").error("background step failed", exc_info=task.exception())
+
+    return done
 
 
 @contextmanager

@@ -12,11 +12,12 @@ from megha.common.core.messages import FinishedTask, LaunchBatch, Placement, Wor
 from megha.common.core.task import TaskSpec
 from megha.common.models import BrokerMessage, TaskEvents, WorkerNode, WorkerRegistration, WorkerReportModel
 from megha.common.settings import LMSettings, WorkerSettings
-from megha.common.transport.rabbit import Broker, gm_key, lm_key
+from megha.common.transport.rabbit import Broker, TryLater, gm_key, lm_key
+from megha.deploy.broker_node import BrokerNode
 from megha.services.lm.service import LMService
 from megha.services.worker.agent import WorkerAgent
 
-from servicekit import AMQP, needs_rabbitmq
+from servicekit import AMQP, needs_rabbitmq, wait_for
 
 pytestmark = [
     needs_rabbitmq,
@@ -86,24 +87,120 @@ async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: 
         await broker.close()
 
 
-async def test_a_message_whose_handler_fails_is_rejected_not_redelivered_forever() -> None:
+async def _dead_letters(broker: Broker, want: int, timeout: float = 20.0) -> list[bytes]:
+    """Wait until `<run>.dead-letters` holds `want` messages and return their bodies."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def collect(body: bytes) -> None:
+        got.append(body)
+        if len(got) >= want:
+            done.set()
+
+    await broker.consume("dead", "", collect, queue=f"{broker.run_id}.dead-letters")
+    await asyncio.wait_for(done.wait(), timeout)
+    return got
+
+
+async def test_a_message_whose_handler_keeps_failing_is_retried_then_dead_lettered_never_dropped() -> None:
     run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id)
+    broker = Broker(AMQP, run_id, delivery_limit=3, retry_pause=0.05)
     await broker.connect()
     calls: list[bytes] = []
 
     async def failing(body: bytes) -> None:
         calls.append(body)
-        raise ValueError("cannot apply")
+        raise RuntimeError("cannot apply")
 
-    queue = await broker.consume("lm", lm_key(7), failing)
+    await broker.consume("lm", lm_key(7), failing)
     try:
-        await broker.publish("lm", lm_key(7), b"{}")
-        await asyncio.sleep(0.5)
-        assert calls == [b"{}"]
+        await broker.publish("lm", lm_key(7), b'{"x": 1}')
+        assert await _dead_letters(broker, 1) == [b'{"x": 1}']
+        # Delivered, then requeued until the queue's delivery limit: retried, never lost.
+        assert calls == [b'{"x": 1}'] * 3  # requeued twice, dead-lettered on the third failure
+        assert broker.requeued == 2 and broker.dead_lettered == 1
     finally:
-        await broker.delete_queue(queue)
+        await broker.delete_run([lm_key(7)])
         await broker.close()
+
+
+async def test_a_handler_that_says_try_later_gets_the_message_again() -> None:
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    broker = Broker(AMQP, run_id, retry_pause=0.05)
+    await broker.connect()
+    calls: list[bytes] = []
+    applied = asyncio.Event()
+
+    async def not_ready_at_first(body: bytes) -> None:
+        calls.append(body)
+        if len(calls) < 3:
+            raise TryLater("cluster not complete")
+        applied.set()
+
+    await broker.consume("lm", lm_key(3), not_ready_at_first)
+    try:
+        await broker.publish("lm", lm_key(3), b"report")
+        await asyncio.wait_for(applied.wait(), 10)
+        assert calls == [b"report"] * 3
+    finally:
+        await broker.delete_run([lm_key(3)])
+        await broker.close()
+
+
+async def test_a_malformed_message_is_dead_lettered_at_once() -> None:
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    broker = Broker(AMQP, run_id, retry_pause=0.05)
+    await broker.connect()
+    calls: list[bytes] = []
+
+    async def parse(body: bytes) -> None:
+        calls.append(body)
+        BrokerMessage.model_validate_json(body)
+
+    await broker.consume("lm", lm_key(5), parse)
+    try:
+        await broker.publish("lm", lm_key(5), b"{}")
+        assert await _dead_letters(broker, 1) == [b"{}"]
+        assert calls == [b"{}"] and broker.dead_lettered == 1
+    finally:
+        await broker.delete_run([lm_key(5)])
+        await broker.close()
+
+
+async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_is_back() -> None:
+    """A private RabbitMQ node is killed (SIGKILL) while a publisher keeps publishing, and started again 5 s later
+    on the same data: every message published before, during and after the outage is delivered, and the
+    consumer's connection comes back by itself."""
+    with BrokerNode() as node:
+        publisher = Broker(node.url, "outage")
+        consumer = Broker(node.url, "outage")
+        await publisher.connect()
+        await consumer.connect()
+        got: list[int] = []
+
+        async def collect(body: bytes) -> None:
+            got.append(int(body))
+
+        await consumer.consume("gm", gm_key(0), collect)
+        try:
+            for i in range(50):
+                await publisher.publish("gm", gm_key(0), str(i).encode())
+            assert await publisher.flush(10)
+            await asyncio.to_thread(node.kill)
+            for i in range(50, 100):  # the broker is away: these wait in the outbox
+                await publisher.publish("gm", gm_key(0), str(i).encode())
+            await asyncio.sleep(5)
+            assert publisher.pending >= 50 - 10  # not confirmed while it is down (a window may be in flight)
+            await asyncio.to_thread(node.start)
+            assert await publisher.flush(60), f"{publisher.pending} messages never confirmed"
+            for i in range(100, 150):
+                await publisher.publish("gm", gm_key(0), str(i).encode())
+            assert await publisher.flush(10)
+            await wait_for(lambda: set(got) == set(range(150)), 60, lambda: sorted(set(range(150)) - set(got)))
+            assert publisher.publish_failures > 0
+        finally:
+            await publisher.close(flush_timeout=1)
+            await consumer.close(flush_timeout=1)
 
 
 async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:

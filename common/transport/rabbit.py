@@ -1,23 +1,64 @@
-"""RabbitMQ transport for the services (aio-pika): exchanges, queues and routing keys, publish and consume.
+"""RabbitMQ transport for the services (aio-pika): topology, confirmed publishing that survives broker outages,
+and consumers that never drop a message.
 
-The topology (exchanges `<run>.gm`, `<run>.lm`, `<run>.events`, their queues and messages) is documented in
-docs/topology.md. Exchanges and the GM and LM queues are durable and messages persistent: losing one would lose a
-completion. Consumers ack explicitly after the handler has applied the message; a message whose handler fails is
-logged and rejected without requeue (a poison message must not loop forever).
+The topology (exchanges `<run>.gm`, `<run>.lm`, `<run>.events`, `<run>.dead`, their queues and messages) is in
+docs/topology.md; which queue type (classic or quorum) to choose, and why, is in docs/reliability.md.
+
+* **Publishing** goes through an outbox: `publish` appends the message (waiting only while the outbox holds
+  `outbox_bytes`, so memory stays bounded and nothing is dropped) and a sender task publishes it with publisher
+  confirms. A message the broker did not confirm (it is away, or the connection dropped) stays at the head of the
+  outbox and is sent again once the robust connection is back: delivery is at least once, in order per
+  publisher, and every consumer of Megha's messages is idempotent (versioned node states, per-task completions).
+* **Consuming** acks after the handler has applied the message. A handler that raises `TryLater` (say, an LM
+  still rebuilding its cluster) has the message requeued after a pause; any other failure requeues it too, up to
+  `delivery_limit` times, and then the message goes to `<run>.dead-letters` where an operator can read it. A body
+  that is not valid JSON of the expected model goes there at once. Nothing is dropped.
+* **Connecting** retries with backoff, logging what it waits for, and gives up after `connect_timeout` seconds
+  with one clear `BrokerUnavailable` line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import logging
+import time
+import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[bytes], Awaitable[None]]
+
+OUTBOX_BYTES = 64 * 1024 * 1024
+"""Default bound of the messages a publisher holds while the broker is away (MEGHA_OUTBOX_BYTES)."""
+PUBLISH_WINDOW = 64
+"""Messages the sender has awaiting their confirms at once."""
+PUBLISH_TIMEOUT = 10.0
+"""Seconds to wait for one confirm before the message counts as not delivered (and is sent again)."""
+DELIVERY_LIMIT = 20
+"""Failed deliveries of one message before it is dead-lettered (its handler kept failing)."""
+RETRY_PAUSE = 0.5
+"""Seconds a message whose handler failed waits before it is requeued."""
+
+DIRECT_EXCHANGES = ("gm", "lm")
+EXCHANGES = (*DIRECT_EXCHANGES, "events", "dead")
+
+
+class BrokerUnavailable(RuntimeError):
+    """RabbitMQ could not be reached within the configured time; the message says where and why."""
+
+
+class TryLater(Exception):
+    """Raised by a handler that cannot apply its message yet: the message is requeued after a pause."""
 
 
 def gm_key(gm: int) -> str:
@@ -28,63 +69,281 @@ def lm_key(lm: int) -> str:
     return f"lm.{lm}"
 
 
-class Broker:
-    """One robust connection and channel; declares the topology on connect."""
+def safe_url(url: str) -> str:
+    """The broker URL without its password, for logs."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    port = f":{parts.port}" if parts.port else ""
+    user = f"{parts.username}@" if parts.username else ""
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
 
-    def __init__(self, url: str, run_id: str = "megha") -> None:
+
+def queue_arguments(queue_type: str) -> dict[str, object]:
+    """Every queue Megha consumes is durable, of type `queue_type` ("classic" or "quorum": docs/reliability.md says
+    which to choose). Counting deliveries is the consumer's, so both types dead-letter alike."""
+    return {"x-queue-type": queue_type} if queue_type != "classic" else {}
+
+
+class Broker:
+    """One robust connection and channel, the run's topology, an outbox for confirmed publishing, consumers."""
+
+    def __init__(
+        self,
+        url: str,
+        run_id: str = "megha",
+        *,
+        outbox_bytes: int = OUTBOX_BYTES,
+        connect_timeout: float = 60.0,
+        delivery_limit: int = DELIVERY_LIMIT,
+        retry_pause: float = RETRY_PAUSE,
+        queue_type: str = "classic",
+    ) -> None:
         self.url = url
+        self.delivery_limit = delivery_limit
+        self.retry_pause = retry_pause
+        self.queue_type = queue_type
+        self._failures: dict[str, int] = {}  # message id -> failed deliveries to this consumer
+        self._message_ids = itertools.count()
+        self._publisher_id = uuid.uuid4().hex[:12]
         self.run_id = run_id
+        self.outbox_bytes = outbox_bytes
+        self.connect_timeout = connect_timeout
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractRobustChannel | None = None
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
+        self._declared: dict[str, aio_pika.abc.AbstractQueue] = {}
+        self._outbox: deque[tuple[str, str, bytes]] = deque()
+        self._outbox_size = 0
+        self._changed = asyncio.Condition()
+        self._in_flight = 0
+        self._sender: asyncio.Task[None] | None = None
+        self.published = 0
+        self.publish_failures = 0  # publishes not confirmed (then sent again)
+        self.dead_lettered = 0
+        self.requeued = 0
 
-    async def connect(self) -> None:
-        self._connection = await aio_pika.connect_robust(self.url)
-        self._channel = await self._connection.channel()  # type: ignore[assignment]
+    # ------------------------------------------------------------ connection
+
+    async def connect(self, timeout: float | None = None) -> None:
+        """Connect and declare the topology, retrying with backoff for up to `timeout` seconds (default
+        `connect_timeout`); raises BrokerUnavailable with one line saying where and why."""
+        timeout = self.connect_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        pause, attempt = 0.25, 0
+        while True:
+            attempt += 1
+            try:
+                self._connection = await aio_pika.connect_robust(self.url, reconnect_interval=1, timeout=5)
+                break
+            except Exception as exc:  # aiormq raises a variety of socket and AMQP errors
+                reason = str(exc) or type(exc).__name__
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BrokerUnavailable(
+                        f"RabbitMQ unreachable at {safe_url(self.url)} for {timeout:.0f} s ({attempt} attempts): "
+                        f"{reason}"
+                    ) from None
+                log.warning(
+                    "waiting for RabbitMQ at %s (attempt %d, giving up in %.0f s): %s",
+                    safe_url(self.url),
+                    attempt,
+                    left,
+                    reason,
+                )
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, 5.0)
+        self._connection.close_callbacks.add(self._on_lost)
+        self._connection.reconnect_callbacks.add(self._on_reconnected)
+        self._channel = await self._connection.channel(publisher_confirms=True)  # type: ignore[assignment]
         await self._channel.set_qos(prefetch_count=256)
-        for name, kind in (
-            ("gm", aio_pika.ExchangeType.DIRECT),
-            ("lm", aio_pika.ExchangeType.DIRECT),
-            ("events", aio_pika.ExchangeType.FANOUT),
-        ):
+        for name in EXCHANGES:
+            kind = aio_pika.ExchangeType.DIRECT if name in DIRECT_EXCHANGES else aio_pika.ExchangeType.FANOUT
             self._exchanges[name] = await self._channel.declare_exchange(f"{self.run_id}.{name}", kind, durable=True)
+        dead = await self._channel.declare_queue(
+            f"{self.run_id}.dead-letters", durable=True, arguments=queue_arguments(self.queue_type)
+        )
+        await dead.bind(self._exchanges["dead"])
+        self._declared[dead.name] = dead
+        self._sender = asyncio.get_running_loop().create_task(self._send_forever())
 
-    async def close(self) -> None:
-        if self._connection is not None:
+    def _on_lost(self, *args: object) -> None:
+        log.warning(
+            "connection to RabbitMQ at %s lost; reconnecting (publishes wait in the outbox)", safe_url(self.url)
+        )
+
+    def _on_reconnected(self, *args: object) -> None:
+        log.info("reconnected to RabbitMQ at %s; %d messages to resend", safe_url(self.url), len(self._outbox))
+
+    async def close(self, flush_timeout: float = 5.0) -> None:
+        """Send what the outbox holds (for up to `flush_timeout` seconds), then disconnect."""
+        if self._connection is None:
+            return
+        if not await self.flush(flush_timeout):
+            log.error("closing with %d messages not delivered to RabbitMQ at %s", len(self._outbox), safe_url(self.url))
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+        with contextlib.suppress(Exception):
             await self._connection.close()
-            self._connection = None
+        self._connection = None
+
+    # ------------------------------------------------------------ publishing
 
     async def publish(self, exchange: str, routing_key: str, body: bytes) -> None:
-        """Publish a persistent JSON message to `exchange` ("gm", "lm" or "events")."""
-        await self._exchanges[exchange].publish(
-            aio_pika.Message(body, content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-            routing_key=routing_key,
+        """Queue a persistent JSON message for `exchange` ("gm", "lm" or "events"). Returns once it is in the
+        outbox; waits while the outbox is full (the broker has been away long), never drops it."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._outbox_size + len(body) <= self.outbox_bytes or not self._outbox)
+            self._outbox.append((exchange, routing_key, body))
+            self._outbox_size += len(body)
+            self._changed.notify_all()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until every queued message is confirmed; False if that took more than `timeout` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: not self._outbox and not self._in_flight)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def pending(self) -> int:
+        """Messages not yet confirmed by the broker."""
+        return len(self._outbox) + self._in_flight
+
+    async def _send_forever(self) -> None:
+        """Publish the outbox's head window with confirms; what was not confirmed goes back to the head, in order,
+        and is sent again after a pause (the robust connection reconnects meanwhile)."""
+        pause = 0.1
+        outage_logged = False
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: bool(self._outbox))
+                window = [self._outbox.popleft() for _ in range(min(PUBLISH_WINDOW, len(self._outbox)))]
+                self._in_flight = len(window)
+            results = await asyncio.gather(*(self._publish_one(*m) for m in window), return_exceptions=True)
+            failed = [m for m, r in zip(window, results) if r is not None]
+            async with self._changed:
+                self._in_flight = 0
+                self._outbox.extendleft(reversed(failed))
+                self._outbox_size -= sum(len(m[2]) for m in window) - sum(len(m[2]) for m in failed)
+                self.published += len(window) - len(failed)
+                self._changed.notify_all()
+            if failed:
+                self.publish_failures += len(failed)
+                if not outage_logged:
+                    error = next(r for r in results if r is not None)
+                    log.warning(
+                        "RabbitMQ at %s did not confirm %d messages (%s); holding %d until it is back",
+                        safe_url(self.url),
+                        len(failed),
+                        str(error) or type(error).__name__,
+                        len(self._outbox),
+                    )
+                    outage_logged = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+            elif outage_logged:
+                log.info(
+                    "RabbitMQ at %s confirms again; %d messages still queued", safe_url(self.url), len(self._outbox)
+                )
+                outage_logged, pause = False, 0.1
+
+    async def _publish_one(self, exchange: str, routing_key: str, body: bytes) -> None:
+        if exchange in DIRECT_EXCHANGES:
+            await self._declare(exchange, routing_key)  # a message must never find no queue
+        message = aio_pika.Message(
+            body,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=f"{self._publisher_id}-{next(self._message_ids)}",
         )
+        await self._exchanges[exchange].publish(
+            message,
+            routing_key=routing_key,
+            mandatory=False,
+            timeout=PUBLISH_TIMEOUT,
+        )
+
+    # ------------------------------------------------------------- consuming
+
+    async def _declare(self, exchange: str, routing_key: str, queue: str | None = None) -> aio_pika.abc.AbstractQueue:
+        """Declare (once per broker object) the durable queue of `routing_key` on `exchange` and bind it."""
+        assert self._channel is not None, "connect() first"
+        name = queue or f"{self.run_id}.{routing_key}"
+        q = self._declared.get(name)
+        if q is None:
+            q = await self._channel.declare_queue(name, durable=True, arguments=queue_arguments(self.queue_type))
+            await q.bind(self._exchanges[exchange], routing_key=routing_key)
+            self._declared[name] = q
+        return q
 
     async def consume(self, exchange: str, routing_key: str, handler: Handler, queue: str | None = None) -> str:
         """Bind a queue to `exchange` and feed each message body to `handler`, acking after it returns.
 
-        `queue` None makes a durable queue named `<run>.<routing_key>`; pass a name for the events fanout."""
-        assert self._channel is not None, "connect() first"
-        name = queue or f"{self.run_id}.{routing_key}"
-        q = await self._channel.declare_queue(name, durable=True)
-        await q.bind(self._exchanges[exchange], routing_key=routing_key)
+        `queue` None makes the queue `<run>.<routing_key>`; pass a name for the events fanout."""
+        q = await self._declare(exchange, routing_key, queue)
+        name = q.name
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             try:
                 await handler(message.body)
+            except TryLater as exc:
+                log.info("requeueing a message on %s: %s", name, exc)
+                await self._requeue(message)
+            except ValidationError as exc:
+                log.error("dead-lettering a malformed message on %s: %s", name, str(exc).splitlines()[0])
+                await self._dead_letter(message)
             except Exception:
-                log.exception("dropping a message on %s that its handler could not apply", name)
-                await message.reject(requeue=False)
+                key = message.message_id or ""
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                if failures >= self.delivery_limit:
+                    log.exception("a handler on %s failed %d times; dead-lettering the message", name, failures)
+                    self._failures.pop(key, None)
+                    await self._dead_letter(message)
+                else:
+                    self.requeued += 1
+                    log.exception("a handler on %s failed (%d of %d); requeueing", name, failures, self.delivery_limit)
+                    await self._requeue(message)
             else:
-                await message.ack()
+                if self._failures:
+                    self._failures.pop(message.message_id or "", None)
+                with contextlib.suppress(Exception):  # a lost channel redelivers the message: handlers are idempotent
+                    await message.ack()
 
         await q.consume(on_message)
         return name
 
+    async def _requeue(self, message: AbstractIncomingMessage) -> None:
+        """Give the message back to its queue after `retry_pause` seconds (a lost channel does that by itself)."""
+        await asyncio.sleep(self.retry_pause)
+        with contextlib.suppress(Exception):
+            await message.nack(requeue=True)
+
+    async def _dead_letter(self, message: AbstractIncomingMessage) -> None:
+        """Move a message to `<run>.dead-letters` (through the outbox, so it is kept) and ack the original."""
+        self.dead_lettered += 1
+        await self.publish("dead", "", message.body)
+        with contextlib.suppress(Exception):
+            await message.ack()
+
     async def delete_queue(self, name: str) -> None:
         assert self._channel is not None
         await self._channel.queue_delete(name)
+        self._declared.pop(name, None)
+
+    async def delete_run(self, routing_keys: list[str]) -> None:
+        """Remove a finished run's queues (`<run>.<key>` for each key, and its dead letters) and exchanges."""
+        assert self._channel is not None
+        for name in [f"{self.run_id}.{key}" for key in routing_keys] + [f"{self.run_id}.dead-letters"]:
+            with contextlib.suppress(Exception):
+                await self._channel.queue_delete(name)
+        for name in EXCHANGES:
+            with contextlib.suppress(Exception):
+                await self._channel.exchange_delete(f"{self.run_id}.{name}")
 
 
 @asynccontextmanager
@@ -98,3 +357,16 @@ async def connected(broker: Broker | None) -> AsyncIterator[None]:
         yield
     finally:
         await broker.close()
+
+
+async def run_background(name: str, step: Callable[[], Awaitable[None]], every: float) -> None:
+    """Call `step` every `every` seconds until cancelled. An exception is logged and the loop goes on: a
+    background loop (heartbeats, liveness checks) never dies silently."""
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s failed; trying again in %.1f s", name, every)
+        await asyncio.sleep(every)

@@ -13,7 +13,7 @@ from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
 from megha.common.models import JobAccepted, JobStatus, JobSubmission
 from megha.common.settings import GMSettings
-from megha.common.transport.rabbit import Broker, connected, gm_key
+from megha.common.transport.rabbit import connected, gm_key
 from megha.services.gm.service import DuplicateJob, GMService
 from megha.services.http import (
     configure_logging,
@@ -30,7 +30,7 @@ from megha.services.http import (
 def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSpec | None = None) -> FastAPI:
     """The GM app. It learns the cluster from its LMs at start-up unless `cluster` is given (tests)."""
     log = configure_logging(settings.log_level, f"gm-{settings.gm_id}")
-    broker = Broker(settings.amqp_url, settings.run_id) if use_broker else None
+    broker = settings.broker() if use_broker else None
     service = GMService(settings, broker)
 
     @asynccontextmanager

@@ -26,7 +26,7 @@ from megha.common.models import (
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker
 from megha.services.gm.jobs import JobTable
-from megha.services.http import CallError, Reply, ServiceClient
+from megha.services.http import CallError, Reply, ServiceClient, spawn
 
 log = logging.getLogger("megha.gm")
 
@@ -138,9 +138,7 @@ class GMService:
         for out in outputs:
             if isinstance(out, Send) and isinstance(out.msg, LaunchBatch | PreemptRequest):
                 call = self._launch(out.msg) if isinstance(out.msg, LaunchBatch) else self._preempt(out.msg)
-                task = asyncio.get_running_loop().create_task(call)
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                spawn(self._tasks, call)
             else:
                 raise TypeError(f"GM cannot send {out!r}")
 

@@ -19,7 +19,7 @@ from megha.common.models import (
     WorkerRegistration,
 )
 from megha.common.settings import LMSettings
-from megha.common.transport.rabbit import Broker, connected, lm_key
+from megha.common.transport.rabbit import connected, lm_key
 from megha.services.http import (
     configure_logging,
     document_bodies,
@@ -35,7 +35,7 @@ from megha.services.lm.service import LMService, NotReady, RegistrationError
 
 def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     log = configure_logging(settings.log_level, f"lm-{settings.lm_id}")
-    broker = Broker(settings.amqp_url, settings.run_id) if use_broker else None
+    broker = settings.broker() if use_broker else None
     service = LMService(settings, broker)
 
     @asynccontextmanager

@@ -38,14 +38,15 @@ from megha.common.models import (
     WorkerRegistration,
 )
 from megha.common.settings import LMSettings
-from megha.common.transport.rabbit import Broker, gm_key
-from megha.services.http import CallError, ServiceClient
+from megha.common.transport.rabbit import Broker, TryLater, gm_key, run_background
+from megha.services.http import CallError, ServiceClient, spawn
 
 log = logging.getLogger("megha.lm")
 
 
-class NotReady(RuntimeError):
-    """The LM is still waiting for worker agents to register its nodes."""
+class NotReady(TryLater):
+    """The LM is still waiting for worker agents to register its nodes (a broker message that needs the cluster
+    is requeued until it is complete)."""
 
 
 class RegistrationError(ValueError):
@@ -305,10 +306,10 @@ class LMService:
     # ------------------------------------------------------ worker failures
 
     async def watch_workers(self) -> None:
-        """Check the agents' heartbeats every few seconds (runs until cancelled)."""
-        while True:
-            await asyncio.sleep(min(self.settings.worker_timeout / 4, 5.0))
-            await self.check_workers()
+        """Check the agents' heartbeats every few seconds (runs until cancelled; a failed check is logged)."""
+        every = min(self.settings.worker_timeout / 4, 5.0)
+        await asyncio.sleep(every)
+        await run_background("checking worker agents", self.check_workers, every)
 
     async def check_workers(self) -> None:
         """Take out of service the nodes of every agent silent for more than MEGHA_WORKER_TIMEOUT seconds whose
@@ -368,9 +369,7 @@ class LMService:
         self._dispatch(outputs)
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, coro)
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -21,7 +21,7 @@ from megha.common.models import (
     WorkerRegistration,
 )
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import Broker, lm_key
+from megha.common.transport.rabbit import Broker, lm_key, run_background
 from megha.services.http import CallError, ServiceClient
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 
@@ -91,10 +91,9 @@ class WorkerAgent:
             await asyncio.sleep(0.2)
 
     async def heartbeats(self) -> None:
-        """Tell the LM every `heartbeat_interval` seconds that this agent is alive (runs until cancelled)."""
-        while True:
-            await self.heartbeat()
-            await asyncio.sleep(self.settings.heartbeat_interval)
+        """Tell the LM every `heartbeat_interval` seconds that this agent is alive (runs until cancelled; a failed
+        beat is logged and the next one goes out on time)."""
+        await run_background("heartbeat", self.heartbeat, self.settings.heartbeat_interval)
 
     async def heartbeat(self) -> None:
         if self.broker is None or self.registered is None:

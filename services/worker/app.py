@@ -13,7 +13,7 @@ from pydantic_core import to_json
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import Broker, connected
+from megha.common.transport.rabbit import connected
 from megha.services.http import (
     configure_logging,
     document_bodies,
@@ -29,7 +29,7 @@ from megha.services.worker.agent import WorkerAgent
 
 def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     log = configure_logging(settings.log_level, settings.worker_id)
-    broker = Broker(settings.amqp_url, settings.run_id) if use_broker else None
+    broker = settings.broker() if use_broker else None
     agent = WorkerAgent(settings, broker)
 
     @asynccontextmanager

@@ -1,0 +1,124 @@
+"""A RabbitMQ node of a run's own, for the chaos matrix and the broker-outage tests: Debian's `rabbitmq-server`
+started on free ports with its data in a folder of ours, stopped (gracefully, or with SIGKILL) and started again
+on the same data, so that durable queues and their messages outlive the outage as they would on a real host."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+SERVER = "rabbitmq-server"
+CTL = "rabbitmqctl"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+class BrokerNode:
+    """One RabbitMQ node on 127.0.0.1:`port` (guest/guest, loopback only), its data under `base`."""
+
+    def __init__(self) -> None:
+        if shutil.which(SERVER) is None:
+            raise RuntimeError(f"{SERVER} is not installed (Debian: apt-get install -y rabbitmq-server)")
+        # In the system's temporary folder: the Debian wrapper runs the node as the rabbitmq user, who must reach it.
+        self.base = Path(tempfile.mkdtemp(prefix="megha-rabbitmq-"))
+        self.base.chmod(0o777)
+        self.name = f"megha-{uuid.uuid4().hex[:8]}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "RABBITMQ_NODENAME": self.name,
+                "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                "RABBITMQ_NODE_PORT": str(self.port),
+                "RABBITMQ_DIST_PORT": str(self.dist_port),
+                "RABBITMQ_MNESIA_BASE": str(self.base / "mnesia"),
+                "RABBITMQ_LOG_BASE": str(self.base / "log"),
+                "RABBITMQ_PID_FILE": str(self.base / "pid"),
+                "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "plugins"),
+                "RABBITMQ_ENABLED_PLUGINS": "",
+            }
+        )
+        return env
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the node (on the data it had, if any) and wait until it accepts connections."""
+        subprocess.run([SERVER, "-detached"], env=self._env(), check=True, capture_output=True, timeout=30)
+        deadline = time.monotonic() + timeout
+        while not port_open(self.port):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"RabbitMQ node {self.name} not listening on {self.port} after {timeout} s")
+            time.sleep(0.2)
+        self._ctl("await_startup", timeout=timeout)
+
+    def pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.base / "pid").read_text().strip())
+        return None
+
+    def stop(self) -> None:
+        """A clean shutdown (what `systemctl stop rabbitmq-server` does)."""
+        self._ctl("stop", timeout=60)
+        self._wait_closed()
+
+    def kill(self) -> None:
+        """SIGKILL the node's Erlang VM: a crash, with no clean shutdown."""
+        pid = self.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._wait_closed()
+
+    def _wait_closed(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while port_open(self.port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def queues(self) -> list[str]:
+        """The names of the queues the node holds."""
+        out = self._ctl("list_queues", "-q", "--no-table-headers", "name", timeout=30)
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def _ctl(self, *args: str, timeout: float) -> str:
+        done = subprocess.run(
+            [CTL, "-n", self.name, *args], env=self._env(), capture_output=True, text=True, timeout=timeout
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} on {self.name}: {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    def destroy(self) -> None:
+        """Kill the node and remove its data."""
+        if port_open(self.port):
+            self.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> BrokerNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
