@@ -168,7 +168,8 @@ class TaskStatus(WireModel):
     """One task in GM `GET /v1/jobs/{id}`. Times are unix seconds; `lm`/`node` are set once placed.
 
     `attempts` counts placements sent to an LM, `inconsistencies` those an LM rejected for a stale view,
-    `preemptions` the times the task was stopped for another user's task (it then runs again).
+    `preemptions` the times the task was stopped for another user's task (it then runs again), `retries` the
+    times it ran again because its worker was lost (at most MEGHA_MAX_ATTEMPTS - 1).
     """
 
     task_id: Name
@@ -183,6 +184,7 @@ class TaskStatus(WireModel):
     inconsistencies: Count = 0
     repartitioned: bool = False
     preemptions: Count = 0
+    retries: Count = 0
     failed_reason: str | None = None
 
 
@@ -232,6 +234,7 @@ class TaskSpecModel(CoreMirror):
     duration: Seconds
     request: Amounts
     constraints: ConstraintIds
+    attempt: Annotated[int, Field(ge=1)] = 1
 
     @classmethod
     def plain(cls, obj: TaskSpec) -> dict[str, Any]:
@@ -242,11 +245,18 @@ class TaskSpecModel(CoreMirror):
             "duration": obj.duration,
             "request": list(obj.request),
             "constraints": _ids(obj.constraints),
+            "attempt": obj.attempt,
         }
 
     def to_core(self) -> TaskSpec:
         return TaskSpec(
-            self.task_id, self.job_id, self.user, self.duration, tuple(self.request), _mask(self.constraints)
+            self.task_id,
+            self.job_id,
+            self.user,
+            self.duration,
+            tuple(self.request),
+            _mask(self.constraints),
+            self.attempt,
         )
 
 
@@ -387,6 +397,7 @@ class CompletionModel(CoreMirror):
     state: NodeStateModel
     error: str = ""
     preempted: bool = False
+    lost: bool = False
 
     @classmethod
     def plain(cls, obj: Completion) -> dict[str, Any]:
@@ -395,10 +406,11 @@ class CompletionModel(CoreMirror):
             "state": NodeStateModel.plain(obj.state),
             "error": obj.error,
             "preempted": obj.preempted,
+            "lost": obj.lost,
         }
 
     def to_core(self) -> Completion:
-        return Completion(self.task_id, self.state.to_core(), self.error, self.preempted)
+        return Completion(self.task_id, self.state.to_core(), self.error, self.preempted, self.lost)
 
 
 class CompletionsModel(CoreMirror):
@@ -452,6 +464,7 @@ class FinishedTaskModel(CoreMirror):
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None
     error: str = ""
+    attempt: Annotated[int, Field(ge=1)] = 1
 
     @classmethod
     def plain(cls, obj: FinishedTask) -> dict[str, Any]:
@@ -464,10 +477,11 @@ class FinishedTaskModel(CoreMirror):
             "started_at": None,
             "finished_at": None,
             "error": obj.error,
+            "attempt": obj.attempt,
         }
 
     def to_core(self) -> FinishedTask:
-        return FinishedTask(self.task_id, self.node, self.preempted, self.error)
+        return FinishedTask(self.task_id, self.node, self.preempted, self.error, self.attempt)
 
 
 class WorkerReportModel(CoreMirror):
@@ -702,10 +716,16 @@ class WorkerRegistered(WireModel):
 
 
 class TaskEvent(WireModel):
-    """A task started, finished, was preempted or failed, at unix time `at`; measurements as in
-    `FinishedTaskModel`. The load generator computes allocation time and job response time from these."""
+    """A task's `attempt` started, finished, was preempted, was lost with its worker (it runs again) or failed,
+    at unix time `at`; measurements as in `FinishedTaskModel`. The load generator computes allocation time and
+    job response time from these.
 
-    kind: Literal["started", "finished", "preempted", "failed"]
+    Who publishes: the agent `started`; the LM `finished`, `preempted`, `failed` and `lost` once it has checked
+    the report against the run it placed (a stale copy's report never becomes an event); the GM `failed` for a
+    task it gives up on (an LM that never answered, MEGHA_MAX_ATTEMPTS reached). Delivery is at least once: a
+    consumer keeps the first event of each (task_id, attempt, kind)."""
+
+    kind: Literal["started", "finished", "preempted", "lost", "failed"]
     task_id: Name
     job_id: Name
     lm: Index
@@ -714,6 +734,7 @@ class TaskEvent(WireModel):
     cpu_seconds: Seconds = 0.0
     execution_delay: Seconds = 0.0
     error: str = ""
+    attempt: Annotated[int, Field(ge=1)] = 1
 
 
 class TaskEvents(WireModel):

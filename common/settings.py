@@ -94,6 +94,9 @@ class GMSettings(FairSettings):
     )
     seed: int = Field(0, description="seed of the GM's random choices")
     http_timeout: float = Field(10.0, gt=0, description="seconds for one LM call")
+    max_attempts: int = Field(
+        3, ge=1, description="executions of a task whose worker is lost before it is failed with the reason"
+    )
     finished_tasks_kept: int = Field(
         1_000_000,
         ge=0,

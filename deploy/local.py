@@ -37,6 +37,8 @@ class Process:
     url: str
     popen: subprocess.Popen[bytes]
     log: Path
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,15 +75,32 @@ class LocalDeployment:
         url = f"http://127.0.0.1:{port}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
-        popen = subprocess.Popen(
-            [sys.executable, "-m", module],
-            env=self._env(port=port, public_url=url, **values),
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopping it also stops its task processes
-        )
-        self.processes.append(Process(name, url, popen, log))
+        command, env = [sys.executable, "-m", module], self._env(port=port, public_url=url, **values)
+        self.processes.append(Process(name, url, _popen(command, env, log), log, command, env))
         return url
+
+    def process(self, name: str) -> Process:
+        return next(p for p in self.processes if p.name == name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a service and its task processes (a crash: no clean shutdown)."""
+        proc = self.process(name)
+        _signal_group(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait()
+
+    def restart(self, name: str) -> None:
+        """Start a killed (or stopped) service again with the same settings, appending to its log."""
+        proc = self.process(name)
+        if proc.popen.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        proc.popen = _popen(proc.command, proc.env, proc.log, append=True)
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP a service (a stall: it holds its connections but answers nothing)."""
+        _signal_group(self.process(name).popen.pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        _signal_group(self.process(name).popen.pid, signal.SIGCONT)
 
     def start(self) -> None:
         lm_urls = []
@@ -192,6 +211,16 @@ class LocalDeployment:
     ) -> None:
         self.stop()
         signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+
+def _popen(command: list[str], env: dict[str, str], log: Path, append: bool = False) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=log.open("ab" if append else "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: stopping it also stops its task processes
+    )
 
 
 def _signal_group(pgid: int, signum: int) -> None:

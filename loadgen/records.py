@@ -43,6 +43,7 @@ class TaskRecord:
     preemption_attempts: int = 0  # preemption requests its GM sent to make room for it
     preemptions: int = 0  # times it was stopped to make room for another user's task (then ran again)
     lost_cpu_seconds: float = 0.0  # CPU-seconds of work thrown away by those preemptions
+    retries: int = 0  # times it ran again because its worker was lost
 
     @property
     def allocation_time(self) -> float:

@@ -54,9 +54,13 @@ class ServicesRun:
 
 def apply_event(run: ServicesRun, rec: TaskRecord, event: TaskEvent, at: float) -> bool:
     """Record one task event (`at`: seconds since the replay began); True when the task has ended. A preempted
-    task has not: it waits in its user's queue and runs again."""
+    task has not: it waits in its user's queue and runs again; nor has a lost one (it runs again as its next
+    attempt, or its GM fails it)."""
     if event.kind == "started":
         rec.started_at = rec.worker_received_at = at
+        return False
+    if event.kind == "lost":
+        rec.retries += 1
         return False
     if event.kind == "preempted":
         rec.preemptions += 1
@@ -141,10 +145,16 @@ async def _replay(
         for event in TaskEvents.model_validate_json(body).events:
             on_event(event)
 
+    seen: set[tuple[str, int, str, float]] = set()
+
     def on_event(event: TaskEvent) -> None:
         rec = run.tasks.get(event.task_id)
         if rec is None:
             return  # another run's task on a shared broker
+        key = (event.task_id, event.attempt, event.kind, event.at)
+        if key in seen:
+            return  # delivered again (publishing is at least once)
+        seen.add(key)
         run.events.setdefault(event.task_id, []).append(event)
         if apply_event(run, rec, event, event.at - start):
             ended.add(event.task_id)

@@ -229,7 +229,7 @@ async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:
         await broker.close()
 
 
-async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_failed() -> None:
+async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_lost_for_a_retry() -> None:
     run_id = f"test-{uuid.uuid4().hex[:8]}"
     broker = Broker(AMQP, run_id)
     await broker.connect()
@@ -254,11 +254,12 @@ async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_faile
         response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
         assert len(response.accepted) == 1
         await asyncio.wait_for(event_arrived.wait(), 10)
-        assert [(e.kind, e.task_id) for e in events] == [("failed", "j.0")]
+        assert [(e.kind, e.task_id, e.attempt) for e in events] == [("lost", "j.0", 1)]
         assert "unreachable" in events[0].error
         completions = (await gm_inbox.next()).completions  # the GM learns the node is free again
         assert completions is not None and completions.items[0].state.free == [1000, 1024]
-        assert "unreachable" in completions.items[0].error  # the GM's job table reports the task failed
+        # The GM places the task again as its next attempt (or fails it after MEGHA_MAX_ATTEMPTS), with the reason.
+        assert completions.items[0].lost and "unreachable" in completions.items[0].error
         assert lm.core is not None and lm.core.is_idle() and lm.state()["failed_launches"] == 1
     finally:
         await lm.close()

@@ -205,6 +205,7 @@ def test_wire_format_of_a_placement() -> None:
             "duration": 2.5,
             "request": [1000, 512],
             "constraints": [0, 4, 20],
+            "attempt": 1,
         },
         "lm": 1,
         "node": 7,

@@ -484,7 +484,7 @@ async def test_gm_forgets_its_oldest_finished_jobs_beyond_the_limit_and_says_so(
         assert failed.state == "failed" and failed.failed_reason
 
 
-async def test_lm_takes_a_silent_agent_out_of_service_fails_its_tasks_and_brings_it_back_when_idle() -> None:
+async def test_lm_takes_a_silent_agent_out_of_service_reports_its_tasks_lost_and_brings_it_back_when_idle() -> None:
     settings = LMSettings(expected_nodes=4, num_gms=2, http_timeout=1.0, worker_timeout=20.0)
     app = create_lm(settings, use_broker=False)
     service = app.state.service
@@ -511,11 +511,13 @@ async def test_lm_takes_a_silent_agent_out_of_service_fails_its_tasks_and_brings
             if ex == "gm" and body.get("completions")
             for item in body["completions"]["items"]
         ]
-        assert completion["task_id"] == "a.0" and "silent for" in completion["error"]
-        (failed,) = [e for ex, _, body in broker.published if ex == "events" for e in body["events"]]
-        assert (failed["task_id"], failed["kind"]) == ("a.0", "failed") and "silent for" in failed["error"]
+        assert completion["task_id"] == "a.0" and completion["lost"] and "silent for" in completion["error"]
+        assert completion["state"]["free"] == [0, 0]  # no GM places it back on the down node
+        (lost_event,) = [e for ex, _, body in broker.published if ex == "events" for e in body["events"]]
+        assert (lost_event["task_id"], lost_event["kind"], lost_event["attempt"]) == ("a.0", "lost", 1)
+        assert "silent for" in lost_event["error"]
         # Back while its old tasks still run (it was cut off, not dead): kept out, and asked to stop the tasks
-        # reported failed; back with nothing running: in service again.
+        # reported lost (they run again elsewhere); back with nothing running: in service again.
         asked: list[tuple[str, bytes]] = []
 
         async def post(url: str, body: bytes) -> Any:
@@ -784,7 +786,8 @@ async def test_worker_accepts_launches_on_its_nodes(worker: tuple[FastAPI, httpx
 
 @pytest.mark.parametrize("execution", ["simulated", "real"])
 async def test_worker_runs_a_task_of_zero_seconds_to_completion(execution: str) -> None:
-    """A 0-s task starts, finishes without error and is reported to the LM and as task events."""
+    """A 0-s task starts, finishes without error and is reported to the LM; the agent publishes its start (the LM,
+    having checked the report, publishes how it ended)."""
     settings = WorkerSettings(execution=execution, worker_id="w0", nodes=1, lm_url=NOWHERE)
     app = create_worker(settings, use_broker=False)
     broker = RecordingBroker()
@@ -801,12 +804,18 @@ async def test_worker_runs_a_task_of_zero_seconds_to_completion(execution: str) 
     finally:
         await app.state.agent.close()
     events = [e for exchange, _, body in broker.published if exchange == "events" for e in body["events"]]
-    assert [(e["kind"], e["task_id"], e["error"]) for e in events] == [("started", "j.0", ""), ("finished", "j.0", "")]
+    assert [(e["kind"], e["task_id"], e["attempt"]) for e in events] == [("started", "j.0", 1)]
     TaskEvents.model_validate({"events": events})  # the agent's plain events are valid wire messages
     [report] = [BrokerMessage.model_validate(body) for exchange, _, body in broker.published if exchange == "lm"]
     assert report.worker_report is not None
     [finished] = report.worker_report.finished
-    assert (finished.task_id, finished.node, finished.preempted, finished.error) == ("j.0", 0, False, "")
+    assert (finished.task_id, finished.node, finished.preempted, finished.error, finished.attempt) == (
+        "j.0",
+        0,
+        False,
+        "",
+        1,
+    )
 
 
 # ------------------------------------------------------------------------------------------------- API documentation

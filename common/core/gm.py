@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from operator import add, gt, sub
 
 from megha.common.core.cluster import ClusterSpec
@@ -53,12 +54,17 @@ class GlobalMaster:
         seed: int = 0,
         observer: CoreObserver | None = None,
         fairness: FairnessConfig | None = None,
+        max_attempts: int = 3,
     ) -> None:
         """With `fairness`, the GM serves its users' queues in the share policy's order and, when a task fits
-        nowhere and its user is below its share, asks an LM to preempt tasks of users above theirs."""
+        nowhere and its user is below its share, asks an LM to preempt tasks of users above theirs. A task whose
+        worker is lost runs again, up to `max_attempts` executions in all."""
         if not 0 <= gm_id < cluster.num_gms:
             raise ValueError(f"GM id {gm_id} outside 0..{cluster.num_gms - 1}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.gm_id = gm_id
+        self.max_attempts = max_attempts
         self.resource_names = cluster.resource_names
         self.choice = choice or RandomChoice()
         self.observer = observer or CoreObserver()
@@ -105,6 +111,7 @@ class GlobalMaster:
         self.preemption_attempts = 0
         self.preemptions = 0  # tasks stopped to make room for this GM's tasks
         self.preempted = 0  # this GM's tasks stopped for others
+        self.retries = 0  # tasks run again because their worker was lost
 
     # ----------------------------------------------------------------- inputs
 
@@ -124,7 +131,7 @@ class GlobalMaster:
         if isinstance(msg, LaunchResponse):
             self._on_response(msg, now)
         elif isinstance(msg, Completions):
-            self._on_completions(msg)
+            self._on_completions(msg, now)
         elif isinstance(msg, Delta):
             self._apply_delta(msg)
             if self.book is not None and self.waiting:
@@ -356,17 +363,18 @@ class GlobalMaster:
             retry.append(rejection.placement.task)
         self.queue.extendleft(reversed(retry))
 
-    def _on_completions(self, msg: Completions) -> None:
+    def _on_completions(self, msg: Completions, now: float) -> None:
         """Node states are absolute and versioned, so applying them is always safe; a completion that overtakes
         its own launch response is remembered so the task is not then counted as running. A preempted task
-        goes back to the front of its user's queue."""
+        goes back to the front of its user's queue, and so does a lost one as its next attempt (or it fails once
+        `max_attempts` were made)."""
         book = self.book
         requeue: list[TaskSpec] = []
         for item in msg.items:
             placement = self.running.pop(item.task_id, None)
             if placement is None and item.task_id in self._awaiting_response:
                 self._finished_early.add(item.task_id)
-                if book is not None or item.preempted:
+                if book is not None or item.preempted or item.lost:
                     placement = self._find_outstanding(msg.lm, item.task_id)
             if placement is None:
                 continue
@@ -375,6 +383,15 @@ class GlobalMaster:
             if item.preempted:
                 self.preempted += 1
                 requeue.append(placement.task)
+            elif item.lost:
+                task = placement.task
+                if task.attempt < self.max_attempts:
+                    self.retries += 1
+                    self.observer.task_lost(task, item.error, now)
+                    requeue.append(replace(task, attempt=task.attempt + 1))
+                else:
+                    reason = f"{item.error} (attempt {task.attempt} of MEGHA_MAX_ATTEMPTS={self.max_attempts})"
+                    self.observer.task_failed(task, reason, now)
         if requeue:
             self.queue.extendleft(reversed(requeue))
         self._apply_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
@@ -551,6 +568,7 @@ class GlobalMaster:
             "preemption_attempts": self.preemption_attempts,
             "preemptions": self.preemptions,
             "preempted": self.preempted,
+            "retries": self.retries,
             "total_capacity": [
                 sum(c[k] for row in self.views for v in row for c in v.capacity)
                 for k in range(len(self.resource_names))

@@ -40,6 +40,12 @@ from megha.common.core.observer import CoreObserver
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources, describe
 
 
+def _same_run(alloc: Allocation, item: FinishedTask) -> bool:
+    """True when a worker's report is about the run the LM placed (same node, same attempt), not a stale copy."""
+    placement = alloc.placement
+    return placement.node == item.node and placement.task.attempt == item.attempt
+
+
 @dataclass(slots=True)
 class LogicalNode:
     """Resources carved out of physical node `node` into GM `gm`'s partition by a repartition, for one task."""
@@ -276,19 +282,22 @@ class LocalMaster:
 
     def _on_report(self, report: WorkerReport, now: float) -> list[Output]:
         by_gm: dict[int, list[Completion]] = {}
+        running, preempting = self.running, self.preempting
         for item in report.finished:
-            alloc = self.running.pop(item.task_id, None)
-            if alloc is not None:
+            alloc = running.get(item.task_id)
+            if alloc is not None and _same_run(alloc, item):
+                del running[item.task_id]
                 self._release(alloc)
             else:
                 # A task this LM preempted: its resources went to the preempting task already; the worker's
                 # report says whether it was stopped (the GM queues it again) or had already finished.
-                alloc = self.preempting.pop(item.task_id, None)
-                if alloc is None:
-                    continue  # a repeated report: each task frees its resources once
+                alloc = preempting.get(item.task_id)
+                if alloc is None or not _same_run(alloc, item):
+                    continue  # a repeated report, or one from a stale copy: each run frees its resources once
+                del preempting[item.task_id]
             n = alloc.placement.node
             completion = Completion(
-                item.task_id, node_state((n, self.free[n], self.version[n])), item.error, item.preempted
+                item.task_id, node_state((n, self.free[n], self.version[n])), item.error, item.preempted, item.lost
             )
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [
@@ -301,18 +310,22 @@ class LocalMaster:
     # ------------------------------------------------------- node failures
 
     def take_down(self, nodes: Sequence[int], reason: str, now: float) -> list[Output]:
-        """Nodes whose worker is gone: every task on them is reported failed with `reason` (to its GM, as a
-        completion with an error), and they show no free resources to any GM until `bring_up`."""
+        """Nodes whose worker is gone: every task on them is reported lost with `reason` (to its GM, which runs it
+        again as its next attempt), and they show no free resources to any GM until `bring_up`."""
         nodes = [n for n in dict.fromkeys(nodes) if 0 <= n < len(self.capacity) and n not in self.down]
         lost = self.tasks_on(nodes)
-        report = [FinishedTask(p.task.task_id, p.node, error=reason) for p in lost]
+        report = [FinishedTask(p.task.task_id, p.node, error=reason, attempt=p.task.attempt, lost=True) for p in lost]
         out = self._on_report(WorkerReport(self.lm_id, report), now) if lost else []
-        for p in lost:
-            self.observer.task_failed(p.task, reason, now)
         zero = (0,) * len(self.resource_names)
         for n in nodes:
             self.down[n] = reason
             self._set_free_for_all(n, zero)
+        # The completions carry each node's state after it went down, so no GM places the lost tasks back on it.
+        for o in out:
+            if isinstance(o.msg, Completions):
+                for c in o.msg.items:
+                    n = c.state.node
+                    c.state = node_state((n, self.free[n], self.version[n]))
         self._arm_tick(now, out)
         return out
 

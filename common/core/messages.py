@@ -134,12 +134,14 @@ class WorkerLaunch:
 
 @dataclass(slots=True)
 class FinishedTask:
-    """A task that ended on a worker; `error` says why it failed ("" when it ran to completion)."""
+    """A task (its `attempt`) that ended on a worker; `error` says why it failed ("" when it ran to completion)."""
 
     task_id: str
     node: int
     preempted: bool = False
     error: str = ""
+    attempt: int = 1
+    lost: bool = False  # set by the LM itself when the task's worker is lost (never by a worker)
 
 
 @dataclass(slots=True)
@@ -153,12 +155,15 @@ class WorkerReport:
 @dataclass(slots=True)
 class Completion:
     """One finished task of a GM, with its node's state right after the task's resources were returned, and why
-    it failed ("" when it ran to completion). `preempted` tasks did not finish: the GM queues them again."""
+    it failed ("" when it ran to completion). `preempted` tasks did not finish: the GM queues them again. `lost`
+    tasks did not finish either: their worker was lost (`error` says how), and the GM runs them again as their
+    next attempt, or fails them once MEGHA_MAX_ATTEMPTS attempts were made."""
 
     task_id: str
     state: NodeState
     error: str = ""
     preempted: bool = False
+    lost: bool = False
 
 
 @dataclass(slots=True)

@@ -36,6 +36,9 @@ class CoreObserver:
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None: ...
 
+    def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
+        """The worker running `task` was lost; the task runs again as its next attempt."""
+
     def preempted(self, task_ids: Sequence[str], now: float) -> None:
         """Running tasks stopped on their worker to make room for another user's task (they run again later)."""
 

@@ -10,7 +10,9 @@ from megha.common.core.resources import Resources
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """One task. `constraints` is a mask of required placement-constraint ids; `request` is aligned to the data
-    centre's resource names; `duration` is in seconds."""
+    centre's resource names; `duration` is in seconds. `attempt` counts the task's executions: a task whose
+    worker was lost runs again as attempt 2, 3, ... (at most MEGHA_MAX_ATTEMPTS), and a report from an older
+    attempt (a stale copy) is ignored."""
 
     task_id: str
     job_id: str
@@ -18,6 +20,7 @@ class TaskSpec:
     duration: float
     request: Resources
     constraints: int
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,12 +51,22 @@ class SimulatedExecution:
             due[p.task.task_id] = at
             batch = finishing.get(at)
             if batch is None:
-                finishing[at] = [FinishedTask(p.task.task_id, p.node)]
+                finishing[at] = [FinishedTask(p.task.task_id, p.node, attempt=p.task.attempt)]
                 out.append(Wake(at, worker_address(self.lm_id), FinishTick(at)))
             else:
-                batch.append(FinishedTask(p.task.task_id, p.node))
+                batch.append(FinishedTask(p.task.task_id, p.node, attempt=p.task.attempt))
         self.running += len(msg.launches)
         return out
+
+    def crash(self, nodes: set[int]) -> None:
+        """The workers of `nodes` die: their tasks stop and are never reported (their LM finds out by itself)."""
+        for at, batch in self._finishing.items():
+            gone = [f for f in batch if f.node in nodes]
+            if gone:
+                self._finishing[at] = [f for f in batch if f.node not in nodes]
+                for f in gone:
+                    del self._due[f.task_id]
+                self.running -= len(gone)
 
     def _on_finish(self, tick: FinishTick, now: float) -> list[Output]:
         finished = self._finishing.pop(tick.at)
@@ -79,7 +89,7 @@ class SimulatedExecution:
             batch = self._finishing[at]
             for k, f in enumerate(batch):
                 if f.task_id == task_id:
-                    stopped.append(FinishedTask(task_id, f.node, preempted=True))
+                    stopped.append(FinishedTask(task_id, f.node, preempted=True, attempt=f.attempt))
                     del batch[k]
                     break
         if not stopped:

@@ -32,6 +32,7 @@ class _Task:
     inconsistencies: int = 0
     repartitioned: bool = False
     preemptions: int = 0
+    retries: int = 0
     failed_reason: str | None = None
 
 
@@ -54,6 +55,8 @@ class JobTable(CoreObserver):
         self._open_tasks = 0
         self._finished_jobs: deque[str] = deque()  # oldest first
         self._finished_tasks = 0
+        # Tasks this GM failed itself (no LM reported them), for the service to publish as task events.
+        self.failed_here: list[tuple[TaskSpec, str, int, int]] = []
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         """A task's arrival is when its job's request reached the GM (the service stamps that as
@@ -89,7 +92,15 @@ class JobTable(CoreObserver):
         ended = rec.state in ENDED
         rec.state, rec.failed_reason = "failed", reason
         if not ended:
+            self.failed_here.append((task, reason, rec.lm or 0, rec.node or 0))
             self._ended(rec.job_id)
+
+    def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
+        """Its worker was lost: back in the queue, to run again as its next attempt."""
+        rec = self.tasks.get(task.task_id)
+        if rec is not None and rec.state not in ENDED:
+            rec.state = "queued"
+            rec.retries += 1
 
     def placed_by_preemption(self, placement: Placement) -> None:
         """The LM chose the node for a task it made room for by preemption."""
@@ -152,6 +163,7 @@ class JobTable(CoreObserver):
                     inconsistencies=r.inconsistencies,
                     repartitioned=r.repartitioned,
                     preemptions=r.preemptions,
+                    retries=r.retries,
                     failed_reason=r.failed_reason,
                 )
                 for tid in job.task_ids

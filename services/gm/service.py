@@ -9,6 +9,8 @@ import json
 import logging
 import time
 
+from pydantic_core import to_json
+
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster
@@ -94,6 +96,7 @@ class GMService:
             self.settings.seed,
             self.jobs,
             self.settings.fairness(),
+            self.settings.max_attempts,
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)
 
@@ -123,7 +126,7 @@ class GMService:
             for item in msg.completions.items:
                 if item.preempted:
                     self.jobs.preempted(item.task_id)
-                else:
+                elif not item.lost:  # a lost task runs again or fails: the core decides, the job table observes
                     self.jobs.completed(item.task_id, now, item.error)
             core_msg: object = msg.completions.to_core()
         elif msg.delta is not None:
@@ -135,12 +138,35 @@ class GMService:
         self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[Output]) -> None:
+        if self.jobs.failed_here:
+            spawn(self._tasks, self._publish_failed())
         for out in outputs:
             if isinstance(out, Send) and isinstance(out.msg, LaunchBatch | PreemptRequest):
                 call = self._launch(out.msg) if isinstance(out.msg, LaunchBatch) else self._preempt(out.msg)
                 spawn(self._tasks, call)
             else:
                 raise TypeError(f"GM cannot send {out!r}")
+
+    async def _publish_failed(self) -> None:
+        """Publish a `failed` task event for each task this GM gave up on (the LMs never reported it)."""
+        failed, self.jobs.failed_here = self.jobs.failed_here, []
+        if self.broker is None or not failed:
+            return
+        now = time.time()
+        events = [
+            {
+                "kind": "failed",
+                "task_id": task.task_id,
+                "job_id": task.job_id,
+                "lm": lm,
+                "node": node,
+                "at": now,
+                "error": reason,
+                "attempt": task.attempt,
+            }
+            for task, reason, lm, node in failed
+        ]
+        await self.broker.publish("events", "", to_json({"events": events}))
 
     async def _launch(self, batch: LaunchBatch) -> None:
         """POST the batch to its LM. Launch is idempotent per task at the LM, so transport errors are retried."""

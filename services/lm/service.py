@@ -7,6 +7,8 @@ import asyncio
 import logging
 import time
 
+from pydantic_core import to_json
+
 from megha.common.core.cluster import PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.lm import LocalMaster
@@ -29,8 +31,7 @@ from megha.common.core.messages import (
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
 from megha.common.models import (
     BrokerMessage,
-    TaskEvent,
-    TaskEvents,
+    FinishedTaskModel,
     WorkerHeartbeat,
     WorkerLaunchModel,
     WorkerPreemptModel,
@@ -225,9 +226,54 @@ class LMService:
         if msg.worker_report is not None:
             if self.core is None:
                 raise NotReady("report before the cluster is complete")
-            async with self._lock:
-                outputs = self.core.handle(msg.worker_report.to_core(), time.time())
-            self._dispatch(outputs)
+            measured = {item.task_id: item for item in msg.worker_report.finished}
+            await self._apply_report(msg.worker_report.to_core(), measured)
+
+    async def _apply_report(self, report: WorkerReport, measured: dict[str, FinishedTaskModel]) -> None:
+        """Apply a worker's report (or the LM's own, of lost tasks) and publish a task event for each run it
+        ends: only runs the LM placed count, so a stale copy's report never reaches the event stream."""
+        assert self.core is not None
+        core = self.core
+        async with self._lock:
+            placed = {
+                item.task_id: alloc.placement
+                for item in report.finished
+                if (alloc := core.running.get(item.task_id) or core.preempting.get(item.task_id)) is not None
+            }
+            outputs = core.handle(report, time.time())
+        self._dispatch(outputs)
+        await self._publish_events(outputs, placed, measured)
+
+    async def _publish_events(
+        self, outputs: list[Output], placed: dict[str, Placement], measured: dict[str, FinishedTaskModel]
+    ) -> None:
+        if self.broker is None:
+            return
+        now = time.time()
+        events = []
+        for out in outputs:
+            if not isinstance(out.msg, Completions):
+                continue
+            for c in out.msg.items:
+                p = placed[c.task_id]
+                m = measured.get(c.task_id)
+                kind = "preempted" if c.preempted else "lost" if c.lost else "failed" if c.error else "finished"
+                events.append(
+                    {
+                        "kind": kind,
+                        "task_id": c.task_id,
+                        "job_id": p.task.job_id,
+                        "lm": p.lm,
+                        "node": p.node,
+                        "at": m.finished_at if m is not None and m.finished_at is not None else now,
+                        "cpu_seconds": m.cpu_seconds if m is not None else 0.0,
+                        "execution_delay": m.execution_delay if m is not None else 0.0,
+                        "error": c.error,
+                        "attempt": p.task.attempt,
+                    }
+                )
+        if events:
+            await self.broker.publish("events", "", to_json({"events": events}))
 
     def _dispatch(self, outputs: list[Output]) -> None:
         for out in outputs:
@@ -275,33 +321,18 @@ class LMService:
                 failure = f"answered {r.status}: {r.text[:500]}"
             log.warning("launch of %d tasks on %s failed (attempt %d): %s", len(placements), url, attempt + 1, failure)
             await asyncio.sleep(0.2 * (attempt + 1))
-        await self._fail_unlaunched(placements, f"worker agent {url} unreachable")
+        await self._lose_unlaunched(placements, f"worker agent {url} unreachable")
 
-    async def _fail_unlaunched(self, placements: list[Placement], reason: str) -> None:
-        """Free the resources of tasks no agent could take, and report them failed (never silently dropped)."""
+    async def _lose_unlaunched(self, placements: list[Placement], reason: str) -> None:
+        """Free the resources of tasks no agent could take and report them lost: their GM places them again as
+        their next attempt (never silently dropped)."""
         self.failed_launches += len(placements)
-        log.error("%d tasks failed: %s", len(placements), reason)
+        log.error("%d tasks could not be launched (their GMs place them again): %s", len(placements), reason)
         report = WorkerReport(
-            self.settings.lm_id, [FinishedTask(p.task.task_id, p.node, error=reason) for p in placements]
+            self.settings.lm_id,
+            [FinishedTask(p.task.task_id, p.node, error=reason, attempt=p.task.attempt, lost=True) for p in placements],
         )
-        assert self.core is not None
-        async with self._lock:
-            outputs = self.core.handle(report, time.time())
-        self._dispatch(outputs)
-        await self._publish_failed(placements, reason)
-
-    async def _publish_failed(self, placements: list[Placement], reason: str) -> None:
-        """Tell whoever follows task events (the load generator) that these tasks failed, and why."""
-        if self.broker is None or not placements:
-            return
-        now = time.time()
-        events = [
-            TaskEvent(
-                kind="failed", task_id=p.task.task_id, job_id=p.task.job_id, lm=p.lm, node=p.node, at=now, error=reason
-            )
-            for p in placements
-        ]
-        await self.broker.publish("events", "", TaskEvents(events=events).model_dump_json().encode())
+        await self._apply_report(report, {})
 
     # ------------------------------------------------------ worker failures
 
@@ -340,9 +371,14 @@ class LMService:
             lost = [p for p in self.core.tasks_on(nodes) if p.node not in self.core.down]
             outputs = self.core.take_down(list(nodes), reason, time.time())
         self._lost[worker_id] = [p.task.task_id for p in lost]
-        log.error("%s: its %d nodes are out of service; %d tasks failed", reason, len(nodes), len(lost))
+        log.error(
+            "%s: its %d nodes are out of service; %d tasks lost (their GMs run them again)",
+            reason,
+            len(nodes),
+            len(lost),
+        )
         self._dispatch(outputs)
-        await self._publish_failed(lost, reason)
+        await self._publish_events(outputs, {p.task.task_id: p for p in lost}, {})
 
     async def _stop_lost(self, worker_id: str) -> None:
         """Ask an agent that was found silent and is heard from again to stop the tasks reported failed then."""

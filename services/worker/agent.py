@@ -31,7 +31,7 @@ FLUSH_SECONDS = 0.002
 """Reports and events produced within this window travel as one broker message each."""
 
 REMEMBER_FINISHED = 100_000
-"""How many finished task ids an agent remembers so that a repeated launch does not run a task twice."""
+"""How many finished runs (task id, attempt) an agent remembers so that a repeated launch does not run one twice."""
 
 
 class WorkerAgent:
@@ -43,8 +43,8 @@ class WorkerAgent:
         executor_cls = TaskExecutor if settings.execution == "real" else SimulatedExecutor
         self.executor = executor_cls(self._on_finished)
         self.registered: WorkerRegistered | None = None
-        self._placements: dict[str, Placement] = {}  # launched and not yet reported
-        self._done: OrderedDict[str, None] = OrderedDict()  # recently reported, for idempotent launches
+        self._placements: dict[str, Placement] = {}  # launched and not yet reported, by task id
+        self._done: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently reported runs, for idempotency
         self._starting: set[asyncio.Task[None]] = set()
         # Not yet published: FinishedTaskModel fields per LM, and TaskEvent fields.
         self._reports: dict[int, list[dict[str, object]]] = {}
@@ -107,9 +107,13 @@ class WorkerAgent:
         await self.broker.publish("lm", lm_key(beat.lm), BrokerMessage(heartbeat=beat).model_dump_json().encode())
 
     def launch(self, placements: list[Placement]) -> list[str]:
-        """Accept a launch and start its tasks in the background; returns the ids accepted. Idempotent: a task
-        that runs or ran here (the LM retries calls that timed out) is not started again."""
-        fresh = [p for p in placements if p.task.task_id not in self._placements and p.task.task_id not in self._done]
+        """Accept a launch and start its tasks in the background; returns the ids accepted. Idempotent: a run
+        (task, attempt) that runs or ran here (the LM retries calls that timed out) is not started again."""
+        fresh = [
+            p
+            for p in placements
+            if p.task.task_id not in self._placements and (p.task.task_id, p.task.attempt) not in self._done
+        ]
         for p in fresh:
             self._placements[p.task.task_id] = p
         if fresh:
@@ -122,10 +126,11 @@ class WorkerAgent:
         """Stop these tasks' processes (each is reported preempted); returns those that were running. A task
         already finished was reported finished; one not started yet here is not known and is left alone."""
         stopped = await asyncio.gather(*(self.executor.kill(task_id) for task_id in task_ids))
-        killed = [task_id for task_id, was in zip(task_ids, stopped) if was]
-        for task_id in killed:
-            self._done.pop(task_id, None)  # it will be launched again: that launch is not a repeat of this one
-        return killed
+        killed = {task_id for task_id, was in zip(task_ids, stopped) if was}
+        # A preempted task is launched again as the same attempt: that launch is not a repeat of this one.
+        for run in [run for run in self._done if run[0] in killed] if killed else []:
+            del self._done[run]
+        return [task_id for task_id in task_ids if task_id in killed]
 
     async def _start_all(self, placements: list[Placement]) -> None:
         executor = self.executor
@@ -137,7 +142,7 @@ class WorkerAgent:
                 log.exception("could not start %s", task.task_id)
                 self._report(p, ExecutionResult.failed_to_start(task.task_id, str(exc)))
                 continue
-            self._event("started", p, at=time.time())
+            self._started(p, at=time.time())
 
     async def _on_finished(self, result: ExecutionResult) -> None:
         self._report(self._placements[result.task_id], result)
@@ -145,11 +150,9 @@ class WorkerAgent:
     def _report(self, placement: Placement, result: ExecutionResult) -> None:
         """Report the end of a task to the LM (which frees its resources) and to whoever watches task events."""
         self._placements.pop(result.task_id, None)
-        self._done[result.task_id] = None
+        self._done[(result.task_id, placement.task.attempt)] = None
         if len(self._done) > REMEMBER_FINISHED:
             self._done.popitem(last=False)
-        kind = "preempted" if result.preempted else ("failed" if result.error else "finished")
-        self._event(kind, placement, at=result.finished_at, result=result)
         self._reports.setdefault(placement.lm, []).append(
             {
                 "task_id": result.task_id,
@@ -160,23 +163,24 @@ class WorkerAgent:
                 "started_at": result.started_at,
                 "finished_at": result.finished_at,
                 "error": result.error,
+                "attempt": placement.task.attempt,
             }
         )
+        self._flush_soon()
 
-    def _event(self, kind: str, p: Placement, at: float, result: ExecutionResult | None = None) -> None:
-        """Queue a `TaskEvent` for the next flush (the agent's own data, as plain JSON-ready fields: building the
-        model for every task start would cost a few microseconds each on the path of allocation time)."""
+    def _started(self, p: Placement, at: float) -> None:
+        """Queue the `TaskEvent` of a run's start for the next flush (as plain JSON-ready fields: building the
+        model for every task start would cost a few microseconds each on the path of allocation time). How a run
+        ended is published by the LM, which checks the report against the run it placed."""
         self._events.append(
             {
-                "kind": kind,
+                "kind": "started",
                 "task_id": p.task.task_id,
                 "job_id": p.task.job_id,
                 "lm": p.lm,
                 "node": p.node,
                 "at": at,
-                "cpu_seconds": result.cpu_seconds if result else 0.0,
-                "execution_delay": max(0.0, result.execution_delay) if result else 0.0,
-                "error": result.error if result else "",
+                "attempt": p.task.attempt,
             }
         )
         self._flush_soon()
