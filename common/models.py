@@ -267,13 +267,20 @@ class PlacementModel(CoreMirror):
     lm: Index
     node: Index
     repartition: bool
+    gm: Index = 0
 
     @classmethod
     def plain(cls, obj: Placement) -> dict[str, Any]:
-        return {"task": TaskSpecModel.plain(obj.task), "lm": obj.lm, "node": obj.node, "repartition": obj.repartition}
+        return {
+            "task": TaskSpecModel.plain(obj.task),
+            "lm": obj.lm,
+            "node": obj.node,
+            "repartition": obj.repartition,
+            "gm": obj.gm,
+        }
 
     def to_core(self) -> Placement:
-        return Placement(self.task.to_core(), self.lm, self.node, self.repartition)
+        return Placement(self.task.to_core(), self.lm, self.node, self.repartition, self.gm)
 
 
 class LaunchBatchModel(CoreMirror):
@@ -398,6 +405,8 @@ class CompletionModel(CoreMirror):
     error: str = ""
     preempted: bool = False
     lost: bool = False
+    attempt: Annotated[int, Field(ge=1)] = 1
+    forwarded: bool = False
 
     @classmethod
     def plain(cls, obj: Completion) -> dict[str, Any]:
@@ -407,10 +416,14 @@ class CompletionModel(CoreMirror):
             "error": obj.error,
             "preempted": obj.preempted,
             "lost": obj.lost,
+            "attempt": obj.attempt,
+            "forwarded": obj.forwarded,
         }
 
     def to_core(self) -> Completion:
-        return Completion(self.task_id, self.state.to_core(), self.error, self.preempted, self.lost)
+        return Completion(
+            self.task_id, self.state.to_core(), self.error, self.preempted, self.lost, self.attempt, self.forwarded
+        )
 
 
 class CompletionsModel(CoreMirror):
@@ -465,6 +478,7 @@ class FinishedTaskModel(CoreMirror):
     finished_at: Timestamp | None = None
     error: str = ""
     attempt: Annotated[int, Field(ge=1)] = 1
+    gm: Annotated[int, Field(ge=-1)] = -1
 
     @classmethod
     def plain(cls, obj: FinishedTask) -> dict[str, Any]:
@@ -478,10 +492,11 @@ class FinishedTaskModel(CoreMirror):
             "finished_at": None,
             "error": obj.error,
             "attempt": obj.attempt,
+            "gm": obj.gm,
         }
 
     def to_core(self) -> FinishedTask:
-        return FinishedTask(self.task_id, self.node, self.preempted, self.error, self.attempt)
+        return FinishedTask(self.task_id, self.node, self.preempted, self.error, self.attempt, gm=self.gm)
 
 
 class WorkerReportModel(CoreMirror):
@@ -695,21 +710,27 @@ class WorkerNode(WireModel):
 
 
 class WorkerRegistration(WireModel):
-    """Body of LM `POST /v1/workers`: an agent reachable at `url` offers `nodes`."""
+    """Body of LM `POST /v1/workers`: an agent reachable at `url` offers `nodes`.
+
+    An agent registers again whenever its LM is a new incarnation (it restarted): it then claims the node numbers
+    it had (`first_node`) and reports the tasks it runs (`running`), from which the LM rebuilds its state."""
 
     worker_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)]
     nodes: Annotated[list[WorkerNode], Field(min_length=1, max_length=MAX_NODES_PER_WORKER)]
+    first_node: Index | None = None
+    running: list[PlacementModel] = []
 
 
 class WorkerRegistered(WireModel):
     """Response of LM `POST /v1/workers`: the agent's nodes are the LM's nodes first_node .. first_node+nodes-1,
-    in registration order."""
+    in registration order (or as claimed); `incarnation` names the LM's life the agent registered with."""
 
     worker_id: Name
     lm: Index
     first_node: Index
     nodes: Annotated[int, Field(gt=0)]
+    incarnation: Count = 0
 
 
 # --- Task events (worker -> broker -> load generator) --------------------------------------------------------

@@ -94,6 +94,11 @@ class GMSettings(FairSettings):
     )
     seed: int = Field(0, description="seed of the GM's random choices")
     http_timeout: float = Field(10.0, gt=0, description="seconds for one LM call")
+    lm_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="seconds a launch to an unreachable or restarting LM is retried before its tasks are failed",
+    )
     max_attempts: int = Field(
         3, ge=1, description="executions of a task whose worker is lost before it is failed with the reason"
     )

@@ -60,7 +60,14 @@ async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: 
     monkeypatch.setattr(lm, "_send_to_workers", fake_workers)
     try:
         node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024}, constraints=[3])
-        lm.register(WorkerRegistration(worker_id="w", url="http://127.0.0.1:9", nodes=[node, node]))
+        await lm.register(WorkerRegistration(worker_id="w", url="http://127.0.0.1:9", nodes=[node, node]))
+        # A new LM incarnation tells every GM every node's state (a GM may hold a crashed incarnation's).
+        for inbox in inboxes:
+            first = (await inbox.next()).delta
+            assert first is not None and sorted((n.node, n.free) for n in first.nodes) == [
+                (0, [1000, 1024]),
+                (1, [1000, 1024]),
+            ]
         task = TaskSpec("j.0", "j", "u", 1.0, (400, 100), 1 << 3)
         response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
         assert [p.task.task_id for p in response.accepted] == ["j.0"]
@@ -212,7 +219,7 @@ async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:
     settings = WorkerSettings(worker_id="w-hb", execution="simulated", run_id=run_id, amqp_url=AMQP)
     agent = WorkerAgent(settings, broker)
     try:
-        agent.registered = lm.register(
+        agent.registered = await lm.register(
             WorkerRegistration(worker_id="w-hb", url="http://127.0.0.1:9", nodes=agent.nodes())
         )
         await agent.heartbeat()
@@ -249,7 +256,9 @@ async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_lost_
     )
     try:
         node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024})
-        lm.register(WorkerRegistration(worker_id="gone", url="http://127.0.0.1:9", nodes=[node]))  # nobody listens
+        await lm.register(
+            WorkerRegistration(worker_id="gone", url="http://127.0.0.1:9", nodes=[node])
+        )  # nobody listens
         task = TaskSpec("j.0", "j", "u", 1.0, (1000, 1024), 0)
         response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
         assert len(response.accepted) == 1

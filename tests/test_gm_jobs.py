@@ -10,16 +10,20 @@ def _job(job_id: str, tasks: int) -> JobSpec:
     return JobSpec(job_id, tuple(TaskSpec(f"{job_id}.{i}", job_id, "u", 1.0, (1, 1), 0) for i in range(tasks)), 0.0)
 
 
+def _t(task_id: str) -> TaskSpec:
+    return TaskSpec(task_id, task_id.split(".")[0], "u", 1.0, (1, 1), 0)
+
+
 def test_finished_jobs_beyond_the_limit_are_forgotten_oldest_first_and_open_ones_never() -> None:
     table = JobTable(0, finished_tasks_kept=3)
     a, b, c = _job("a", 2), _job("b", 2), _job("c", 1)
     for job in (a, b, c):
         table.job_arrived(job, 0, 0.0)
     assert table.unfinished() == 5
-    table.completed("b.0", 1.0)
-    table.completed("b.1", 1.0)  # b ends: 2 finished tasks held
-    table.completed("a.0", 1.0)  # a still has a.1 open
-    table.completed("c.0", 1.0)  # c ends: 3 held, at the limit
+    table.task_completed(_t("b.0"), "", 1.0)
+    table.task_completed(_t("b.1"), "", 1.0)  # b ends: 2 finished tasks held
+    table.task_completed(_t("a.0"), "", 1.0)  # a still has a.1 open
+    table.task_completed(_t("c.0"), "", 1.0)  # c ends: 3 held, at the limit
     assert (table.unfinished(), table.dropped_jobs) == (1, 0)
     assert table.status("a") is not None and table.status("b") is not None
     table.task_failed(a.tasks[1], "LM 0: unreachable", 2.0)  # a ends: 5 held > 3, so b (the oldest) goes
@@ -28,9 +32,9 @@ def test_finished_jobs_beyond_the_limit_are_forgotten_oldest_first_and_open_ones
     status = table.status("a")
     assert status is not None and [t.state for t in status.tasks] == ["finished", "failed"]
     # Late news of a forgotten job's task is ignored; news of an ended task does not count it twice.
-    table.completed("b.0", 3.0)
+    table.task_completed(_t("b.0"), "", 3.0)
     table.task_failed(b.tasks[1], "late", 3.0)
-    table.completed("a.1", 3.0)
+    table.task_completed(_t("a.1"), "", 3.0)
     assert (table.unfinished(), table.dropped_jobs, len(table.jobs)) == (0, 1, 2)
 
 
@@ -38,9 +42,23 @@ def test_a_preempted_task_keeps_its_job_open() -> None:
     table = JobTable(0, finished_tasks_kept=0)
     job = _job("j", 2)
     table.job_arrived(job, 0, 0.0)
-    table.completed("j.0", 1.0)
+    table.task_completed(_t("j.0"), "", 1.0)
     table.tasks["j.1"].state = "launched"
-    table.preempted("j.1")  # back in its queue: the job must stay
+    table.task_preempted(_t("j.1"), 1.5)  # back in its queue: the job must stay
     assert table.unfinished() == 1 and table.status("j") is not None
-    table.completed("j.1", 2.0)
+    table.task_completed(_t("j.1"), "", 2.0)
     assert table.unfinished() == 0 and table.status("j") is None and table.dropped_jobs == 1
+
+
+def test_an_end_no_lm_announced_is_kept_for_the_gm_to_publish_once() -> None:
+    table = JobTable(0)
+    job = _job("j", 3)
+    table.job_arrived(job, 0, 0.0)
+    table.task_completed(job.tasks[0], "", 1.0)  # announced by its LM: nothing for the GM to publish
+    table.task_completed(job.tasks[1], "", 1.0, forwarded=True)
+    table.task_completed(job.tasks[1], "", 1.1, forwarded=True)  # a repeat
+    table.task_failed(job.tasks[2], "LM 1 unreachable", 2.0)
+    assert [(t.task_id, kind, why) for t, kind, why, _, _ in table.ended_here] == [
+        ("j.1", "finished", ""),
+        ("j.2", "failed", "LM 1 unreachable"),
+    ]

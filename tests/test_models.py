@@ -210,6 +210,7 @@ def test_wire_format_of_a_placement() -> None:
         "lm": 1,
         "node": 7,
         "repartition": True,
+        "gm": 0,
     }
 
 

@@ -34,7 +34,6 @@ from megha.common.models import (
     WorkerRegistered,
 )
 from megha.common.settings import GMSettings, LMSettings, WorkerSettings
-from megha.services.gm import service as gm_service
 from megha.services.gm.app import create_app as create_gm
 from megha.services.http import CallError, ServiceClient
 from megha.services.lm.app import create_app as create_lm
@@ -74,7 +73,8 @@ async def post_raw(c: httpx.AsyncClient, path: str, content: bytes) -> httpx.Res
 
 
 def gm_app() -> FastAPI:
-    return create_gm(GMSettings(lm_urls=[NOWHERE], http_timeout=1.0), use_broker=False, cluster=CLUSTER)
+    settings = GMSettings(lm_urls=[NOWHERE], http_timeout=1.0, lm_timeout=0.5)
+    return create_gm(settings, use_broker=False, cluster=CLUSTER)
 
 
 def lm_app(expected_nodes: int = 4, num_gms: int = 2) -> FastAPI:
@@ -426,9 +426,8 @@ async def test_gm_accepts_tasks_of_zero_seconds(gm: httpx.AsyncClient) -> None:
 async def test_gm_fails_the_tasks_of_a_launch_no_lm_answers(
     gm: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The GM's LM is unreachable: the batch's tasks are reported failed with the reason, and the resources the
-    GM had deducted for them are back in its view."""
-    monkeypatch.setattr(gm_service, "LAUNCH_ATTEMPTS", 2)
+    """The GM's LM stays unreachable past MEGHA_LM_TIMEOUT: the batch's tasks are reported failed with the
+    reason, and the resources the GM had deducted for them are back in its view."""
     r = await gm.post("/v1/jobs", json=job(task(cpu_millicores=3000), job_id="lost"))
     assert r.status_code == 201, r.text
     for _ in range(300):
@@ -437,7 +436,7 @@ async def test_gm_fails_the_tasks_of_a_launch_no_lm_answers(
             break
         await asyncio.sleep(0.01)
     assert t.state == "failed" and t.failed_reason is not None
-    assert "LM 0 unreachable at http://127.0.0.1:9" in t.failed_reason
+    assert "LM 0 unreachable at http://127.0.0.1:9" in t.failed_reason and "(for 0.5 s)" in t.failed_reason
     state = (await gm.get("/v1/state")).json()
     assert state["unfinished_tasks"] == 0
     assert [p["used_fraction"] for p in state["partitions"]] == [0.0]
@@ -463,11 +462,11 @@ async def test_gm_unknown_job_is_404(untouched_gm: httpx.AsyncClient, job_id: st
 async def test_gm_forgets_its_oldest_finished_jobs_beyond_the_limit_and_says_so() -> None:
     # The LM is unreachable, so every task fails at once with the reason: both jobs end. Keeping 2 finished
     # tasks, the GM forgets job A (2 tasks) when job B (1 task) ends.
-    settings = GMSettings(lm_urls=[NOWHERE], http_timeout=1.0, finished_tasks_kept=2)
+    settings = GMSettings(lm_urls=[NOWHERE], http_timeout=1.0, finished_tasks_kept=2, lm_timeout=0.5)
     async with running(create_gm(settings, use_broker=False, cluster=CLUSTER)) as c:
 
         async def state_when_ended() -> dict[str, Any]:
-            deadline = time.monotonic() + 20  # the GM retries a launch 5 times over about 3 s
+            deadline = time.monotonic() + 20  # the GM retries a launch for MEGHA_LM_TIMEOUT (0.5 s)
             while (state := (await c.get("/v1/state")).json())["unfinished_tasks"] and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             return state  # type: ignore[no-any-return]
@@ -582,9 +581,9 @@ async def test_lm_registration_is_idempotent_and_bounded(lm: httpx.AsyncClient) 
 
     first = await lm.post("/v1/workers", json=registration("w0", 3))
     assert first.status_code == 201, first.text
-    assert WorkerRegistered.model_validate(first.json()) == WorkerRegistered(
-        worker_id="w0", lm=0, first_node=0, nodes=3
-    )
+    registered = WorkerRegistered.model_validate(first.json())
+    assert registered.model_dump(exclude={"incarnation"}) == {"worker_id": "w0", "lm": 0, "first_node": 0, "nodes": 3}
+    assert registered.incarnation == (await lm.get("/healthz")).json()["incarnation"] > 0
     again = await lm.post("/v1/workers", json=registration("w0", 3))
     assert (again.status_code, again.json()) == (201, first.json())
     assert (await lm.get("/v1/state")).json()["registered_nodes"] == 3

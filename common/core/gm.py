@@ -214,11 +214,13 @@ class GlobalMaster:
         for view in self._search.internal():
             candidates = feasible_nodes(view, task)
             if candidates:
-                return Placement(task, view.lm, view.start + self.choice.choose(view, candidates, self.rng), False)
+                node = view.start + self.choice.choose(view, candidates, self.rng)
+                return Placement(task, view.lm, node, False, self.gm_id)
         for view in self._search.external():
             candidates = feasible_nodes(view, task)
             if candidates:
-                return Placement(task, view.lm, view.start + self.choice.choose(view, candidates, self.rng), True)
+                node = view.start + self.choice.choose(view, candidates, self.rng)
+                return Placement(task, view.lm, node, True, self.gm_id)
         return None
 
     def _drain(self, now: float) -> list[Output]:
@@ -369,29 +371,39 @@ class GlobalMaster:
         goes back to the front of its user's queue, and so does a lost one as its next attempt (or it fails once
         `max_attempts` were made)."""
         book = self.book
+        observer = self.observer
+        running = self.running
         requeue: list[TaskSpec] = []
         for item in msg.items:
-            placement = self.running.pop(item.task_id, None)
-            if placement is None and item.task_id in self._awaiting_response:
+            placement = running.get(item.task_id)
+            if placement is not None:
+                if placement.task.attempt != item.attempt:
+                    continue  # a stale copy of an earlier attempt
+                del running[item.task_id]
+            elif item.task_id in self._awaiting_response:
+                placement = self._find_outstanding(msg.lm, item.task_id)
+                if placement is None or placement.task.attempt != item.attempt:
+                    continue
                 self._finished_early.add(item.task_id)
-                if book is not None or item.preempted or item.lost:
-                    placement = self._find_outstanding(msg.lm, item.task_id)
-            if placement is None:
-                continue
+            else:
+                continue  # a repeat: the task ended already
             if book is not None:
                 book.released(placement.task, msg.lm)
             if item.preempted:
                 self.preempted += 1
+                observer.task_preempted(placement.task, now)
                 requeue.append(placement.task)
-            elif item.lost:
+            elif not item.lost:
+                observer.task_completed(placement.task, item.error, now, item.forwarded)
+            else:
                 task = placement.task
                 if task.attempt < self.max_attempts:
                     self.retries += 1
-                    self.observer.task_lost(task, item.error, now)
+                    observer.task_lost(task, item.error, now)
                     requeue.append(replace(task, attempt=task.attempt + 1))
                 else:
                     reason = f"{item.error} (attempt {task.attempt} of MEGHA_MAX_ATTEMPTS={self.max_attempts})"
-                    self.observer.task_failed(task, reason, now)
+                    observer.task_failed(task, reason, now)
         if requeue:
             self.queue.extendleft(reversed(requeue))
         self._apply_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
@@ -404,7 +416,7 @@ class GlobalMaster:
                     return p
         for task, _ in self._preempting[lm].values():
             if task.task_id == task_id:
-                return Placement(task, lm, -1, False)
+                return Placement(task, lm, -1, False, self.gm_id)
         return None
 
     # ------------------------------------------------------------ preemption
@@ -430,7 +442,7 @@ class GlobalMaster:
         book.placed(task, lm)  # counted against its user's share while the request is out
         self.preemption_attempts += 1
         self.observer.preemption_attempted(task, lm, now)
-        self.observer.decided([Placement(task, lm, -1, False)], now)
+        self.observer.decided([Placement(task, lm, -1, False, self.gm_id)], now)
         victims_msg = [Victim(user, book.usage_elsewhere(user, lm)) for user in victims]
         self._extra.append(Send(lm_address(lm), PreemptRequest(self.gm_id, lm, seq, task, victims_msg, book.total)))
         return True

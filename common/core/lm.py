@@ -39,6 +39,10 @@ from megha.common.core.messages import (
 from megha.common.core.observer import CoreObserver
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources, describe
 
+VERSION_BITS = 20
+"""Node versions of incarnation i start at i << VERSION_BITS: with millisecond incarnations, a later one starts
+above an earlier one unless that one changed nodes more than a billion times a second on average."""
+
 
 def _same_run(alloc: Allocation, item: FinishedTask) -> bool:
     """True when a worker's report is about the run the LM placed (same node, same attempt), not a stale copy."""
@@ -78,9 +82,15 @@ class LocalMaster:
         observer: CoreObserver | None = None,
         delta_interval: float = 1.0,
         fairness: FairnessConfig | None = None,
+        incarnation: int = 0,
     ) -> None:
         """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
-        tracks usage per user, reports it in deltas and verifies preemption requests."""
+        tracks usage per user, reports it in deltas and verifies preemption requests.
+
+        `incarnation` numbers this LM's lives (the services use its start time in milliseconds): node versions
+        start at `incarnation << 20`, above any version an earlier incarnation reached, so every GM takes the
+        rebuilt LM's node states as newer than what it held; and a later incarnation reports every node to every
+        GM in its first deltas (`start`)."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -94,8 +104,9 @@ class LocalMaster:
         self.free: list[Resources] = list(self.capacity)
         self.masks: list[int] = [m for p in partitions for m in p.constraint_masks]
         self.owner: list[int] = [p.gm for p in partitions for _ in range(p.size)]
-        self.version: list[int] = [0] * len(self.capacity)
-        self._clock = 0
+        self.incarnation = incarnation
+        self._clock = incarnation << VERSION_BITS
+        self.version: list[int] = [self._clock] * len(self.capacity)
         self.running: dict[str, Allocation] = {}
         self.logical_nodes: dict[int, LogicalNode] = {}
         self._next_logical = 0
@@ -152,8 +163,21 @@ class LocalMaster:
         raise TypeError(f"LM cannot handle {type(msg).__name__}")
 
     def start(self, now: float) -> list[Output]:
-        """Nothing to report yet; the first change arms the periodic delta timer."""
-        return []
+        """A first incarnation has nothing to report yet (its first change arms the periodic delta timer); a
+        later one reports every node to every GM, whose views still hold the crashed incarnation's states."""
+        out: list[Output] = []
+        if self.incarnation:
+            for dirty in self._dirty:
+                dirty.update(range(len(self.capacity)))
+            self._arm_tick(now, out)
+        return out
+
+    def adopt(self, placements: Iterable[Placement]) -> None:
+        """Take as running the tasks an LM rebuilt after a crash learns from its workers (each `Placement` says
+        which GM placed it), so that their resources are held and their completions go to that GM."""
+        for p in placements:
+            if 0 <= p.node < len(self.capacity) and 0 <= p.gm < self.num_gms and p.task.task_id not in self.running:
+                self._allocate(p, p.gm)
 
     def _arm_tick(self, now: float, out: list[Output]) -> None:
         """Deltas go out on the next multiple of `delta_interval` after a change; while nothing changes the
@@ -291,13 +315,28 @@ class LocalMaster:
             else:
                 # A task this LM preempted: its resources went to the preempting task already; the worker's
                 # report says whether it was stopped (the GM queues it again) or had already finished.
-                alloc = preempting.get(item.task_id)
-                if alloc is None or not _same_run(alloc, item):
-                    continue  # a repeated report, or one from a stale copy: each run frees its resources once
-                del preempting[item.task_id]
+                held = preempting.get(item.task_id)
+                if held is not None and _same_run(held, item):
+                    del preempting[item.task_id]
+                    alloc = held
+                elif alloc is None and held is None and 0 <= item.gm < self.num_gms and 0 <= item.node < len(self.free):
+                    # A run this LM does not know: placed by an earlier incarnation and ended while it was down,
+                    # or a repeat. Its GM, which knows the run, decides (a repeat or a stale copy is ignored).
+                    n = item.node
+                    state = node_state((n, self.free[n], self.version[n]))
+                    forwarded = Completion(item.task_id, state, item.error, item.preempted, False, item.attempt, True)
+                    by_gm.setdefault(item.gm, []).append(forwarded)
+                    continue
+                else:
+                    continue  # a stale copy's report: each run frees its resources once
             n = alloc.placement.node
             completion = Completion(
-                item.task_id, node_state((n, self.free[n], self.version[n])), item.error, item.preempted, item.lost
+                item.task_id,
+                node_state((n, self.free[n], self.version[n])),
+                item.error,
+                item.preempted,
+                item.lost,
+                item.attempt,
             )
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [
@@ -381,7 +420,7 @@ class LocalMaster:
             self._release(alloc)
             self.preempting[task_id] = alloc
         self.preemptions += len(plan.task_ids)
-        p = Placement(req.task, self.lm_id, n, self.owner[n] != req.gm)
+        p = Placement(req.task, self.lm_id, n, self.owner[n] != req.gm, req.gm)
         self.observer.lm_received([p], now)
         self._allocate(p, req.gm)
         self.launched += 1

@@ -66,13 +66,15 @@ class Placement:
     """A GM's decision: run `task` on physical node `node` of LM `lm`.
 
     `repartition` is True when the node lies in another GM's partition: the LM then carves exactly the task's
-    request out of that node into a logical node of the requesting GM's partition.
+    request out of that node into a logical node of the requesting GM's partition. `gm` is the GM that placed the
+    task (its completion goes there); the worker keeps it so that an LM rebuilt after a crash knows it too.
     """
 
     task: TaskSpec
     lm: int
     node: int
     repartition: bool
+    gm: int = 0
 
 
 @dataclass(slots=True)
@@ -142,6 +144,7 @@ class FinishedTask:
     error: str = ""
     attempt: int = 1
     lost: bool = False  # set by the LM itself when the task's worker is lost (never by a worker)
+    gm: int = -1  # the GM that placed the run, as the worker knows it (-1: not said)
 
 
 @dataclass(slots=True)
@@ -164,6 +167,8 @@ class Completion:
     error: str = ""
     preempted: bool = False
     lost: bool = False
+    attempt: int = 1
+    forwarded: bool = False  # the LM did not place this run (it restarted since): the GM checks the attempt
 
 
 @dataclass(slots=True)

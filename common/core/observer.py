@@ -39,6 +39,13 @@ class CoreObserver:
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """The worker running `task` was lost; the task runs again as its next attempt."""
 
+    def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
+        """A GM learnt that its task's run ended, finished (`error` "") or failed. `forwarded`: the LM had not
+        placed that run (it restarted since), so no LM announced the end as a task event."""
+
+    def task_preempted(self, task: TaskSpec, now: float) -> None:
+        """A GM learnt that its task was stopped for another user's; it goes back into its queue."""
+
     def preempted(self, task_ids: Sequence[str], now: float) -> None:
         """Running tasks stopped on their worker to make room for another user's task (they run again later)."""
 

@@ -55,8 +55,9 @@ class JobTable(CoreObserver):
         self._open_tasks = 0
         self._finished_jobs: deque[str] = deque()  # oldest first
         self._finished_tasks = 0
-        # Tasks this GM failed itself (no LM reported them), for the service to publish as task events.
-        self.failed_here: list[tuple[TaskSpec, str, int, int]] = []
+        # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
+        # service to publish as task events: (task, kind, reason, lm, node).
+        self.ended_here: list[tuple[TaskSpec, str, str, int, int]] = []
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         """A task's arrival is when its job's request reached the GM (the service stamps that as
@@ -92,7 +93,7 @@ class JobTable(CoreObserver):
         ended = rec.state in ENDED
         rec.state, rec.failed_reason = "failed", reason
         if not ended:
-            self.failed_here.append((task, reason, rec.lm or 0, rec.node or 0))
+            self.ended_here.append((task, "failed", reason, rec.lm or 0, rec.node or 0))
             self._ended(rec.job_id)
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
@@ -108,16 +109,19 @@ class JobTable(CoreObserver):
         if rec is not None:
             rec.node, rec.repartitioned = placement.node, placement.repartition
 
-    def preempted(self, task_id: str) -> None:
+    def task_preempted(self, task: TaskSpec, now: float) -> None:
         """Stopped for another user's task: back in its queue, to run again."""
-        rec = self.tasks.get(task_id)
+        rec = self.tasks.get(task.task_id)
         if rec is not None and rec.state == "launched":
             rec.state = "queued"
             rec.preemptions += 1
 
-    def completed(self, task_id: str, now: float, error: str = "") -> None:
-        rec = self.tasks.get(task_id)
+    def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool = False) -> None:
+        rec = self.tasks.get(task.task_id)
         if rec is not None and rec.state != "finished":
+            if forwarded and rec.state not in ENDED:
+                kind = "failed" if error else "finished"
+                self.ended_here.append((task, kind, error, rec.lm or 0, rec.node or 0))
             ended = rec.state in ENDED
             rec.finished_at = now
             rec.state = "failed" if error else "finished"

@@ -32,9 +32,6 @@ from megha.services.http import CallError, Reply, ServiceClient, spawn
 
 log = logging.getLogger("megha.gm")
 
-LAUNCH_ATTEMPTS = 5
-"""Launch is idempotent per task at the LM, so a batch is retried on transport errors and 5xx answers."""
-
 
 class DuplicateJob(ValueError):
     """A submission reuses a job id this GM already has."""
@@ -123,11 +120,6 @@ class GMService:
         assert self.core is not None
         now = time.time()
         if msg.completions is not None:
-            for item in msg.completions.items:
-                if item.preempted:
-                    self.jobs.preempted(item.task_id)
-                elif not item.lost:  # a lost task runs again or fails: the core decides, the job table observes
-                    self.jobs.completed(item.task_id, now, item.error)
             core_msg: object = msg.completions.to_core()
         elif msg.delta is not None:
             core_msg = msg.delta.to_core()
@@ -138,8 +130,8 @@ class GMService:
         self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[Output]) -> None:
-        if self.jobs.failed_here:
-            spawn(self._tasks, self._publish_failed())
+        if self.jobs.ended_here:
+            spawn(self._tasks, self._publish_ends())
         for out in outputs:
             if isinstance(out, Send) and isinstance(out.msg, LaunchBatch | PreemptRequest):
                 call = self._launch(out.msg) if isinstance(out.msg, LaunchBatch) else self._preempt(out.msg)
@@ -147,15 +139,16 @@ class GMService:
             else:
                 raise TypeError(f"GM cannot send {out!r}")
 
-    async def _publish_failed(self) -> None:
-        """Publish a `failed` task event for each task this GM gave up on (the LMs never reported it)."""
-        failed, self.jobs.failed_here = self.jobs.failed_here, []
-        if self.broker is None or not failed:
+    async def _publish_ends(self) -> None:
+        """Publish a task event for each end no LM announced: tasks this GM gave up on, and runs a rebuilt LM
+        forwarded (it had not placed them, so it could not tell a stale copy from the run the GM knows)."""
+        ended, self.jobs.ended_here = self.jobs.ended_here, []
+        if self.broker is None or not ended:
             return
         now = time.time()
         events = [
             {
-                "kind": "failed",
+                "kind": kind,
                 "task_id": task.task_id,
                 "job_id": task.job_id,
                 "lm": lm,
@@ -164,17 +157,22 @@ class GMService:
                 "error": reason,
                 "attempt": task.attempt,
             }
-            for task, reason, lm, node in failed
+            for task, kind, reason, lm, node in ended
         ]
         await self.broker.publish("events", "", to_json({"events": events}))
 
     async def _launch(self, batch: LaunchBatch) -> None:
-        """POST the batch to its LM. Launch is idempotent per task at the LM, so transport errors are retried."""
+        """POST the batch to its LM. Launch is idempotent per task at the LM (an LM rebuilt after a crash knows
+        what its agents run), so transport errors and 5xx answers are retried for up to MEGHA_LM_TIMEOUT seconds:
+        an LM that restarts in that time gets the batch."""
         url = self.settings.lm_urls[batch.lm]
         body = LaunchBatchModel.core_json(batch)
         r: Reply | None = None
         failure = ""
-        for attempt in range(LAUNCH_ATTEMPTS):
+        deadline = time.monotonic() + self.settings.lm_timeout
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 r = await self._calls.post(f"{url}/v1/launch", body)
             except CallError as exc:
@@ -185,8 +183,12 @@ class GMService:
                 failure = f"LM {batch.lm} answered {r.status}: {r.text[:500]}"
                 if r.status < 500 and r.status != 429:
                     break  # the LM refused the batch itself: retrying cannot help
-            log.warning("launch batch %d to LM %d failed (attempt %d): %s", batch.seq, batch.lm, attempt + 1, failure)
-            await asyncio.sleep(0.1 * 2**attempt)
+            if time.monotonic() > deadline:
+                failure += f" (for {self.settings.lm_timeout:g} s)"
+                break
+            if attempt == 1 or attempt % 10 == 0:
+                log.warning("launch batch %d to LM %d failed (attempt %d): %s", batch.seq, batch.lm, attempt, failure)
+            await asyncio.sleep(min(0.1 * 2 ** min(attempt - 1, 5), 2.0))
         if r is None or r.status != 200:
             async with self._lock:
                 assert self.core is not None

@@ -64,7 +64,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
-        return {"status": "ok", "lm": settings.lm_id, "ready": service.core is not None}
+        return {
+            "status": "ok",
+            "lm": settings.lm_id,
+            "ready": service.core is not None,
+            "incarnation": service.incarnation,
+        }
 
     @app.post(
         "/v1/workers", status_code=201, response_model=WorkerRegistered, openapi_extra=json_body(WorkerRegistration)
@@ -79,7 +84,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                     f"nodes.{i}.capacity",
                 )
         try:
-            return json_response(service.register(reg), 201)
+            return json_response(await service.register(reg), 201)
         except RegistrationError as exc:
             return error(409, str(exc), "nodes")
 

@@ -59,9 +59,13 @@ class LMService:
         self.settings = settings
         self.broker = broker
         self.resource_names = DEFAULT_RESOURCE_NAMES
-        self._capacities: list[Resources] = []
-        self._masks: list[int] = []
-        self._node_worker: list[str] = []  # node -> agent URL
+        # Node -> capacity, constraint mask and agent URL, filled as agents register (None: not yet).
+        self._capacities: list[Resources | None] = [None] * settings.expected_nodes
+        self._masks: list[int] = [0] * settings.expected_nodes
+        self._node_worker: list[str] = [""] * settings.expected_nodes
+        # This LM's life: agents register again when it changes, and node versions start above the last one's.
+        self.incarnation = time.time_ns() // 1_000_000
+        self._adopting: list[Placement] = []  # tasks agents reported running, for the core once it is built
         self._workers: dict[str, WorkerRegistered] = {}
         self.core: LocalMaster | None = None
         self.partitions_spec: tuple[PartitionSpec, ...] = ()
@@ -78,52 +82,89 @@ class LMService:
 
     # --------------------------------------------------------- registration
 
-    def register(self, reg: WorkerRegistration) -> WorkerRegistered:
+    @property
+    def registered_nodes(self) -> int:
+        return sum(c is not None for c in self._capacities)
+
+    async def register(self, reg: WorkerRegistration) -> WorkerRegistered:
+        """Give an agent its node numbers (those it claims, if it had them from an earlier incarnation of this LM,
+        else the first free run); the cluster is complete, and the core built, once every expected node is."""
         known = self._workers.get(reg.worker_id)
         if known is not None:
+            # The agent restarted (this LM did not): it keeps its nodes, and what this LM ran there is lost.
             self._last_seen[reg.worker_id] = time.monotonic()
-            return known  # an agent that re-registers after a restart keeps its nodes
-        if self.core is not None or len(self._capacities) + len(reg.nodes) > self.settings.expected_nodes:
+            await self._lose_missing(reg)
+            return known
+        if self.core is not None:
             raise RegistrationError(
-                f"LM {self.settings.lm_id} expects {self.settings.expected_nodes} nodes and has "
-                f"{len(self._capacities)}; {len(reg.nodes)} more do not fit"
+                f"LM {self.settings.lm_id} is complete with {self.settings.expected_nodes} nodes; "
+                f"{reg.worker_id} is not one of its agents"
             )
         try:
             caps = [n.resources(self.resource_names) for n in reg.nodes]
         except ValueError as exc:
             raise RegistrationError(str(exc)) from None
-        first = len(self._capacities)
-        self._capacities.extend(caps)
-        self._masks.extend(constraint_mask(n.constraints) for n in reg.nodes)
-        self._node_worker.extend([reg.url] * len(reg.nodes))
+        first = self._place(reg.worker_id, len(caps), reg.first_node)
+        nodes = range(first, first + len(caps))
+        for n, cap, node in zip(nodes, caps, reg.nodes):
+            self._capacities[n] = cap
+            self._masks[n] = constraint_mask(node.constraints)
+            self._node_worker[n] = reg.url
         registered = WorkerRegistered(
-            worker_id=reg.worker_id, lm=self.settings.lm_id, first_node=first, nodes=len(reg.nodes)
+            worker_id=reg.worker_id,
+            lm=self.settings.lm_id,
+            first_node=first,
+            nodes=len(caps),
+            incarnation=self.incarnation,
         )
         self._workers[reg.worker_id] = registered
-        self._agent_nodes[reg.worker_id] = (reg.url, range(first, first + len(reg.nodes)))
+        self._agent_nodes[reg.worker_id] = (reg.url, nodes)
         self._last_seen[reg.worker_id] = time.monotonic()
+        self._adopting.extend(p.to_core() for p in reg.running if p.node in nodes and p.lm == self.settings.lm_id)
         log.info(
-            "registered %s (%d nodes from %d); %d/%d nodes",
+            "registered %s (nodes %d..%d%s, %d tasks running); %d/%d nodes",
             reg.worker_id,
-            len(reg.nodes),
             first,
-            len(self._capacities),
+            nodes.stop - 1,
+            ", as claimed" if reg.first_node == first else "",
+            len(reg.running),
+            self.registered_nodes,
             self.settings.expected_nodes,
         )
-        if len(self._capacities) == self.settings.expected_nodes:
+        if self.registered_nodes == self.settings.expected_nodes:
             self._build_core()
         return registered
 
+    def _place(self, worker_id: str, count: int, claim: int | None) -> int:
+        """The first node of `count` free node numbers: the claimed ones when free, else the first free run."""
+        free = self._capacities
+        if claim is not None and claim + count <= len(free) and all(c is None for c in free[claim : claim + count]):
+            return claim
+        for first in range(len(free) - count + 1):
+            if all(c is None for c in free[first : first + count]):
+                if claim is not None:
+                    log.warning(
+                        "%s claims nodes %d..%d, which are taken; it gets %d..",
+                        worker_id,
+                        claim,
+                        claim + count - 1,
+                        first,
+                    )
+                return first
+        raise RegistrationError(
+            f"LM {self.settings.lm_id} expects {self.settings.expected_nodes} nodes and has {self.registered_nodes}; "
+            f"{count} more do not fit"
+        )
+
     def _build_core(self) -> None:
-        """Split the nodes, in registration order, into one contiguous partition per GM."""
-        n, g, lm = len(self._capacities), self.settings.num_gms, self.settings.lm_id
+        """Split the nodes, in node order, into one contiguous partition per GM; take as running what the agents
+        reported running (an LM rebuilt after a crash), and tell every GM every node's state."""
+        caps: list[Resources] = [c for c in self._capacities if c is not None]
+        n, g, lm = len(caps), self.settings.num_gms, self.settings.lm_id
         bounds = [k * n // g for k in range(g + 1)]
         parts = tuple(
             PartitionSpec(
-                lm,
-                gm,
-                tuple(self._capacities[bounds[gm] : bounds[gm + 1]]),
-                tuple(self._masks[bounds[gm] : bounds[gm + 1]]),
+                lm, gm, tuple(caps[bounds[gm] : bounds[gm + 1]]), tuple(self._masks[bounds[gm] : bounds[gm + 1]])
             )
             for gm in range(g)
         )
@@ -134,24 +175,40 @@ class LMService:
             self.resource_names,
             delta_interval=self.settings.delta_interval,
             fairness=self.settings.fairness(),
+            incarnation=self.incarnation,
         )
+        self.core.adopt(self._adopting)
         log.info(
-            "cluster complete: %d nodes in %d partitions of sizes %s",
+            "cluster complete (incarnation %d): %d nodes in %d partitions of sizes %s; %d running tasks adopted",
+            self.incarnation,
             n,
             g,
             [bounds[k + 1] - bounds[k] for k in range(g)],
+            len(self.core.running),
         )
+        self._adopting = []
+        self._dispatch(self.core.start(time.time()))
+
+    async def _lose_missing(self, reg: WorkerRegistration) -> None:
+        """An agent registered again without some tasks this LM placed on it (it restarted): those are lost."""
+        if self.core is None:
+            return
+        _, nodes = self._agent_nodes[reg.worker_id]
+        reported = {(p.task.task_id, p.task.attempt) for p in reg.running}
+        missing = [p for p in self.core.tasks_on(nodes) if (p.task.task_id, p.task.attempt) not in reported]
+        if missing:
+            await self._lose_unlaunched(missing, f"worker agent {reg.worker_id} restarted")
 
     def partitions(self) -> tuple[PartitionSpec, ...]:
         if self.core is None:
-            raise NotReady(f"{len(self._capacities)}/{self.settings.expected_nodes} nodes registered")
+            raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
         return self.partitions_spec
 
     # -------------------------------------------------------------- launches
 
     async def launch(self, batch: LaunchBatch) -> LaunchResponse:
         if self.core is None:
-            raise NotReady(f"{len(self._capacities)}/{self.settings.expected_nodes} nodes registered")
+            raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
         async with self._lock:
             outputs = self.core.handle(batch, time.time())
         response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, LaunchResponse))
@@ -163,7 +220,7 @@ class LMService:
         """Verify and carry out a GM's preemption request; the victims' agents stop them before the waiting task
         is sent to its agent."""
         if self.core is None:
-            raise NotReady(f"{len(self._capacities)}/{self.settings.expected_nodes} nodes registered")
+            raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
         async with self._lock:
             outputs = self.core.handle(req, time.time())
             stops = [o.msg for o in outputs if isinstance(o.msg, WorkerPreempt)]
@@ -417,7 +474,8 @@ class LMService:
         return {
             "lm": self.settings.lm_id,
             "ready": core is not None,
-            "registered_nodes": len(self._capacities),
+            "incarnation": self.incarnation,
+            "registered_nodes": self.registered_nodes,
             "expected_nodes": self.settings.expected_nodes,
             "workers": len(self._workers),
             "running": len(core.running) if core else 0,

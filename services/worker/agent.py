@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -15,10 +16,10 @@ from megha.common.core.messages import Placement
 from megha.common.core.resources import CPU, MEMORY
 from megha.common.models import (
     BrokerMessage,
+    PlacementModel,
     WorkerHeartbeat,
     WorkerNode,
     WorkerRegistered,
-    WorkerRegistration,
 )
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, lm_key, run_background
@@ -51,6 +52,7 @@ class WorkerAgent:
         self._events: list[dict[str, object]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._calls = ServiceClient(timeout=10.0)
+        self._lm_unreachable = False
 
     def nodes(self) -> list[WorkerNode]:
         s = self.settings
@@ -64,21 +66,36 @@ class WorkerAgent:
             for _ in range(s.nodes)
         ]
 
+    def registration(self) -> bytes:
+        """This agent's `WorkerRegistration`: its nodes, the node numbers it had (if it registered before) and the
+        tasks it runs, from which an LM rebuilt after a crash learns its state."""
+        before = self.registered
+        return to_json(
+            {
+                "worker_id": self.settings.worker_id,
+                "url": self.settings.url(),
+                "nodes": [n.model_dump() for n in self.nodes()],
+                "first_node": before.first_node if before is not None else None,
+                "running": [PlacementModel.plain(p) for p in self._placements.values()],
+            }
+        )
+
     async def register(self, timeout: float = 120.0) -> WorkerRegistered:
-        """Register with the LM, retrying until it answers (it may start after us)."""
-        body = WorkerRegistration(worker_id=self.settings.worker_id, url=self.settings.url(), nodes=self.nodes())
+        """Register with the LM, retrying until it answers (it may start after us, or be restarting)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             try:
-                r = await self._calls.post(f"{self.settings.lm_url}/v1/workers", body.model_dump_json().encode())
+                r = await self._calls.post(f"{self.settings.lm_url}/v1/workers", self.registration())
                 if r.status == 201:
                     self.registered = WorkerRegistered.model_validate_json(r.body)
                     log.info(
-                        "registered with LM %d as nodes %d..%d",
+                        "registered with LM %d (incarnation %d) as nodes %d..%d, %d tasks running",
                         self.registered.lm,
+                        self.registered.incarnation,
                         self.registered.first_node,
                         self.registered.first_node + self.registered.nodes - 1,
+                        len(self._placements),
                     )
                     return self.registered
                 reason = f"{r.status} {r.text}"
@@ -91,9 +108,38 @@ class WorkerAgent:
             await asyncio.sleep(0.2)
 
     async def heartbeats(self) -> None:
-        """Tell the LM every `heartbeat_interval` seconds that this agent is alive (runs until cancelled; a failed
-        beat is logged and the next one goes out on time)."""
-        await run_background("heartbeat", self.heartbeat, self.settings.heartbeat_interval)
+        """Tell the LM every `heartbeat_interval` seconds that this agent is alive, and register again when the LM
+        is a new incarnation (runs until cancelled; a failed beat is logged and the next one goes out on time)."""
+
+        async def beat() -> None:
+            await self.heartbeat()
+            await self.check_lm()
+
+        await run_background("heartbeat", beat, self.settings.heartbeat_interval)
+
+    async def check_lm(self) -> None:
+        """Ask the LM which incarnation it is; after it restarted, register again with the tasks this agent runs
+        (they keep running through the LM's outage, and their reports wait in the broker)."""
+        if self.registered is None:
+            return
+        try:
+            r = await self._calls.get(f"{self.settings.lm_url}/healthz")
+            incarnation = json.loads(r.body).get("incarnation") if r.status == 200 else None
+        except (CallError, ValueError) as exc:
+            if not self._lm_unreachable:
+                log.warning("LM at %s unreachable (%s); tasks keep running, reports wait", self.settings.lm_url, exc)
+            self._lm_unreachable = True
+            return
+        self._lm_unreachable = False
+        if incarnation is not None and incarnation != self.registered.incarnation:
+            log.warning(
+                "LM %d restarted (incarnation %d, was %d): registering again with %d running tasks",
+                self.registered.lm,
+                incarnation,
+                self.registered.incarnation,
+                len(self._placements),
+            )
+            await self.register()
 
     async def heartbeat(self) -> None:
         if self.broker is None or self.registered is None:
@@ -164,6 +210,7 @@ class WorkerAgent:
                 "finished_at": result.finished_at,
                 "error": result.error,
                 "attempt": placement.task.attempt,
+                "gm": placement.gm,
             }
         )
         self._flush_soon()
