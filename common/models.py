@@ -733,6 +733,25 @@ class WorkerRegistered(WireModel):
     incarnation: Count = 0
 
 
+class EndedRun(WireModel):
+    """A run an LM saw end (finished, or failed with `error`), remembered for a GM that restarts."""
+
+    task_id: Name
+    attempt: Annotated[int, Field(ge=1)] = 1
+    error: str = ""
+
+
+class GMRecovery(WireModel):
+    """Response of LM `GET /v1/gms/{gm}/state`: what a (re)starting GM needs from this LM: every node's state (a
+    delta with all nodes), the runs it holds for that GM, and the runs of that GM it saw end recently."""
+
+    lm: Index
+    incarnation: Count
+    delta: DeltaModel
+    running: list[PlacementModel]
+    ended: list[EndedRun]
+
+
 # --- Task events (worker -> broker -> load generator) --------------------------------------------------------
 
 

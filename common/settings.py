@@ -99,6 +99,12 @@ class GMSettings(FairSettings):
         gt=0,
         description="seconds a launch to an unreachable or restarting LM is retried before its tasks are failed",
     )
+    journal_dir: str = Field(
+        "megha-journal",
+        description="folder of the GM's write-ahead journal <run>.gm-<id>.journal (a volume in containers): accepted "
+        "jobs are on disk before the 201, and a restarted GM recovers them; empty: no journal (a GM crash then "
+        "loses its queued jobs)",
+    )
     max_attempts: int = Field(
         3, ge=1, description="executions of a task whose worker is lost before it is failed with the reason"
     )

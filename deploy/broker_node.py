@@ -15,14 +15,10 @@ import time
 import uuid
 from pathlib import Path
 
+from megha.deploy.local import free_port
+
 SERVER = "rabbitmq-server"
 CTL = "rabbitmqctl"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

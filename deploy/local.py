@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,27 @@ from megha.loadgen.services import ServicesRun, replay_services
 ALL_CONSTRAINTS = ",".join(str(c) for c in range(NUM_CONSTRAINTS))
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the ephemeral range. A service restarted on its port must find it free: in the
+    ephemeral range, a client retrying the dead service could be given that very port as its own source port and
+    connect to itself (TCP self-connect), holding it."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10_000, max(low, 10_001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between 10000 and {low}")
 
 
 @dataclass
@@ -147,6 +165,7 @@ class LocalDeployment:
                 lm_urls=",".join(lm_urls),
                 queues=self.queues,
                 share_policy=self.share_policy,
+                journal_dir=self.log_dir.parent / "journal",
             )
             for gm in range(self.gms)
         ]

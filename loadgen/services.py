@@ -34,7 +34,8 @@ from megha.services.http import CallError, ServiceClient
 
 log = logging.getLogger("megha.loadgen")
 
-SUBMIT_ATTEMPTS = 4
+SUBMIT_RETRY_SECONDS = 60.0
+"""How long a submission whose GM is unreachable (or answers 5xx) is retried: a GM that restarts gets it."""
 DETAIL_CALLS = 32
 """How many GET /v1/jobs/{id} calls the generator has in flight at once after a replay."""
 
@@ -228,23 +229,30 @@ async def _submit(
     ended: set[str],
     start: float,
 ) -> None:
-    """POST the job. The job id is ours, so a submission that failed in transit is retried: a 409 on a retry
-    means the first attempt was accepted."""
+    """POST the job. The job id is ours, so a submission that failed in transit (or met a GM restarting) is
+    retried for up to SUBMIT_RETRY_SECONDS: a 409 on a retry means an earlier attempt was accepted."""
     record = run.jobs[job.job_id]
     record.submitted_at = time.time() - start
-    for attempt in range(SUBMIT_ATTEMPTS):
+    deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             r = await http.post(f"{url}/v1/jobs", body)
         except CallError as exc:
             reason = str(exc)
-            log.warning("submitting %s to %s failed (attempt %d): %s", job.job_id, url, attempt + 1, reason)
-            await asyncio.sleep(0.05 * 2**attempt)
-            continue
-        if r.status == 201 or (r.status == 409 and attempt > 0):
-            pending.update(t.task_id for t in job.tasks if t.task_id not in ended)
-            return
-        reason = f"{r.status}: {r.text}"
-        break
+        else:
+            if r.status == 201 or (r.status == 409 and attempt > 1):
+                pending.update(t.task_id for t in job.tasks if t.task_id not in ended)
+                return
+            reason = f"{r.status}: {r.text}"
+            if r.status < 500:
+                break
+        if time.monotonic() > deadline:
+            break
+        if attempt == 1 or attempt % 10 == 0:
+            log.warning("submitting %s to %s failed (attempt %d): %s", job.job_id, url, attempt, reason)
+        await asyncio.sleep(min(0.05 * 2 ** min(attempt - 1, 6), 2.0))
     record.rejected_reason = reason
     for t in job.tasks:
         run.tasks[t.task_id].failed_reason = f"rejected at submission: {reason}"

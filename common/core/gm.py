@@ -115,15 +115,36 @@ class GlobalMaster:
 
     # ----------------------------------------------------------------- inputs
 
-    def submit(self, job: JobSpec, now: float) -> list[Output]:
-        """Accept a job into the queue, or raise Unschedulable naming the task no worker could ever run."""
+    def admit(self, job: JobSpec, now: float) -> None:
+        """Raise Unschedulable naming the first task of `job` no worker could ever run (or whose user this GM does
+        not serve); return when the whole job can be queued."""
         for task in job.tasks:
             reason = self._queue_reason(task) or self.unschedulable_reason(task)
             if reason is not None:
                 self.observer.job_rejected(job, self.gm_id, reason, now)
                 raise Unschedulable(f"job {job.job_id}: task {task.task_id}: {reason}")
+
+    def submit(self, job: JobSpec, now: float) -> list[Output]:
+        """Accept a job into the queue, or raise Unschedulable naming the task no worker could ever run."""
+        self.admit(job, now)
         self.observer.job_arrived(job, self.gm_id, now)
         self.queue.extend(job.tasks)
+        return self._drain(now)
+
+    def recover(
+        self, states: Iterable[Delta], running: Iterable[Placement], queued: Iterable[TaskSpec], now: float
+    ) -> list[Output]:
+        """A GM restarted after a crash: adopt each LM's full state (`states`, one per LM, whose `applied_through`
+        this GM's batch numbering continues from), take `running` (the runs the LMs hold for this GM) as running,
+        queue `queued` (its accepted tasks that are neither running nor ended), and schedule."""
+        for delta in states:
+            self._next_seq[delta.lm] = max(self._next_seq[delta.lm], delta.applied_through)
+            self._apply_delta(delta)
+        for p in running:
+            self.running[p.task.task_id] = p
+            if self.book is not None:
+                self.book.placed(p.task, p.lm)
+        self.queue.extend(queued)
         return self._drain(now)
 
     def handle(self, msg: object, now: float) -> list[Output]:

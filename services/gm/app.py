@@ -37,6 +37,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if cluster is None:
             await service.discover()
+            await service.recover()  # the LMs' full state, and the journal of a GM that crashed
         else:
             service.adopt(cluster)
         async with connected(broker):

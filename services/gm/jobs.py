@@ -8,7 +8,7 @@ held (MEGHA_FINISHED_TASKS_KEPT). Jobs with a task still queued or running are a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from megha.common.core.messages import Placement
@@ -46,8 +46,12 @@ class _Job:
 class JobTable(CoreObserver):
     """Per-task state at this GM: queued -> launched -> finished (or failed, with the reason)."""
 
-    def __init__(self, gm: int, finished_tasks_kept: int = 1_000_000) -> None:
+    def __init__(
+        self, gm: int, finished_tasks_kept: int = 1_000_000, on_end: Callable[[str, str, str], None] | None = None
+    ) -> None:
+        """`on_end(task_id, state, reason)` is told of every task that ends (the service journals it)."""
         self.gm = gm
+        self.on_end = on_end
         self.finished_tasks_kept = finished_tasks_kept
         self.jobs: dict[str, _Job] = {}
         self.tasks: dict[str, _Task] = {}
@@ -94,7 +98,7 @@ class JobTable(CoreObserver):
         rec.state, rec.failed_reason = "failed", reason
         if not ended:
             self.ended_here.append((task, "failed", reason, rec.lm or 0, rec.node or 0))
-            self._ended(rec.job_id)
+            self._ended(task.task_id, rec)
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """Its worker was lost: back in the queue, to run again as its next attempt."""
@@ -127,11 +131,22 @@ class JobTable(CoreObserver):
             rec.state = "failed" if error else "finished"
             rec.failed_reason = error or None
             if not ended:
-                self._ended(rec.job_id)
+                self._ended(task.task_id, rec)
 
-    def _ended(self, job_id: str) -> None:
-        """One task of `job_id` finished or failed; a job whose last task ended joins the finished jobs, and the
-        oldest of those are forgotten while more than `finished_tasks_kept` finished tasks are held."""
+    def restore_end(self, task_id: str, state: str, reason: str, now: float) -> None:
+        """Replay a task end a restarted GM learnt from its journal or an LM (it was announced then, so nothing is
+        published again)."""
+        rec = self.tasks.get(task_id)
+        if rec is not None and rec.state not in ENDED:
+            rec.state, rec.failed_reason, rec.finished_at = state, reason or None, now
+            self._ended(task_id, rec)
+
+    def _ended(self, task_id: str, rec: _Task) -> None:
+        """A task finished or failed; a job whose last task ended joins the finished jobs, and the oldest of those
+        are forgotten while more than `finished_tasks_kept` finished tasks are held."""
+        if self.on_end is not None:
+            self.on_end(task_id, rec.state, rec.failed_reason or "")
+        job_id = rec.job_id
         self._open_tasks -= 1
         job = self.jobs[job_id]
         job.open -= 1

@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import time
+from pathlib import Path
 
 from pydantic_core import to_json
 
@@ -16,9 +17,10 @@ from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster
 from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send
 from megha.common.core.placement.choice import make_choice
-from megha.common.core.task import JobSpec
+from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.models import (
     BrokerMessage,
+    GMRecovery,
     JobSubmission,
     LaunchBatchModel,
     LaunchResponseModel,
@@ -27,7 +29,8 @@ from megha.common.models import (
 )
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker
-from megha.services.gm.jobs import JobTable
+from megha.services.gm.jobs import ENDED, JobTable
+from megha.services.gm.journal import Journal, Replayed
 from megha.services.http import CallError, Reply, ServiceClient, spawn
 
 log = logging.getLogger("megha.gm")
@@ -41,7 +44,8 @@ class GMService:
     def __init__(self, settings: GMSettings, broker: Broker | None = None) -> None:
         self.settings = settings
         self.broker = broker
-        self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept)
+        self.journal: Journal | None = None
+        self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept, self._journal_end)
         self.core: GlobalMaster | None = None
         self._lock = asyncio.Lock()
         self._calls = ServiceClient(settings.http_timeout)
@@ -109,11 +113,89 @@ class GMService:
         elif job_id in self.jobs.jobs:
             raise DuplicateJob(f"job {job_id} already exists")
         job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), arrived)
+        self.core.admit(job, arrived)  # a job that can never run is refused before it is journaled
+        if self.journal is not None:  # on disk before it is answered 2xx
+            record = sub.model_dump(mode="json", exclude_defaults=True) | {"job_id": job_id}
+            await self.journal.append_durably({"job": record, "at": arrived})
         async with self._lock:
             outputs = self.core.submit(job, time.time())
         self._dispatch(outputs)
         await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
+
+    # ---------------------------------------------------------------- recovery
+
+    def journal_path(self) -> Path:
+        return Path(self.settings.journal_dir) / f"{self.settings.run_id}.gm-{self.settings.gm_id}.journal"
+
+    def _journal_end(self, task_id: str, state: str, reason: str) -> None:
+        if self.journal is not None:
+            self.journal.append({"end": task_id, "state": state, "reason": reason})
+
+    async def recover(self) -> None:
+        """Rebuild this GM after a start: its view from every LM's full state, its job table from its journal, and
+        its queue from the accepted tasks that no LM runs and that did not end (nothing running or finished is
+        launched again). Then keep journaling, with the journal rewritten to what is still held."""
+        assert self.core is not None
+        replayed = Journal.replay(self.journal_path()) if self.settings.journal_dir else None
+        states = [await self._lm_state(lm) for lm in range(len(self.settings.lm_urls))]
+        now = time.time()
+        tasks: dict[str, TaskSpec] = {}
+        if replayed is not None:
+            if replayed.damaged:
+                log.warning("journal %s: %d damaged lines skipped", self.journal_path(), replayed.damaged)
+            for record, arrived in replayed.jobs:
+                sub = JobSubmission.model_validate(record)
+                job_id = sub.job_id or ""
+                job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), arrived)
+                if job_id in self.jobs.jobs:
+                    continue
+                self.jobs.job_arrived(job, self.settings.gm_id, arrived)
+                tasks.update((t.task_id, t) for t in job.tasks)
+            ended = dict(replayed.ends)
+            for state in states:
+                ended.update({r.task_id: ("failed" if r.error else "finished", r.error) for r in state.ended})
+            for task_id, (how, reason) in ended.items():
+                self.jobs.restore_end(task_id, how, reason, now)
+        open_ids = {tid for tid in tasks if self.jobs.tasks[tid].state not in ENDED}
+        running = [p.to_core() for s in states for p in s.running if p.task.task_id in open_ids]
+        self.jobs.decided(running, now)
+        queued = [t for tid, t in tasks.items() if tid in open_ids - {p.task.task_id for p in running}]
+        async with self._lock:
+            outputs = self.core.recover([s.delta.to_core() for s in states], running, queued, now)
+        self._dispatch(outputs)
+        if replayed is not None:
+            self.journal = Journal(self.journal_path())
+            self.journal.rewrite(self._journal_records(replayed))
+            log.info(
+                "recovered %d jobs from %s: %d tasks running on LMs, %d queued again, %d ended",
+                len(self.jobs.jobs),
+                self.journal_path(),
+                len(running),
+                len(queued),
+                len(tasks) - len(open_ids),
+            )
+
+    def _journal_records(self, replayed: Replayed) -> list[dict[str, object]]:
+        """The journal's records for the jobs the table still holds (forgotten finished jobs are dropped)."""
+        records: list[dict[str, object]] = []
+        for record, arrived in replayed.jobs:
+            job = self.jobs.jobs.get(str(record.get("job_id")))
+            if job is None:
+                continue
+            records.append({"job": record, "at": arrived})
+            for tid in job.task_ids:
+                rec = self.jobs.tasks[tid]
+                if rec.state in ENDED:
+                    records.append({"end": tid, "state": rec.state, "reason": rec.failed_reason or ""})
+        return records
+
+    async def _lm_state(self, lm: int) -> GMRecovery:
+        url = f"{self.settings.lm_urls[lm]}/v1/gms/{self.settings.gm_id}/state"
+        r = await self._calls.get(url)
+        if r.status != 200:
+            raise RuntimeError(f"LM {lm} answered {r.status} at {url}: {r.text[:300]}")
+        return GMRecovery.model_validate_json(r.body)
 
     async def on_broker_message(self, body: bytes) -> None:
         msg = BrokerMessage.model_validate_json(body)
@@ -260,3 +342,5 @@ class GMService:
         for task in list(self._tasks):
             task.cancel()
         await self._calls.aclose()
+        if self.journal is not None:
+            self.journal.close()

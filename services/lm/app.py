@@ -8,9 +8,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from pydantic_core import to_json
 
 from megha.common.core.constraints import constraint_ids
 from megha.common.models import (
+    GMRecovery,
     LaunchBatchModel,
     LaunchResponseModel,
     PreemptRequestModel,
@@ -147,6 +149,16 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(PreemptResponseModel.core_json(response))
+
+    @app.get("/v1/gms/{gm}/state", response_model=GMRecovery)
+    async def gm_state(gm: int) -> Response:
+        """What GM `gm` needs when it (re)starts: every node's state, its runs here, and its recently ended runs."""
+        if not 0 <= gm < settings.num_gms:
+            return error(404, f"no GM {gm}; this deployment has {settings.num_gms}", "gm")
+        try:
+            return json_response(to_json(service.recovery_state(gm)))
+        except NotReady as exc:
+            return error(503, f"LM {settings.lm_id} not ready: {exc}")
 
     @app.get("/v1/state")
     async def state() -> dict[str, object]:

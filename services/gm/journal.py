@@ -1,0 +1,114 @@
+"""The GM's write-ahead journal: every accepted job is on disk (fsync) before its submission is answered 2xx,
+and every task end is appended after it, so that a GM killed at any moment comes back with its job table and
+queue (docs/architecture.md says why a GM-local journal and not a broker queue; docs/reliability.md its limits).
+
+One file per (run, GM), JSON lines:
+
+    {"job": {<JobSubmission with its job_id>}, "at": <unix time it arrived>}
+    {"end": "<task id>", "state": "finished" | "failed", "reason": "..."}
+
+Job records are made durable in groups: submissions that arrive while an fsync runs share the next one. End
+records are only written through to the operating system (they survive a process crash, not a machine crash):
+an end a GM did not record is learnt again from its LMs, which remember the runs they ended recently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("megha.gm")
+
+
+@dataclass
+class Replayed:
+    """What a journal held: each job's submission (in arrival order) with its arrival time, and each task end."""
+
+    jobs: list[tuple[dict[str, object], float]] = field(default_factory=list)
+    ends: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id -> (state, reason)
+    damaged: int = 0  # lines that could not be read (a write cut short by a crash)
+
+
+class Journal:
+    """An append-only journal file with group commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("ab")
+        self._waiting: list[asyncio.Future[None]] = []
+        self._syncer: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def replay(path: Path) -> Replayed:
+        """Read a journal (missing: empty). A damaged line, the tail of a write a crash cut short, is skipped."""
+        found = Replayed()
+        if not path.exists():
+            return found
+        for record in _records(path, found):
+            if "job" in record:
+                found.jobs.append((record["job"], float(record["at"])))
+            elif "end" in record:
+                found.ends[str(record["end"])] = (str(record["state"]), str(record.get("reason", "")))
+        return found
+
+    async def append_durably(self, record: dict[str, object]) -> None:
+        """Append `record` and return once it is on disk."""
+        self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append(done)
+        if self._syncer is None or self._syncer.done():
+            self._syncer = asyncio.get_running_loop().create_task(self._sync())
+        await done
+
+    def append(self, record: dict[str, object]) -> None:
+        """Append `record`, written through to the operating system but not synced."""
+        self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        self._file.flush()
+
+    async def _sync(self) -> None:
+        while self._waiting:
+            waiting, self._waiting = self._waiting, []
+            try:
+                self._file.flush()
+                await asyncio.to_thread(os.fsync, self._file.fileno())
+            except OSError as exc:
+                for done in waiting:
+                    done.set_exception(exc)
+            else:
+                for done in waiting:
+                    done.set_result(None)
+
+    def rewrite(self, records: list[dict[str, object]]) -> None:
+        """Replace the journal by `records` (what is still worth keeping), atomically."""
+        self._file.close()
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("wb") as out:
+            for record in records:
+                out.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(self.path)
+        self._file = self.path.open("ab")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _records(path: Path, found: Replayed) -> Iterator[dict[str, object]]:
+    with path.open("rb") as lines:
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                found.damaged += 1
+                continue
+            if isinstance(record, dict):
+                yield record
+            else:
+                found.damaged += 1
