@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("loadgen", "the request generator against running GMs"),
     ):
         sub.add_parser(name, help=f"run {what}, configured by MEGHA_* environment variables (see docs/deploy.md)")
+    sub.add_parser(
+        "chaos",
+        add_help=False,
+        help="the chaos matrix: kill, stall or cut off each component mid-replay and count what was lost "
+        "(megha chaos --help)",
+    )
     loc = sub.add_parser(
         "local",
         help="start GMs, LMs and worker agents as local processes, replay a trace through them, report, stop",
@@ -332,6 +338,11 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["chaos"]:  # its own options: `megha chaos --help`
+        from megha.deploy.chaos import main as chaos_main
+
+        return chaos_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "replay":

@@ -112,6 +112,7 @@ class Broker:
         self._channel: AbstractRobustChannel | None = None
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._declared: dict[str, aio_pika.abc.AbstractQueue] = {}
+        self._consumers: dict[str, str] = {}  # queue name -> consumer tag
         self._outbox: deque[tuple[str, str, bytes]] = deque()
         self._outbox_size = 0
         self._changed = asyncio.Condition()
@@ -314,7 +315,7 @@ class Broker:
                 with contextlib.suppress(Exception):  # a lost channel redelivers the message: handlers are idempotent
                     await message.ack()
 
-        await q.consume(on_message)
+        self._consumers[name] = await q.consume(on_message)
         return name
 
     async def _requeue(self, message: AbstractIncomingMessage) -> None:
@@ -331,9 +332,13 @@ class Broker:
             await message.ack()
 
     async def delete_queue(self, name: str) -> None:
+        """Stop consuming `name` (so the broker has no consumer to cancel) and delete it."""
         assert self._channel is not None
+        q, tag = self._declared.pop(name, None), self._consumers.pop(name, None)
+        if q is not None and tag is not None:
+            with contextlib.suppress(Exception):
+                await q.cancel(tag)
         await self._channel.queue_delete(name)
-        self._declared.pop(name, None)
 
     async def delete_run(self, routing_keys: list[str]) -> None:
         """Remove a finished run's queues (`<run>.<key>` for each key, and its dead letters) and exchanges."""
