@@ -21,6 +21,7 @@ import httpx
 
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.settings import LoadgenSettings
+from megha.common.transport.rabbit import Broker, gm_key, lm_key
 from megha.loadgen.services import ServicesRun, replay_services
 
 ALL_CONSTRAINTS = ",".join(str(c) for c in range(NUM_CONSTRAINTS))
@@ -207,6 +208,18 @@ class LocalDeployment:
             _signal_group(proc.popen.pid, signal.SIGKILL)
             proc.popen.wait()
         self.processes.clear()
+        with contextlib.suppress(Exception):  # a broker that is away keeps them; nothing else depends on it
+            asyncio.run(self._delete_run())
+
+    async def _delete_run(self) -> None:
+        """Remove the run's queues and exchanges from the broker: a finished run leaves nothing behind."""
+        broker = Broker(self.amqp_url, self.run_id, connect_timeout=3.0)
+        await broker.connect()
+        try:
+            keys = [gm_key(g) for g in range(self.gms)] + [lm_key(lm) for lm in range(self.lms)]
+            await broker.delete_run(keys)
+        finally:
+            await broker.close(flush_timeout=0.5)
 
     def __enter__(self) -> LocalDeployment:
         previous = signal.getsignal(signal.SIGTERM)
