@@ -140,7 +140,7 @@ class ChaosConfig:
     nodes_per_worker: int = 2
     trace: str = "syn:50:9"
     time_scale: float = 0.25
-    worker_timeout: float = 5.0
+    worker_timeout: float = 10.0
     heartbeat_interval: float = 0.5
     delta_interval: float = 1.0
     out: Path = Path("out/chaos")
