@@ -40,7 +40,9 @@ class BrokerNode:
         self.base.chmod(0o777)
         self.name = f"megha-{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
-        self.dist_port = free_port()
+        # Erlang distribution, and the CLI tools' own ports at dist_port + 10000..10010 (RabbitMQ's default), kept
+        # above the range services take their ports from (free_port), so neither can take a restarted one's port.
+        self.dist_port = free_port(40_000, 50_000)
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def _env(self) -> dict[str, str]:

@@ -34,20 +34,20 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port() -> int:
-    """A free port below the ephemeral range. A service restarted on its port must find it free: in the
-    ephemeral range, a client retrying the dead service could be given that very port as its own source port and
-    connect to itself (TCP self-connect), holding it."""
-    low = _ephemeral_low()
+def free_port(low: int = 10_000, high: int | None = None) -> int:
+    """A free port in [low, high), by default below the ephemeral range. A service restarted on its port must find
+    it free: in the ephemeral range, a client retrying the dead service could be given that very port as its own
+    source port and connect to itself (TCP self-connect), holding it."""
+    high = high if high is not None else max(_ephemeral_low(), low + 1)
     for _ in range(200):
-        port = random.randrange(10_000, max(low, 10_001))
+        port = random.randrange(low, high)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port between 10000 and {low}")
+    raise RuntimeError(f"no free port between {low} and {high}")
 
 
 @dataclass
@@ -112,6 +112,10 @@ class LocalDeployment:
         proc = self.process(name)
         if proc.popen.poll() is None:
             raise RuntimeError(f"{name} is still running")
+        port = int(proc.url.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 30
+        while not _bindable(port) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a socket of the killed process, or another program, holds it for now
         proc.popen = _popen(proc.command, proc.env, proc.log, append=True)
 
     def pause(self, name: str) -> None:
@@ -243,6 +247,17 @@ class LocalDeployment:
     ) -> None:
         self.stop()
         signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+
+def _bindable(port: int) -> bool:
+    """True when a server could listen on `port` now (as uvicorn does: closed connections in TIME_WAIT allowed)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _popen(command: list[str], env: dict[str, str], log: Path, append: bool = False) -> subprocess.Popen[bytes]:

@@ -15,6 +15,7 @@ from megha.common.core.placement.choice import make_choice
 from megha.common.core.task import JobSpec
 from megha.common.core.worker import SimulatedExecution
 from megha.common.transport.inmemory import EventLoop
+from megha.embedded.faults import FaultInjector, WorkerFaults
 
 LOADGEN = "loadgen"
 QUIET_TICKS_BEFORE_STOP = 3
@@ -31,6 +32,8 @@ class EmbeddedConfig:
     seed: int = 0
     realtime: bool = False
     fairness: FairnessConfig | None = None
+    worker_faults: WorkerFaults | None = None
+    max_attempts: int = 3
 
 
 @dataclass(slots=True)
@@ -48,7 +51,15 @@ class EmbeddedSystem:
         self.loop = EventLoop(config.hop_delay, config.realtime)
         self.loop.background(DeltaTick)
         self.gms = [
-            GlobalMaster(g, cluster, make_choice(config.matching), config.seed, self.observer, config.fairness)
+            GlobalMaster(
+                g,
+                cluster,
+                make_choice(config.matching),
+                config.seed,
+                self.observer,
+                config.fairness,
+                config.max_attempts,
+            )
             for g in range(cluster.num_gms)
         ]
         self.lms = [
@@ -64,6 +75,7 @@ class EmbeddedSystem:
         for worker in self.workers:
             self.loop.register(worker_address(worker.lm_id), worker.handle)
         self._quiet_ticks = 0
+        self.faults = FaultInjector(self, config.worker_faults) if config.worker_faults is not None else None
 
     def _gm_handler(self, gm: GlobalMaster) -> Callable[[object, float], list[Output]]:
         def handle(msg: object, now: float) -> list[Output]:
@@ -88,6 +100,8 @@ class EmbeddedSystem:
         """Run until every accepted task has finished (or nothing more can happen)."""
         for lm in self.lms:
             self.loop.dispatch(lm.start(self.loop.now))
+        if self.faults is not None:
+            self.faults.start(self.loop.now)
         self.loop.run(self._keep_going, on_event)
 
     def _keep_going(self) -> bool:
@@ -111,6 +125,11 @@ class EmbeddedSystem:
             "reschedules": sum(gm.reschedules for gm in self.gms),
             "preemption_attempts": sum(gm.preemption_attempts for gm in self.gms),
             "preemptions": sum(lm.preemptions for lm in self.lms),
+            **(
+                {"worker_crashes": self.faults.crashes, "retries": sum(gm.retries for gm in self.gms)}
+                if self.faults is not None
+                else {}
+            ),
         }
 
     def stranded_tasks(self) -> list[str]:

@@ -95,6 +95,15 @@ class Recorder(CoreObserver):
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
         self.tasks[task.task_id].failed_reason = reason
 
+    def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
+        """Its worker crashed: the work the run had done is thrown away (its CPU request for as long as it ran,
+        at most its duration; the loss is noticed later than the crash, so this may count a little too much)."""
+        rec = self.tasks[task.task_id]
+        rec.retries += 1
+        if rec.started_at == rec.started_at:  # not NaN
+            ran = min(task.duration, max(0.0, now - rec.started_at))
+            rec.lost_cpu_seconds += ran * rec.request[0] / 1000
+
     def preemption_attempted(self, task: TaskSpec, lm: int, now: float) -> None:
         self.tasks[task.task_id].preemption_attempts += 1
 

@@ -12,6 +12,7 @@ from megha.common.clusterfile import generate_cluster, load_cluster
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.fairness.policy import make_share_policy
+from megha.embedded.faults import WorkerFaults
 from megha.embedded.system import EmbeddedConfig
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.recorder import Recorder
@@ -49,6 +50,8 @@ class ReplayConfig:
     scheduler: str = "megha"
     queues: str = ""  # fair scheduling: "user:share:gm,..." (empty: off)
     share_policy: str = "share"
+    worker_faults: WorkerFaults | None = None  # simulated worker crashes (Megha only)
+    max_attempts: int = 3
 
     def fairness(self) -> FairnessConfig | None:
         return parse_queues(self.queues, self.share_policy) if self.queues else None
@@ -91,11 +94,20 @@ def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) 
     fairness = config.fairness()
     if fairness is not None:
         make_share_policy(fairness.policy)  # fail early on an unknown policy name
+    if config.worker_faults is not None and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"worker failures are simulated for Megha and centralized, not {config.scheduler}")
     system = build_system(
         config.scheduler,
         cluster,
         EmbeddedConfig(
-            config.matching, config.hop_delay, config.delta_interval, config.seed, config.realtime, fairness
+            config.matching,
+            config.hop_delay,
+            config.delta_interval,
+            config.seed,
+            config.realtime,
+            fairness,
+            config.worker_faults,
+            config.max_attempts,
         ),
         recorder,
     )

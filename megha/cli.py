@@ -11,6 +11,7 @@ from megha.common.argtypes import non_negative_float, positive_float, positive_i
 from megha.common.core.fairness.config import parse_queues
 from megha.common.core.fairness.policy import SHARE_POLICIES
 from megha.common.core.placement.choice import CHOICE_POLICIES
+from megha.embedded.faults import parse_faults
 from megha.sim.system import SCHEDULERS
 
 REPLAY_EXAMPLES = """\
@@ -130,6 +131,33 @@ def build_parser() -> argparse.ArgumentParser:
         default="share",
         help="share: the Megha paper's (round-robin queues); drf: Dominant Resource Fairness; demand, "
         "demand-drf: Tromino's demand-aware orderings (default: %(default)s)",
+    )
+    w = r.add_argument_group("failures (simulated on the virtual clock; off unless --fail is given)")
+    w.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="worker:rate=R crashes worker nodes at random, R per node per hour; worker:at=T,lm=L,node=N crashes "
+        "one at time T (repeatable)",
+    )
+    w.add_argument(
+        "--fail-detect",
+        type=positive_float,
+        default=30.0,
+        help="seconds until an LM notices a crashed worker (MEGHA_WORKER_TIMEOUT) (default: %(default)s)",
+    )
+    w.add_argument(
+        "--fail-repair",
+        type=positive_float,
+        default=60.0,
+        help="seconds after a crash until the node is back in service (default: %(default)s)",
+    )
+    w.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=3,
+        help="executions of a task whose worker is lost before it fails (MEGHA_MAX_ATTEMPTS) (default: 3)",
     )
     o = r.add_argument_group("output")
     o.add_argument(
@@ -308,6 +336,8 @@ def _replay(args: argparse.Namespace) -> int:
         queues=args.queues,
         constraints=not args.no_constraints,
         share_policy=args.share_policy,
+        worker_faults=parse_faults(args.fail, args.fail_detect, args.fail_repair, args.seed),
+        max_attempts=args.max_attempts,
     )
 
     def progress(line: str) -> None:

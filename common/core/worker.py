@@ -30,6 +30,7 @@ class SimulatedExecution:
         self._finishing: dict[float, list[FinishedTask]] = {}
         self._due: dict[str, float] = {}  # task id -> when it finishes
         self.running = 0
+        self.dead: set[int] = set()  # crashed nodes: a launch that reaches one vanishes
 
     def handle(self, msg: object, now: float) -> list[Output]:
         if isinstance(msg, WorkerLaunch):
@@ -41,12 +42,13 @@ class SimulatedExecution:
         raise TypeError(f"worker cannot handle {type(msg).__name__}")
 
     def _on_launch(self, msg: WorkerLaunch, now: float) -> list[Output]:
-        self.observer.worker_received(msg.launches, now)
-        self.observer.started(msg.launches, now)
+        launches = msg.launches if not self.dead else [p for p in msg.launches if p.node not in self.dead]
+        self.observer.worker_received(launches, now)
+        self.observer.started(launches, now)
         out: list[Output] = []
         finishing = self._finishing
         due = self._due
-        for p in msg.launches:
+        for p in launches:
             at = now + p.task.duration
             due[p.task.task_id] = at
             batch = finishing.get(at)
@@ -55,11 +57,13 @@ class SimulatedExecution:
                 out.append(Wake(at, worker_address(self.lm_id), FinishTick(at)))
             else:
                 batch.append(FinishedTask(p.task.task_id, p.node, attempt=p.task.attempt))
-        self.running += len(msg.launches)
+        self.running += len(launches)
         return out
 
     def crash(self, nodes: set[int]) -> None:
-        """The workers of `nodes` die: their tasks stop and are never reported (their LM finds out by itself)."""
+        """The workers of `nodes` die: their tasks stop and are never reported (their LM finds out by itself), and
+        launches that reach them vanish until `repair`."""
+        self.dead |= nodes
         for at, batch in self._finishing.items():
             gone = [f for f in batch if f.node in nodes]
             if gone:
@@ -67,6 +71,10 @@ class SimulatedExecution:
                 for f in gone:
                     del self._due[f.task_id]
                 self.running -= len(gone)
+
+    def repair(self, nodes: set[int]) -> None:
+        """The workers of `nodes` are back, running nothing."""
+        self.dead -= nodes
 
     def _on_finish(self, tick: FinishTick, now: float) -> list[Output]:
         finished = self._finishing.pop(tick.at)

@@ -47,6 +47,11 @@ class EventLoop:
         self._work = 0
         self.events = 0
 
+    @property
+    def pending_work(self) -> int:
+        """Events still to come that keep the run alive (all but background timers)."""
+        return self._work
+
     def register(self, address: str, handler: Handler) -> None:
         if address in self._endpoints:
             raise ValueError(f"endpoint {address} registered twice")
