@@ -97,7 +97,8 @@ class GMSettings(FairSettings):
     lm_timeout: float = Field(
         60.0,
         gt=0,
-        description="seconds a launch to an unreachable or restarting LM is retried before its tasks are failed",
+        description="seconds to wait for an unreachable or restarting LM: at start-up, and for a launch in flight "
+        "before its tasks are failed",
     )
     journal_dir: str = Field(
         "megha-journal",

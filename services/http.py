@@ -339,4 +339,8 @@ def serving_gc() -> Iterator[None]:
 
 def configure_logging(level: str, name: str) -> logging.Logger:
     logging.basicConfig(level=level.upper(), format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    # The broker client says what it waits for and when it is back; aio-pika's own reconnection attempts would
+    # repeat that every second, aiormq's as errors.
+    logging.getLogger("aio_pika").setLevel(logging.WARNING)
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
     return logging.getLogger(name)

@@ -23,11 +23,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
+import sys
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -53,7 +56,11 @@ DIRECT_EXCHANGES = ("gm", "lm")
 EXCHANGES = (*DIRECT_EXCHANGES, "events", "dead")
 
 
-class BrokerUnavailable(RuntimeError):
+class StartupError(RuntimeError):
+    """A service cannot start (a dependency stayed unreachable, a peer refused it); the message says why."""
+
+
+class BrokerUnavailable(StartupError):
     """RabbitMQ could not be reached within the configured time; the message says where and why."""
 
 
@@ -357,11 +364,22 @@ async def connected(broker: Broker | None) -> AsyncIterator[None]:
     if broker is None:
         yield
         return
-    await broker.connect()
+    try:
+        await broker.connect()
+    except BrokerUnavailable as exc:
+        exit_on_startup_error(exc)
     try:
         yield
     finally:
         await broker.close()
+
+
+def exit_on_startup_error(exc: Exception) -> NoReturn:
+    """End a service that cannot start with one clear line and exit status 2, not a traceback: the ASGI server
+    would print the lifespan's traceback for any exception, SystemExit included."""
+    logging.getLogger("megha").error("cannot start: %s", exc)
+    sys.stderr.flush()
+    os._exit(2)
 
 
 async def run_background(name: str, step: Callable[[], Awaitable[None]], every: float) -> None:

@@ -13,7 +13,7 @@ from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
 from megha.common.models import JobAccepted, JobStatus, JobSubmission
 from megha.common.settings import GMSettings
-from megha.common.transport.rabbit import connected, gm_key
+from megha.common.transport.rabbit import StartupError, connected, exit_on_startup_error, gm_key
 from megha.services.gm.service import DuplicateJob, GMService
 from megha.services.http import (
     configure_logging,
@@ -36,8 +36,11 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if cluster is None:
-            await service.discover()
-            await service.recover()  # the LMs' full state, and the journal of a GM that crashed
+            try:
+                await service.discover()
+                await service.recover()  # the LMs' full state, and the journal of a GM that crashed
+            except StartupError as exc:
+                exit_on_startup_error(exc)
         else:
             service.adopt(cluster)
         async with connected(broker):

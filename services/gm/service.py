@@ -28,7 +28,7 @@ from megha.common.models import (
     PreemptResponseModel,
 )
 from megha.common.settings import GMSettings
-from megha.common.transport.rabbit import Broker
+from megha.common.transport.rabbit import Broker, StartupError
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, Replayed
 from megha.services.http import CallError, Reply, ServiceClient, spawn
@@ -52,10 +52,13 @@ class GMService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._job_numbers = itertools.count()
 
-    async def discover(self, timeout: float = 120.0) -> ClusterSpec:
-        """Ask every LM for its partitions, waiting for LMs whose workers have not all registered yet."""
+    async def discover(self) -> ClusterSpec:
+        """Ask every LM for its partitions, waiting (MEGHA_LM_TIMEOUT) for LMs whose workers have not all
+        registered yet."""
+        timeout = self.settings.lm_timeout
         rows = []
         deadline = time.monotonic() + timeout
+        next_note = time.monotonic() + 2.0
         names: tuple[str, ...] = ()
         for lm, url in enumerate(self.settings.lm_urls):
             while True:
@@ -67,11 +70,14 @@ class GMService:
                 except CallError as exc:
                     reason = str(exc)
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"LM {lm} at {url} not ready after {timeout} s: {reason}")
+                    raise StartupError(f"LM {lm} at {url} not ready after {timeout:g} s: {reason}")
+                if time.monotonic() >= next_note:
+                    log.warning("waiting for LM %d at %s: %s", lm, url, reason)
+                    next_note = time.monotonic() + 5.0
                 await asyncio.sleep(0.2)
             doc = json.loads(r.body)
             if doc["lm"] != lm:
-                raise RuntimeError(f"{url} is LM {doc['lm']}, but it is listed as LM {lm}")
+                raise StartupError(f"{url} is LM {doc['lm']}, but it is listed as LM {lm}")
             names = tuple(doc["resource_names"])
             rows.append(
                 tuple(
@@ -194,7 +200,7 @@ class GMService:
         url = f"{self.settings.lm_urls[lm]}/v1/gms/{self.settings.gm_id}/state"
         r = await self._calls.get(url)
         if r.status != 200:
-            raise RuntimeError(f"LM {lm} answered {r.status} at {url}: {r.text[:300]}")
+            raise StartupError(f"LM {lm} answered {r.status} at {url}: {r.text[:300]}")
         return GMRecovery.model_validate_json(r.body)
 
     async def on_broker_message(self, body: bytes) -> None:

@@ -22,7 +22,7 @@ from megha.common.models import (
     WorkerRegistered,
 )
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import Broker, lm_key, run_background
+from megha.common.transport.rabbit import Broker, StartupError, lm_key, run_background
 from megha.services.http import CallError, ServiceClient
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 
@@ -100,11 +100,11 @@ class WorkerAgent:
                     return self.registered
                 reason = f"{r.status} {r.text}"
                 if r.status < 500:
-                    raise RuntimeError(f"LM refused registration: {reason}")
+                    raise StartupError(f"LM at {self.settings.lm_url} refused the registration: {reason}")
             except CallError as exc:
                 reason = str(exc)
             if loop.time() > deadline:
-                raise RuntimeError(f"LM at {self.settings.lm_url} unreachable for {timeout} s: {reason}")
+                raise StartupError(f"LM at {self.settings.lm_url} unreachable for {timeout:g} s: {reason}")
             await asyncio.sleep(0.2)
 
     async def heartbeats(self) -> None:

@@ -13,7 +13,7 @@ from pydantic_core import to_json
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import connected
+from megha.common.transport.rabbit import StartupError, connected, exit_on_startup_error
 from megha.services.http import (
     configure_logging,
     document_bodies,
@@ -35,7 +35,10 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with connected(broker):
-            await agent.register()
+            try:
+                await agent.register()
+            except StartupError as exc:
+                exit_on_startup_error(exc)
             beating = asyncio.get_running_loop().create_task(agent.heartbeats())
             log.info(
                 "%s serving on %s (%s execution, %d node(s))",

@@ -1,0 +1,46 @@
+"""Shared test configuration.
+
+Tests marked `docker` need a Docker engine. They run by default and fail (in set-up, saying why) when the engine
+does not answer; MEGHA_SKIP_DOCKER=1 skips them instead, for a machine without Docker.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+import pytest
+
+SKIP_DOCKER = "MEGHA_SKIP_DOCKER"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(SKIP_DOCKER, "").lower() not in ("1", "true", "yes"):
+        return
+    skip = pytest.mark.skip(reason=f"{SKIP_DOCKER}=1: the Docker tests are turned off")
+    for item in items:
+        if item.get_closest_marker("docker") is not None:
+            item.add_marker(skip)
+
+
+@functools.cache
+def docker_problem() -> str | None:
+    """Why the Docker engine cannot be used, or None when it answers."""
+    if shutil.which("docker") is None:
+        return "the docker command is not installed"
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 60 s"
+    if info.returncode != 0:
+        return f"the Docker engine does not answer: {info.stderr.strip() or info.stdout.strip()}"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("docker") is not None and (problem := docker_problem()) is not None:
+        pytest.fail(f"{problem} (set {SKIP_DOCKER}=1 to skip the Docker tests)", pytrace=False)

@@ -1,0 +1,44 @@
+"""A service that cannot start says why in one line and exits with status 2: no traceback, no hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megha.deploy.local import free_port
+
+
+def _start(module: str, **env: str) -> subprocess.CompletedProcess[str]:
+    values = dict(os.environ) | {"MEGHA_PORT": str(free_port())} | env
+    return subprocess.run([sys.executable, "-m", module], env=values, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("module", ["megha.services.lm", "megha.services.worker", "megha.services.gm"])
+def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
+    nowhere = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+    done = _start(
+        module,
+        MEGHA_AMQP_URL=nowhere,
+        MEGHA_BROKER_TIMEOUT="2",
+        MEGHA_LM_URLS="http://127.0.0.1:9",
+        MEGHA_LM_URL="http://127.0.0.1:9",
+        MEGHA_LM_TIMEOUT="2",
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if " ERROR " in line or line.startswith("ERROR")]
+    assert len(errors) == 1, output
+    # The GM first waits for its LMs; the LM and the agent first connect to the broker.
+    wanted = "LM 0 at http://127.0.0.1:9 not ready" if module.endswith("gm") else "RabbitMQ unreachable at amqp"
+    assert "cannot start: " in errors[0] and (wanted in errors[0] or "unreachable" in errors[0]), errors[0]
+
+
+def test_a_gm_says_which_lm_it_waits_for_while_it_waits() -> None:
+    done = _start("megha.services.gm", MEGHA_LM_URLS="http://127.0.0.1:9", MEGHA_LM_TIMEOUT="7")
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in output
+    assert "waiting for LM 0 at http://127.0.0.1:9" in output
