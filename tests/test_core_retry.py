@@ -107,3 +107,20 @@ def test_a_loss_reported_before_the_launch_response_still_runs_the_task_again_on
     (resp2,) = [o.msg for o in out if isinstance(o.msg, LaunchResponse)]
     gm.handle(resp2, 0.6)
     assert gm.running["j.0"].task.attempt == 2 and gm.running["j.0"].node != node
+
+
+def test_a_launch_retried_after_its_run_ended_is_accepted_but_not_run_again() -> None:
+    # The GM's launch reached the LM, the run started and ended, but the answer was lost: the GM's retry of the
+    # same batch must not run the task a second time.
+    spec = cluster([[[[], []]]])
+    lm = LocalMaster(0, spec.partitions[0], ended_runs_kept=10)
+    gm = GlobalMaster(0, spec)
+    (batch,) = [o.msg for o in gm.submit(job("j", task("j.0", duration=1.0)), 0.0)]
+    first = lm.handle(batch, 0.1)
+    assert [type(o.msg).__name__ for o in first] == ["LaunchResponse", "WorkerLaunch"]
+    node = batch.placements[0].node
+    lm.handle(WorkerReport(0, [FinishedTask("j.0", node, attempt=1)]), 1.2)
+    again = lm.handle(batch, 1.3)
+    (response,) = [o.msg for o in again if isinstance(o.msg, LaunchResponse)]
+    assert [p.task.task_id for p in response.accepted] == ["j.0"] and response.rejected == []
+    assert not [o for o in again if isinstance(o.msg, WorkerLaunch)] and lm.is_idle()

@@ -4,6 +4,7 @@ placement (the plan applier), repartition into logical nodes, and per-GM delta u
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import add, ge, sub
@@ -83,6 +84,7 @@ class LocalMaster:
         delta_interval: float = 1.0,
         fairness: FairnessConfig | None = None,
         incarnation: int = 0,
+        ended_runs_kept: int = 0,
     ) -> None:
         """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
         tracks usage per user, reports it in deltas and verifies preemption requests.
@@ -90,7 +92,11 @@ class LocalMaster:
         `incarnation` numbers this LM's lives (the services use its start time in milliseconds): node versions
         start at `incarnation << 20`, above any version an earlier incarnation reached, so every GM takes the
         rebuilt LM's node states as newer than what it held; and a later incarnation reports every node to every
-        GM in its first deltas (`start`)."""
+        GM in its first deltas (`start`).
+
+        `ended_runs_kept` > 0 makes the LM remember that many runs after they ended, so that a launch a GM
+        retries because it lost the answer, after the run already ended, is not run again (the services' GMs
+        retry; the simulator loses no answer and keeps none)."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -129,6 +135,10 @@ class LocalMaster:
         self.down: dict[int, str] = {}
         self.preemptions = 0
         self.preemption_refusals = 0
+        # The last `ended_runs_kept` runs (task id, attempt) that ended here.
+        self.ended_runs_kept = ended_runs_kept
+        self._ended_runs: set[tuple[str, int]] = set()
+        self._ended_order: deque[tuple[str, int]] = deque()
 
     @classmethod
     def in_cluster(
@@ -207,6 +217,9 @@ class LocalMaster:
             current = self.running.get(p.task.task_id)
             if current is not None and current.placement.node == p.node and current.gm == batch.gm:
                 accepted.append(p)  # a repeated request: launch is idempotent per task
+                continue
+            if self.ended_runs_kept and (p.task.task_id, p.task.attempt) in self._ended_runs:
+                accepted.append(p)  # a repeat of a run that already ended here (its answer was lost): not again
                 continue
             rejection = self._validate(p, batch.gm, current)
             if rejection is None:
@@ -330,6 +343,8 @@ class LocalMaster:
                 else:
                     continue  # a stale copy's report: each run frees its resources once
             n = alloc.placement.node
+            if self.ended_runs_kept and not (item.preempted or item.lost):
+                self._remember_ended(item.task_id, item.attempt)
             completion = Completion(
                 item.task_id,
                 node_state((n, self.free[n], self.version[n])),
@@ -345,6 +360,14 @@ class LocalMaster:
         ]
         self._arm_tick(now, out)
         return out
+
+    def _remember_ended(self, task_id: str, attempt: int) -> None:
+        run = (task_id, attempt)
+        self._ended_runs.add(run)
+        order = self._ended_order
+        order.append(run)
+        if len(order) > self.ended_runs_kept:
+            self._ended_runs.discard(order.popleft())
 
     # ------------------------------------------------------- node failures
 

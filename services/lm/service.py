@@ -185,6 +185,7 @@ class LMService:
             delta_interval=self.settings.delta_interval,
             fairness=self.settings.fairness(),
             incarnation=self.incarnation,
+            ended_runs_kept=ENDED_KEPT,
         )
         self.core.adopt(self._adopting)
         log.info(
