@@ -198,3 +198,24 @@ class LoadgenSettings(FairSettings):
     @classmethod
     def _split(cls, value: object) -> object:
         return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+
+def settings_help(model: type[BaseSettings]) -> str:
+    """Every MEGHA_* variable `model` reads, with its default and meaning (the `--help` of a service)."""
+    lines = [f"{model.__doc__.strip() if model.__doc__ else model.__name__} Settings (environment variables):", ""]
+    for name, field in model.model_fields.items():
+        description = next(
+            (
+                f.description
+                for cls in model.__mro__
+                if (f := getattr(cls, "model_fields", {}).get(name)) and f.description
+            ),
+            "",
+        )
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, list):
+            default = ",".join(map(str, default))
+        shown = "unset" if default is None else (repr(default) if default == "" else str(default))
+        lines.append(f"  MEGHA_{name.upper():<24} default {shown}")
+        lines.append(f"      {description}")
+    return "\n".join(lines)

@@ -11,6 +11,7 @@ from megha.common.argtypes import non_negative_float, positive_float, positive_i
 from megha.common.core.fairness.config import parse_queues
 from megha.common.core.fairness.policy import SHARE_POLICIES
 from megha.common.core.placement.choice import CHOICE_POLICIES
+from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
 from megha.embedded.faults import parse_faults
 from megha.sim.system import SCHEDULERS
 
@@ -168,13 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add_argument("--no-files", action="store_true", help="print the report only")
     o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    for name, what in (
-        ("gm", "a Global Master"),
-        ("lm", "a Local Master"),
-        ("worker", "a worker agent"),
-        ("loadgen", "the request generator against running GMs"),
+    for name, what, model in (
+        ("gm", "a Global Master", GMSettings),
+        ("lm", "a Local Master", LMSettings),
+        ("worker", "a worker agent", WorkerSettings),
+        ("loadgen", "the request generator against running GMs", LoadgenSettings),
     ):
-        sub.add_parser(name, help=f"run {what}, configured by MEGHA_* environment variables (see docs/deploy.md)")
+        sub.add_parser(
+            name,
+            help=f"run {what}, configured by MEGHA_* environment variables (see docs/deploy.md)",
+            description=f"Run {what}, configured by MEGHA_* environment variables (docs/deploy.md).",
+            epilog=settings_help(model),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
     sub.add_parser(
         "chaos",
         add_help=False,

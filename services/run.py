@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+
 import uvicorn
 
-from megha.common.settings import GMSettings, LMSettings, ServiceSettings, WorkerSettings
+from megha.common.settings import GMSettings, LMSettings, ServiceSettings, WorkerSettings, settings_help
+
+
+def _help_asked(model: type[ServiceSettings]) -> bool:
+    """`python -m megha.services.gm --help` (and so on) lists the settings instead of starting."""
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(settings_help(model))
+        return True
+    return False
 
 
 def _serve(app: object, settings: ServiceSettings) -> None:
@@ -12,6 +22,8 @@ def _serve(app: object, settings: ServiceSettings) -> None:
 
 
 def serve_gm() -> None:
+    if _help_asked(GMSettings):
+        return
     from megha.services.gm.app import create_app
 
     settings = GMSettings()
@@ -19,6 +31,8 @@ def serve_gm() -> None:
 
 
 def serve_lm() -> None:
+    if _help_asked(LMSettings):
+        return
     from megha.services.lm.app import create_app
 
     settings = LMSettings()
@@ -26,6 +40,8 @@ def serve_lm() -> None:
 
 
 def serve_worker() -> None:
+    if _help_asked(WorkerSettings):
+        return
     from megha.services.worker.app import create_app
 
     settings = WorkerSettings()

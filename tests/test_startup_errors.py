@@ -42,3 +42,17 @@ def test_a_gm_says_which_lm_it_waits_for_while_it_waits() -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in output
     assert "waiting for LM 0 at http://127.0.0.1:9" in output
+
+
+@pytest.mark.parametrize("role", ["gm", "lm", "worker", "loadgen"])
+def test_help_lists_every_setting_with_its_variable_and_default(role: str) -> None:
+    from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings
+
+    model = {"gm": GMSettings, "lm": LMSettings, "worker": WorkerSettings, "loadgen": LoadgenSettings}[role]
+    done = subprocess.run(
+        [sys.executable, "-m", "megha.cli", role, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for name in model.model_fields:
+        assert f"MEGHA_{name.upper()}" in done.stdout, name
+    assert "default" in done.stdout and "Traceback" not in done.stdout
