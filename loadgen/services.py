@@ -7,6 +7,7 @@ collects task events from RabbitMQ, asks the GMs how each task was placed, and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -204,11 +205,12 @@ async def _replay(
                 f"{run.details_gone} finished jobs were gone from their GM when asked for placement details (a GM "
                 "keeps MEGHA_FINISHED_TASKS_KEPT finished tasks); their allocation times are unknown"
             )
-    finally:
+    finally:  # also when interrupted (Ctrl-C cancels the replay): the broker connection closes cleanly
         await http.aclose()
-    await broker.delete_queue(queue)
-    if own_broker:
-        await broker.close()
+        with contextlib.suppress(Exception):
+            await broker.delete_queue(queue)
+        if own_broker:
+            await broker.close(flush_timeout=1.0)
     run.metrics = compute_metrics(
         list(run.tasks.values()),
         list(run.jobs.values()),

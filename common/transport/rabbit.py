@@ -125,6 +125,7 @@ class Broker:
         self._changed = asyncio.Condition()
         self._in_flight = 0
         self._sender: asyncio.Task[None] | None = None
+        self._closing = False
         self.published = 0
         self.publish_failures = 0  # publishes not confirmed (then sent again)
         self.dead_lettered = 0
@@ -175,6 +176,8 @@ class Broker:
         self._sender = asyncio.get_running_loop().create_task(self._send_forever())
 
     def _on_lost(self, *args: object) -> None:
+        if self._closing:
+            return
         log.warning(
             "connection to RabbitMQ at %s lost; reconnecting (publishes wait in the outbox)", safe_url(self.url)
         )
@@ -186,6 +189,7 @@ class Broker:
         """Send what the outbox holds (for up to `flush_timeout` seconds), then disconnect."""
         if self._connection is None:
             return
+        self._closing = True
         if not await self.flush(flush_timeout):
             log.error("closing with %d messages not delivered to RabbitMQ at %s", len(self._outbox), safe_url(self.url))
         if self._sender is not None:
