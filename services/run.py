@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 import uvicorn
 
+from megha.common.lifecycle import stop_requested
 from megha.common.settings import GMSettings, LMSettings, ServiceSettings, WorkerSettings, settings_help
 
 
@@ -17,8 +19,23 @@ def _help_asked(model: type[ServiceSettings]) -> bool:
     return False
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose signal handler also ends the waits of a service still starting."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+        super().handle_exit(sig, frame)
+
+
 def _serve(app: object, settings: ServiceSettings) -> None:
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)  # type: ignore[arg-type]
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+    )
+    _Server(config).run()
 
 
 def serve_gm() -> None:

@@ -56,3 +56,33 @@ def test_help_lists_every_setting_with_its_variable_and_default(role: str) -> No
     for name in model.model_fields:
         assert f"MEGHA_{name.upper()}" in done.stdout, name
     assert "default" in done.stdout and "Traceback" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "env", "waiting_for"),
+    [
+        ("megha.services.gm", {"MEGHA_LM_URLS": "http://127.0.0.1:9"}, "LM 0 at http://127.0.0.1:9"),
+        ("megha.services.lm", {"MEGHA_AMQP_URL": "amqp://guest:guest@127.0.0.1:9/"}, "RabbitMQ at amqp://"),
+    ],
+)
+def test_sigterm_while_waiting_for_a_dependency_stops_the_service_at_once(
+    module: str, env: dict[str, str], waiting_for: str
+) -> None:
+    import signal
+    import time
+
+    values = dict(os.environ) | {"MEGHA_PORT": str(free_port())} | env
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module], env=values, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        time.sleep(4)  # started, and waiting
+        assert proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and took < 5, (proc.returncode, took, output)
+    assert f"stopped by a signal while waiting for {waiting_for}" in output and "Traceback" not in output, output

@@ -23,19 +23,18 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import sys
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import NoReturn
 from urllib.parse import urlsplit
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 from pydantic import ValidationError
+
+from megha.common.lifecycle import StartupError, check_stop, exit_on_startup_error
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +53,6 @@ RETRY_PAUSE = 0.5
 
 DIRECT_EXCHANGES = ("gm", "lm")
 EXCHANGES = (*DIRECT_EXCHANGES, "events", "dead")
-
-
-class StartupError(RuntimeError):
-    """A service cannot start (a dependency stayed unreachable, a peer refused it); the message says why."""
 
 
 class BrokerUnavailable(StartupError):
@@ -145,6 +140,7 @@ class Broker:
                 self._connection = await aio_pika.connect_robust(self.url, reconnect_interval=1, timeout=5)
                 break
             except Exception as exc:  # aiormq raises a variety of socket and AMQP errors
+                check_stop(f"RabbitMQ at {safe_url(self.url)}")
                 reason = str(exc) or type(exc).__name__
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -159,7 +155,10 @@ class Broker:
                     left,
                     reason,
                 )
-                await asyncio.sleep(min(pause, left))
+                until = time.monotonic() + min(pause, left)
+                while time.monotonic() < until:  # a signal ends the wait at once
+                    check_stop(f"RabbitMQ at {safe_url(self.url)}")
+                    await asyncio.sleep(0.1)
                 pause = min(pause * 2, 5.0)
         self._connection.close_callbacks.add(self._on_lost)
         self._connection.reconnect_callbacks.add(self._on_reconnected)
@@ -370,20 +369,12 @@ async def connected(broker: Broker | None) -> AsyncIterator[None]:
         return
     try:
         await broker.connect()
-    except BrokerUnavailable as exc:
+    except StartupError as exc:  # unreachable for MEGHA_BROKER_TIMEOUT, or a signal while waiting
         exit_on_startup_error(exc)
     try:
         yield
     finally:
         await broker.close()
-
-
-def exit_on_startup_error(exc: Exception) -> NoReturn:
-    """End a service that cannot start with one clear line and exit status 2, not a traceback: the ASGI server
-    would print the lifespan's traceback for any exception, SystemExit included."""
-    logging.getLogger("megha").error("cannot start: %s", exc)
-    sys.stderr.flush()
-    os._exit(2)
 
 
 async def run_background(name: str, step: Callable[[], Awaitable[None]], every: float) -> None:

@@ -11,9 +11,10 @@ from fastapi.responses import Response
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
+from megha.common.lifecycle import StartupError, exit_on_startup_error
 from megha.common.models import JobAccepted, JobStatus, JobSubmission
 from megha.common.settings import GMSettings
-from megha.common.transport.rabbit import StartupError, connected, exit_on_startup_error, gm_key
+from megha.common.transport.rabbit import connected, gm_key
 from megha.services.gm.service import DuplicateJob, GMService
 from megha.services.http import (
     configure_logging,

@@ -18,6 +18,7 @@ from megha.common.core.gm import GlobalMaster
 from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send
 from megha.common.core.placement.choice import make_choice
 from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
     BrokerMessage,
     GMRecovery,
@@ -28,7 +29,7 @@ from megha.common.models import (
     PreemptResponseModel,
 )
 from megha.common.settings import GMSettings
-from megha.common.transport.rabbit import Broker, StartupError
+from megha.common.transport.rabbit import Broker
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, Replayed
 from megha.services.http import CallError, Reply, ServiceClient, spawn
@@ -69,6 +70,7 @@ class GMService:
                     reason = r.text
                 except CallError as exc:
                     reason = str(exc)
+                check_stop(f"LM {lm} at {url}")
                 if time.monotonic() > deadline:
                     raise StartupError(f"LM {lm} at {url} not ready after {timeout:g} s: {reason}")
                 if time.monotonic() >= next_note:

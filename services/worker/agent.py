@@ -14,6 +14,7 @@ from pydantic_core import to_json
 from megha.common.constraint_stats import load_constraint_stats
 from megha.common.core.messages import Placement
 from megha.common.core.resources import CPU, MEMORY
+from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
     BrokerMessage,
     PlacementModel,
@@ -22,7 +23,7 @@ from megha.common.models import (
     WorkerRegistered,
 )
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import Broker, StartupError, lm_key, run_background
+from megha.common.transport.rabbit import Broker, lm_key, run_background
 from megha.services.http import CallError, ServiceClient
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 
@@ -103,6 +104,7 @@ class WorkerAgent:
                     raise StartupError(f"LM at {self.settings.lm_url} refused the registration: {reason}")
             except CallError as exc:
                 reason = str(exc)
+            check_stop(f"LM at {self.settings.lm_url}")
             if loop.time() > deadline:
                 raise StartupError(f"LM at {self.settings.lm_url} unreachable for {timeout:g} s: {reason}")
             await asyncio.sleep(0.2)

@@ -11,9 +11,10 @@ from fastapi.responses import Response
 from pydantic_core import to_json
 
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
+from megha.common.lifecycle import StartupError, exit_on_startup_error
 from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import StartupError, connected, exit_on_startup_error
+from megha.common.transport.rabbit import connected
 from megha.services.http import (
     configure_logging,
     document_bodies,
