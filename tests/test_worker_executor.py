@@ -39,11 +39,14 @@ def group_members(pgid: int) -> set[int]:
 
 
 def alive(pid: int) -> bool:
+    """True while `pid` runs. A zombie does not: it holds no CPU or memory, and on a busy host the process that
+    inherits it (PID 1) may take a moment to reap it."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return True
+    return state != "Z"
 
 
 async def wait_for_members(pgid: int, count: int, timeout: float = 10.0) -> set[int]:
