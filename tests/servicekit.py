@@ -23,14 +23,24 @@ def rabbitmq_up() -> bool:
 needs_rabbitmq = pytest.mark.skipif(not rabbitmq_up(), reason="needs RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)")
 
 
+class _Deadline:
+    """Fails the test, saying what it saw, once `timeout` seconds have passed."""
+
+    def __init__(self, timeout: float, saw: Callable[[], object]) -> None:
+        self.timeout, self.saw, self.end = timeout, saw, time.monotonic() + timeout
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            pytest.fail(f"not true after {self.timeout} s; saw {self.saw()!r}")
+
+
 async def wait_for(
     condition: Callable[[], bool], timeout: float, saw: Callable[[], object] = lambda: None, every: float = 0.05
 ) -> None:
     """Wait until `condition()` holds; fail after `timeout` seconds with what `saw()` then returns."""
-    deadline = time.monotonic() + timeout
+    deadline = _Deadline(timeout, saw)
     while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not true after {timeout} s; saw {saw()!r}")
+        deadline.check()
         await asyncio.sleep(every)
 
 
@@ -38,8 +48,7 @@ def wait_until(
     condition: Callable[[], bool], timeout: float, saw: Callable[[], object] = lambda: None, every: float = 0.05
 ) -> None:
     """`wait_for` for code outside an event loop."""
-    deadline = time.monotonic() + timeout
+    deadline = _Deadline(timeout, saw)
     while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not true after {timeout} s; saw {saw()!r}")
+        deadline.check()
         time.sleep(every)
