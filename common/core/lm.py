@@ -95,8 +95,9 @@ class LocalMaster:
         GM in its first deltas (`start`).
 
         `ended_runs_kept` > 0 makes the LM remember that many runs after they ended, so that a launch a GM
-        retries because it lost the answer, after the run already ended, is not run again (the services' GMs
-        retry; the simulator loses no answer and keeps none)."""
+        retries because it lost the answer, after the run already ended, is not run again, and so that a GM that
+        restarts learns which of its runs ended (`ended_runs`); the services keep them, the simulator (which
+        loses no answer and restarts no GM) keeps none."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -135,10 +136,10 @@ class LocalMaster:
         self.down: dict[int, str] = {}
         self.preemptions = 0
         self.preemption_refusals = 0
-        # The last `ended_runs_kept` runs (task id, attempt) that ended here.
+        # The last `ended_runs_kept` runs that ended here: (task id, attempt), and in order with their GM and error.
         self.ended_runs_kept = ended_runs_kept
         self._ended_runs: set[tuple[str, int]] = set()
-        self._ended_order: deque[tuple[str, int]] = deque()
+        self._ended_order: deque[tuple[str, int, int, str]] = deque()
 
     @classmethod
     def in_cluster(
@@ -344,7 +345,7 @@ class LocalMaster:
                     continue  # a stale copy's report: each run frees its resources once
             n = alloc.placement.node
             if self.ended_runs_kept and not (item.preempted or item.lost):
-                self._remember_ended(item.task_id, item.attempt)
+                self._remember_ended(item.task_id, item.attempt, alloc.gm, item.error)
             completion = Completion(
                 item.task_id,
                 node_state((n, self.free[n], self.version[n])),
@@ -361,13 +362,17 @@ class LocalMaster:
         self._arm_tick(now, out)
         return out
 
-    def _remember_ended(self, task_id: str, attempt: int) -> None:
-        run = (task_id, attempt)
-        self._ended_runs.add(run)
+    def _remember_ended(self, task_id: str, attempt: int, gm: int, error: str) -> None:
+        self._ended_runs.add((task_id, attempt))
         order = self._ended_order
-        order.append(run)
+        order.append((task_id, attempt, gm, error))
         if len(order) > self.ended_runs_kept:
-            self._ended_runs.discard(order.popleft())
+            old_id, old_attempt, _, _ = order.popleft()
+            self._ended_runs.discard((old_id, old_attempt))
+
+    def ended_runs(self, gm: int) -> list[tuple[str, int, str]]:
+        """GM `gm`'s runs that ended here recently, oldest first: (task id, attempt, error)."""
+        return [(t, a, e) for t, a, g, e in self._ended_order if g == gm]
 
     # ------------------------------------------------------- node failures
 

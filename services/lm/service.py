@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 
 from pydantic_core import to_json
 
@@ -49,7 +48,8 @@ log = logging.getLogger("megha.lm")
 
 
 ENDED_KEPT = 200_000
-"""Ended runs an LM remembers per GM, for a GM that restarts (about 100 bytes each)."""
+"""Ended runs an LM remembers (about 150 bytes each): a launch retried after its run ended is not run again, and
+a GM that restarts learns which of its runs ended."""
 
 
 class NotReady(TryLater):
@@ -73,8 +73,6 @@ class LMService:
         # This LM's life: agents register again when it changes, and node versions start above the last one's.
         self.incarnation = time.time_ns() // 1_000_000
         self._adopting: list[Placement] = []  # tasks agents reported running, for the core once it is built
-        # Runs that ended here recently, per GM, for a GM that restarts: (task id, attempt, error).
-        self._ended: list[deque[tuple[str, int, str]]] = [deque(maxlen=ENDED_KEPT) for _ in range(settings.num_gms)]
         self._workers: dict[str, WorkerRegistered] = {}
         self.core: LocalMaster | None = None
         self.partitions_spec: tuple[PartitionSpec, ...] = ()
@@ -308,17 +306,8 @@ class LMService:
                 if (alloc := core.running.get(item.task_id) or core.preempting.get(item.task_id)) is not None
             }
             outputs = core.handle(report, time.time())
-        self._remember_ends(outputs)
         self._dispatch(outputs)
         await self._publish_events(outputs, placed, measured)
-
-    def _remember_ends(self, outputs: list[Output]) -> None:
-        for out in outputs:
-            if isinstance(out.msg, Completions):
-                ended = self._ended[out.msg.gm]
-                for c in out.msg.items:
-                    if not (c.preempted or c.lost or c.forwarded):
-                        ended.append((c.task_id, c.attempt, c.error))
 
     def recovery_state(self, gm: int) -> dict[str, object]:
         """What GM `gm` needs when it (re)starts: every node's state, its runs here, and its runs that ended
@@ -331,7 +320,7 @@ class LMService:
             "incarnation": self.incarnation,
             "delta": DeltaModel.plain(core.full_state(gm)),
             "running": [PlacementModel.plain(a.placement) for a in core.running.values() if a.gm == gm],
-            "ended": [{"task_id": t, "attempt": a, "error": e} for t, a, e in self._ended[gm]],
+            "ended": [{"task_id": t, "attempt": a, "error": e} for t, a, e in core.ended_runs(gm)],
         }
 
     async def _publish_events(
