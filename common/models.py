@@ -742,14 +742,33 @@ class EndedRun(WireModel):
 
 
 class GMRecovery(WireModel):
-    """Response of LM `GET /v1/gms/{gm}/state`: what a (re)starting GM needs from this LM: every node's state (a
-    delta with all nodes), the runs it holds for that GM, and the runs of that GM it saw end recently."""
+    """Response of LM `GET /v1/gms/{gm}/state` and `POST /v1/gms/{gm}/claim`: what a (re)starting GM needs from
+    this LM: every node's state (a delta with all nodes), the runs it holds for that GM, the runs of that GM it saw
+    end recently, and the highest term it has seen for that GM (`megha.common.core.fencing`)."""
 
     lm: Index
     incarnation: Count
     delta: DeltaModel
     running: list[PlacementModel]
     ended: list[EndedRun]
+    term: Count = 0
+
+
+class GMClaim(WireModel):
+    """Body of LM `POST /v1/gms/{gm}/claim`: the GM itself, or the peer standing in for it (`by`), takes GM `gm`
+    over with `term`, which must exceed every term the LM has seen for it (409 otherwise, naming the current one).
+    From then the LM refuses launches and preemptions of that GM carrying a lower `?term=`."""
+
+    term: Annotated[int, Field(ge=1)]
+    by: Index
+
+
+class JournalLines(WireModel):
+    """A GM's journal lines copied to the peer that stands in for it (GM `POST /v1/peers/{gm}/journal`), or the
+    copy that peer hands back (`POST /v1/peers/{gm}/release`). `reset`: the lines are the whole journal."""
+
+    reset: bool = False
+    lines: list[str] = Field(default_factory=list)
 
 
 # --- Task events (worker -> broker -> load generator) --------------------------------------------------------

@@ -5,9 +5,9 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from megha.common.core.constraints import NUM_CONSTRAINTS
@@ -114,11 +114,33 @@ class GMSettings(FairSettings):
         ge=0,
         description="finished tasks GET /v1/jobs/{id} keeps; the oldest finished jobs beyond are forgotten",
     )
+    gm_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="every GM's URL, in GM-id order (JSON list or comma-separated): a GM copies its journal to the "
+        "next GM, which stands in for it when it stays down; empty: no GM stands in for another",
+    )
+    takeover_after: float = Field(
+        45.0,
+        ge=0,
+        description="seconds the previous GM must stay unreachable before this GM stands in for it (serves its "
+        "queue and jobs until it returns); 0: never",
+    )
 
-    @field_validator("lm_urls", mode="before")
+    @field_validator("lm_urls", "gm_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check_peers(self) -> Self:
+        if self.gm_urls and self.gm_id >= len(self.gm_urls):
+            raise ValueError(f"gm_id {self.gm_id} has no URL in gm_urls ({len(self.gm_urls)} listed)")
+        return self
+
+    def peer(self, step: int) -> int | None:
+        """The GM `step` places after this one in the ring of MEGHA_GM_URLS (None without peers)."""
+        n = len(self.gm_urls)
+        return (self.gm_id + step) % n if n > 1 else None
 
 
 class LMSettings(FairSettings):

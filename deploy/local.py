@@ -82,6 +82,7 @@ class LocalDeployment:
     worker_timeout: float = 30.0  # an LM takes a silent agent's nodes out of service after this long
     queues: str = ""  # fair scheduling: user:share:gm,... (empty: off), given to every GM and LM
     share_policy: str = "share"
+    takeover_after: float = 45.0  # a GM down this long is stood in for by the next GM (0: never)
     processes: list[Process] = field(default_factory=list)
 
     def _env(self, **values: object) -> dict[str, str]:
@@ -161,13 +162,21 @@ class LocalDeployment:
                     heartbeat_interval=self.heartbeat_interval,
                     **extra,
                 )
+        ports: list[int] = []
+        while len(ports) < self.gms:  # known before any GM starts: each GM is told its peers
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        gm_urls = [f"http://127.0.0.1:{port}" for port in ports]
         self.gm_urls = [
             self._spawn(
                 f"gm-{gm}",
                 "megha.services.gm",
-                free_port(),
+                ports[gm],
                 gm_id=gm,
                 lm_urls=",".join(lm_urls),
+                gm_urls=",".join(gm_urls),
+                takeover_after=self.takeover_after,
                 queues=self.queues,
                 share_policy=self.share_policy,
                 journal_dir=self.log_dir.parent / "journal",

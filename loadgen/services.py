@@ -35,7 +35,7 @@ from megha.services.http import CallError, ServiceClient
 
 log = logging.getLogger("megha.loadgen")
 
-SUBMIT_RETRY_SECONDS = 60.0
+SUBMIT_RETRY_SECONDS = 120.0
 """How long a submission whose GM is unreachable (or answers 5xx) is retried: a GM that restarts gets it."""
 DETAIL_CALLS = 32
 """How many GET /v1/jobs/{id} calls the generator has in flight at once after a replay."""
@@ -176,7 +176,7 @@ async def _replay(
                 await asyncio.sleep(delay)
             submits.append(
                 asyncio.create_task(
-                    _submit(http, settings.gm_urls[gm], job, bodies.pop(job.job_id), run, pending, ended, start)
+                    _submit(http, _ring(settings.gm_urls, gm), job, bodies.pop(job.job_id), run, pending, ended, start)
                 )
             )
         await asyncio.gather(*submits)
@@ -191,11 +191,11 @@ async def _replay(
             for task_id in pending:
                 run.tasks[task_id].failed_reason = f"no completion within {settings.timeout} s of the last submit"
         run.wall_seconds = time.time() - start
-        capacity = tuple(json.loads((await http.get(f"{settings.gm_urls[0]}/v1/state")).body)["total_capacity"])
+        capacity = await _total_capacity(http, settings.gm_urls)
         asking = asyncio.Semaphore(DETAIL_CALLS)
         await asyncio.gather(
             *(
-                _placement_details(http, asking, settings.gm_urls[r.gm], r, run, start)
+                _placement_details(http, asking, _ring(settings.gm_urls, r.gm), r, run, start)
                 for r in run.jobs.values()
                 if not r.rejected_reason
             )
@@ -221,9 +221,29 @@ async def _replay(
     return run
 
 
+async def _total_capacity(http: ServiceClient, urls: list[str]) -> tuple[int, ...]:
+    """The data centre's capacity, from the first GM that answers."""
+    failures = []
+    for url in urls:
+        try:
+            r = await http.get(f"{url}/v1/state")
+        except CallError as exc:
+            failures.append(str(exc))
+            continue
+        if r.status == 200:
+            return tuple(json.loads(r.body)["total_capacity"])
+        failures.append(f"{url}: {r.status}")
+    raise RuntimeError(f"no GM answered GET /v1/state: {'; '.join(failures)}")
+
+
+def _ring(urls: list[str], gm: int) -> list[str]:
+    """The GM a job is for, then the next GM of the ring: the one that stands in for it when it stays down."""
+    return [urls[gm], urls[(gm + 1) % len(urls)]] if len(urls) > 1 else [urls[gm]]
+
+
 async def _submit(
     http: ServiceClient,
-    url: str,
+    urls: list[str],
     job: JobSpec,
     body: bytes,
     run: ServicesRun,
@@ -231,16 +251,19 @@ async def _submit(
     ended: set[str],
     start: float,
 ) -> None:
-    """POST the job. The job id is ours, so a submission that failed in transit (or met a GM restarting) is
-    retried for up to SUBMIT_RETRY_SECONDS: a 409 on a retry means an earlier attempt was accepted."""
+    """POST the job to its GM. The job id is ours, so a submission that failed in transit (or met a GM
+    restarting) is retried for up to SUBMIT_RETRY_SECONDS, alternating with the next GM, which takes the job
+    for the GM (`?gm=`) once it stands in for it; a 409 on a retry means an earlier attempt was accepted. Only the
+    job's own GM refuses it for good (a 4xx)."""
     record = run.jobs[job.job_id]
     record.submitted_at = time.time() - start
     deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
     attempt = 0
     while True:
+        url = urls[attempt % len(urls)] if attempt else urls[0]
         attempt += 1
         try:
-            r = await http.post(f"{url}/v1/jobs", body)
+            r = await http.post(f"{url}/v1/jobs?gm={record.gm}", body)
         except CallError as exc:
             reason = str(exc)
         else:
@@ -248,7 +271,7 @@ async def _submit(
                 pending.update(t.task_id for t in job.tasks if t.task_id not in ended)
                 return
             reason = f"{r.status}: {r.text}"
-            if r.status < 500:
+            if r.status < 500 and url == urls[0]:
                 break
         if time.monotonic() > deadline:
             break
@@ -261,16 +284,23 @@ async def _submit(
 
 
 async def _placement_details(
-    http: ServiceClient, asking: asyncio.Semaphore, url: str, job: JobRecord, run: ServicesRun, start: float
+    http: ServiceClient, asking: asyncio.Semaphore, urls: list[str], job: JobRecord, run: ServicesRun, start: float
 ) -> None:
-    """Fill in what only the GM knows: arrival, decision time, LM, node, attempts, inconsistencies."""
+    """Fill in what only the GM knows: arrival, decision time, LM, node, attempts, inconsistencies (asking the next
+    GM when the job's GM is away or does not know the job: it may have stood in for it)."""
     async with asking:
-        r = await http.get(f"{url}/v1/jobs/{job.job_id}")
-    if r.status == 404:  # the GM accepted this job, so it ended and was forgotten since
-        run.details_gone += 1
-        return
-    if r.status != 200:
-        raise RuntimeError(f"GM at {url} answered {r.status} for job {job.job_id}: {r.text[:300]}")
+        for url in urls:
+            try:
+                r = await http.get(f"{url}/v1/jobs/{job.job_id}")
+            except CallError:
+                continue
+            if r.status == 200:
+                break
+            if r.status != 404:
+                raise RuntimeError(f"GM at {url} answered {r.status} for job {job.job_id}: {r.text[:300]}")
+        else:  # accepted, so it ended and was forgotten since (MEGHA_FINISHED_TASKS_KEPT), or its GM is away
+            run.details_gone += 1
+            return
     for t in JobStatus.model_validate_json(r.body).tasks:
         rec = run.tasks[t.task_id]
         if t.arrival is not None:

@@ -169,7 +169,8 @@ class ServiceClient:
     connection is at hand, so a caller can put a request on the wire before it does anything else.
 
     A kept-alive connection the server closed while idle fails the next request before any answer: such a
-    request is sent again once on a new connection (every POST between the services is idempotent)."""
+    request is sent again once on a new connection, unless the caller says it must not be (`resend=False`, for a
+    call that is not idempotent, such as a preemption: the server may have acted on it before closing)."""
 
     def __init__(self, timeout: float, keep_idle: int = 256) -> None:
         """`timeout`: seconds for a whole call, connecting included. `keep_idle`: how many idle connections are
@@ -181,13 +182,13 @@ class ServiceClient:
         self._origins: dict[str, tuple[str, int, bool, bytes]] = {}
         self._tls: ssl.SSLContext | None = None
 
-    async def post(self, url: str, body: bytes) -> Reply:
-        return await self.request("POST", url, body)
+    async def post(self, url: str, body: bytes, resend: bool = True) -> Reply:
+        return await self.request("POST", url, body, resend)
 
     async def get(self, url: str) -> Reply:
         return await self.request("GET", url)
 
-    async def request(self, method: str, url: str, body: bytes | None = None) -> Reply:
+    async def request(self, method: str, url: str, body: bytes | None = None, resend: bool = True) -> Reply:
         """Call `url` (http or https); raises CallError for a transport failure, never for an HTTP status."""
         origin, target = self._split(url)
         host, port, tls, host_header = self._origins[origin]
@@ -202,7 +203,9 @@ class ServiceClient:
                     try:
                         return await self._exchange(origin, conn, message)
                     except (ConnectionError, asyncio.IncompleteReadError):
-                        pass  # closed by the server while idle: send again on a new connection
+                        if not resend:
+                            raise
+                        # closed by the server while idle: send again on a new connection
                 conn = await asyncio.open_connection(host, port, ssl=self._tls_context() if tls else None)
                 return await self._exchange(origin, conn, message)
         except TimeoutError:

@@ -411,7 +411,8 @@ async def test_gm_accepts_a_valid_job_and_reports_it(gm: httpx.AsyncClient) -> N
     assert r.status_code == 200, r.text
     assert r.json()["unfinished_tasks"] == 5
     r = await gm.get("/healthz")
-    assert r.status_code == 200 and r.json() == {"status": "ok", "gm": 0, "ready": True}
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "gm": 0, "ready": True, "term": 0, "standing_in_for": []}
 
 
 async def test_gm_accepts_tasks_of_zero_seconds(gm: httpx.AsyncClient) -> None:
@@ -720,6 +721,27 @@ async def test_lm_launch_is_idempotent_per_task(ready_lm: httpx.AsyncClient) -> 
     assert state["launched"] == 1 and state["free"][0] == [1900, 3996]
 
 
+async def test_lm_fences_a_gm_identity_claimed_with_a_newer_term(ready_lm: httpx.AsyncClient) -> None:
+    """A GM's holder claims it with a term above any seen; launches with an older term get 409 naming `term`."""
+    assert (await ready_lm.get("/v1/gms/0/state")).json()["term"] == 0
+    claimed = await ready_lm.post("/v1/gms/0/claim", json={"term": 1, "by": 0})
+    assert claimed.status_code == 200 and claimed.json()["term"] == 1
+    assert (await ready_lm.post("/v1/launch?term=1", json=batch(placement(node=0)))).status_code == 200
+    # A peer stands in for GM 0 with term 2: GM 0's term-1 calls are refused from now on, the stand-in's are not.
+    assert (await ready_lm.post("/v1/gms/0/claim", json={"term": 2, "by": 1})).status_code == 200
+    refused = await ready_lm.post("/v1/launch?term=1", json=batch(placement(node=1, task_id="j.1"), seq=2))
+    assert_error(refused, 409, "term")
+    assert "superseded by term 2" in refused.json()["error"]
+    accepted = await ready_lm.post("/v1/launch?term=2", json=batch(placement(node=1, task_id="j.1"), seq=2))
+    assert accepted.status_code == 200 and len(accepted.json()["accepted"]) == 1
+    # A claim must exceed every term seen: two claimants never share one.
+    assert_error(await ready_lm.post("/v1/gms/0/claim", json={"term": 2, "by": 0}), 409, "term")
+    assert_error(await ready_lm.post("/v1/gms/0/claim", json={"term": 3, "by": 9}), 422, "by")
+    assert_error(await ready_lm.post("/v1/gms/0/claim", json={"term": 0, "by": 0}), 422, "term")
+    state = (await ready_lm.get("/v1/state")).json()
+    assert state["launched"] == 2
+
+
 # -------------------------------------------------------------------------------------------- worker /v1/tasks
 
 
@@ -945,6 +967,19 @@ async def test_service_client_sends_again_when_an_idle_connection_was_closed() -
     assert server.connections == 2
     assert [r.split(b" ")[1] for r in server.requests] == [b"/a", b"/b", b"/b"]
     assert server.requests[-1].endswith(b'\r\n\r\n{"n":2}')
+
+
+async def test_service_client_does_not_send_again_what_must_not_be_repeated() -> None:
+    """A call that is not idempotent (a preemption) fails when its kept-alive connection was dropped: the server
+    may have acted on it before closing."""
+    server = FakeServer(answer(200, b"1"), None, answer(200, b"2"))
+    async with server as url:
+        calls = ServiceClient(timeout=5.0)
+        assert (await calls.post(f"{url}/a", b"{}")).body == b"1"
+        with pytest.raises(CallError, match="/v1/preempt"):
+            await calls.post(f"{url}/v1/preempt", b"{}", resend=False)
+        await calls.aclose()
+    assert [r.split(b" ")[1] for r in server.requests] == [b"/a", b"/v1/preempt"]
 
 
 @pytest.mark.parametrize(

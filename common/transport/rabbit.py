@@ -341,13 +341,19 @@ class Broker:
         with contextlib.suppress(Exception):
             await message.ack()
 
-    async def delete_queue(self, name: str) -> None:
-        """Stop consuming `name` (so the broker has no consumer to cancel) and delete it."""
-        assert self._channel is not None
-        q, tag = self._declared.pop(name, None), self._consumers.pop(name, None)
+    async def stop_consuming(self, name: str) -> None:
+        """Stop feeding queue `name` to its handler; the queue keeps its messages for another consumer (messages
+        being handled still end as the handler says: a `TryLater` gives them back)."""
+        q, tag = self._declared.get(name), self._consumers.pop(name, None)
         if q is not None and tag is not None:
             with contextlib.suppress(Exception):
                 await q.cancel(tag)
+
+    async def delete_queue(self, name: str) -> None:
+        """Stop consuming `name` (so the broker has no consumer to cancel) and delete it."""
+        assert self._channel is not None
+        await self.stop_consuming(name)
+        self._declared.pop(name, None)
         await self._channel.queue_delete(name)
 
     async def delete_run(self, routing_keys: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs/{id}, GET /v1/queues, GET /v1/state, GET /healthz."""
+"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs/{id}, GET /v1/queues, GET /v1/state, GET /healthz; between
+peers POST /v1/peers/{gm}/journal and POST /v1/peers/{gm}/release (services/gm/standin.py)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,18 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
+from pydantic_core import to_json
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
 from megha.common.lifecycle import StartupError, exit_on_startup_error
-from megha.common.models import JobAccepted, JobStatus, JobSubmission
+from megha.common.models import JobAccepted, JobStatus, JobSubmission, JournalLines
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
-from megha.services.gm.service import DuplicateJob, GMService
+from megha.services.gm.service import DuplicateJob, GMService, NotServing
+from megha.services.gm.standin import NotHere, Peers, StandingIn
 from megha.services.http import (
     configure_logging,
     document_bodies,
@@ -33,12 +36,14 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     log = configure_logging(settings.log_level, f"gm-{settings.gm_id}")
     broker = settings.broker() if use_broker else None
     service = GMService(settings, broker)
+    peers = Peers(service, settings, broker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if cluster is None:
             try:
                 await service.discover()
+                await peers.take_back()  # what the next GM accepted while standing in for this one
                 await service.recover()  # the LMs' full state, and the journal of a GM that crashed
             except StartupError as exc:
                 exit_on_startup_error(exc)
@@ -47,9 +52,11 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         async with connected(broker):
             if broker is not None:
                 await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
+            peers.start()
             log.info("GM %d serving on %s with %s matching", settings.gm_id, settings.url(), settings.matching)
             with serving_gc():
                 yield
+            await peers.close()
             await service.close()
 
     app = FastAPI(title=f"Megha GM {settings.gm_id}", lifespan=lifespan)
@@ -58,24 +65,46 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
-        return {"status": "ok", "gm": settings.gm_id, "ready": service.core is not None}
+        return {
+            "status": "ok",
+            "gm": settings.gm_id,
+            "ready": service.core is not None and service.serving,
+            "term": service.term,
+            "standing_in_for": [] if peers.stand_in is None else [peers.previous],
+        }
 
     @app.post("/v1/jobs", status_code=201, response_model=JobAccepted, openapi_extra=json_body(JobSubmission))
-    async def submit(request: Request) -> Response:
+    async def submit(
+        request: Request,
+        gm: int | None = Query(
+            None,
+            ge=0,
+            description="the GM identity the job is for: this GM's, or the one it stands in for (others get 503, "
+            "to be tried again); without it, the GM whose queue holds the job's user",
+        ),
+    ) -> Response:
         arrived = time.time()  # allocation time counts from here: parsing the job is part of it
         sub = await read_body(request, JobSubmission)
         try:
-            job = await service.submit(sub, arrived)
+            target = peers.service_for(sub, gm)
+        except NotHere as exc:
+            return error(503, str(exc), "gm")
+        try:
+            job = await target.submit(sub, arrived)
         except Unschedulable as exc:
             return error(422, str(exc), "tasks")
         except DuplicateJob as exc:
             return error(409, str(exc), "job_id")
-        accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=settings.gm_id)
+        except NotServing as exc:
+            return error(503, str(exc))
+        accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=target.settings.gm_id)
         return json_response(accepted, 201)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus)
     async def job_status(job_id: str) -> Response:
         status = service.jobs.status(job_id)
+        if status is None and peers.stand_in is not None:
+            status = peers.stand_in.jobs.status(job_id)
         if status is None:
             message = f"no job {job_id} at GM {settings.gm_id}"
             if service.jobs.dropped_jobs:
@@ -105,5 +134,25 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         snapshot["finished_jobs_dropped"] = service.jobs.dropped_jobs
         return snapshot
 
-    document_bodies(app, JobSubmission)
+    @app.post("/v1/peers/{gm}/journal", response_model=None, openapi_extra=json_body(JournalLines))
+    async def journal_copy(gm: int, request: Request) -> Response:
+        """The previous GM's journal lines, kept so that this GM can stand in for it."""
+        lines = await read_body(request, JournalLines)
+        if (why := peers.not_kept(gm)) is not None:
+            return error(404, why, "gm")
+        try:
+            await peers.receive(gm, lines)
+        except StandingIn as exc:
+            return error(409, str(exc), "gm")
+        return json_response(to_json({"gm": gm, "lines": len(lines.lines)}))
+
+    @app.post("/v1/peers/{gm}/release", response_model=JournalLines)
+    async def release(gm: int) -> Response:
+        """GM `gm` takes its identity back: stop standing in for it and answer the journal copy."""
+        if (why := peers.not_kept(gm)) is not None:
+            return error(404, why, "gm")
+        lines = await peers.release(f"GM {gm} takes its identity back")
+        return json_response(JournalLines(reset=True, lines=lines))
+
+    document_bodies(app, JobSubmission, JournalLines)
     return app

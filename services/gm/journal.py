@@ -57,19 +57,23 @@ class Journal:
                 found.ends[str(record["end"])] = (str(record["state"]), str(record.get("reason", "")))
         return found
 
-    async def append_durably(self, record: dict[str, object]) -> None:
-        """Append `record` and return once it is on disk."""
-        self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+    async def append_durably(self, record: dict[str, object]) -> str:
+        """Append `record` and return its line once it is on disk."""
+        line = json.dumps(record, separators=(",", ":"))
+        self._file.write(line.encode() + b"\n")
         done = asyncio.get_running_loop().create_future()
         self._waiting.append(done)
         if self._syncer is None or self._syncer.done():
             self._syncer = asyncio.get_running_loop().create_task(self._sync())
         await done
+        return line
 
-    def append(self, record: dict[str, object]) -> None:
-        """Append `record`, written through to the operating system but not synced."""
-        self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+    def append(self, record: dict[str, object]) -> str:
+        """Append `record`, written through to the operating system but not synced; returns its line."""
+        line = json.dumps(record, separators=(",", ":"))
+        self._file.write(line.encode() + b"\n")
         self._file.flush()
+        return line
 
     async def _sync(self) -> None:
         while self._waiting:
@@ -98,6 +102,43 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
+
+
+def journal_lines(path: Path) -> list[str]:
+    """A journal's lines as written (missing: none), for the peer that stands in for this GM."""
+    if not path.exists():
+        return []
+    return [line for line in path.read_text(errors="replace").splitlines() if line]
+
+
+def merge_lines(path: Path, lines: list[str]) -> int:
+    """Append to the journal at `path` the records among `lines` it lacks (jobs it does not hold, ends it did not
+    record), durably; returns how many. This is how a GM takes back what a peer standing in for it accepted."""
+    held = Journal.replay(path)
+    jobs = {str(record.get("job_id")) for record, _ in held.jobs}
+    added: list[str] = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if "job" in record and isinstance(record["job"], dict) and str(record["job"].get("job_id")) not in jobs:
+            jobs.add(str(record["job"].get("job_id")))
+        elif "end" in record and str(record["end"]) not in held.ends:
+            held.ends[str(record["end"])] = ("", "")
+        else:
+            continue
+        added.append(line)
+    if added:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torn = path.exists() and path.stat().st_size > 0 and path.read_bytes()[-1:] != b"\n"
+        with path.open("ab") as out:  # after a line a crash cut short, start a new one
+            out.write(b"\n" * torn + "".join(line + "\n" for line in added).encode())
+            out.flush()
+            os.fsync(out.fileno())
+    return len(added)
 
 
 def _records(path: Path, found: Replayed) -> Iterator[dict[str, object]]:

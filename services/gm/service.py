@@ -4,10 +4,12 @@ launch calls to LMs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic_core import to_json
@@ -21,6 +23,7 @@ from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
     BrokerMessage,
+    ErrorBody,
     GMRecovery,
     JobSubmission,
     LaunchBatchModel,
@@ -29,9 +32,10 @@ from megha.common.models import (
     PreemptResponseModel,
 )
 from megha.common.settings import GMSettings
-from megha.common.transport.rabbit import Broker
+from megha.common.transport.rabbit import Broker, TryLater
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, Replayed
+from megha.services.gm.peers import Replicator
 from megha.services.http import CallError, Reply, ServiceClient, spawn
 
 log = logging.getLogger("megha.gm")
@@ -41,17 +45,35 @@ class DuplicateJob(ValueError):
     """A submission reuses a job id this GM already has."""
 
 
+class NotServing(RuntimeError):
+    """This GM identity is being taken back or handed over: submissions are answered 503 meanwhile."""
+
+
 class GMService:
-    def __init__(self, settings: GMSettings, broker: Broker | None = None) -> None:
+    def __init__(
+        self, settings: GMSettings, broker: Broker | None = None, journal: Path | None = None, holder: int | None = None
+    ) -> None:
+        """A peer standing in for GM `settings.gm_id` is its `holder` and works on its copy of that GM's
+        `journal`."""
         self.settings = settings
+        self.holder = settings.gm_id if holder is None else holder
         self.broker = broker
+        self._journal_path = journal
         self.journal: Journal | None = None
+        self.replicator: Replicator | None = None  # the journal's copy at the next GM, when peers are configured
         self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept, self._journal_end)
         self.core: GlobalMaster | None = None
+        self.cluster: ClusterSpec | None = None
+        # Fencing (megha.common.core.fencing): the term this GM identity was claimed with at every LM; `serving`
+        # is cleared once an LM says a newer holder took the identity over, and `on_superseded` is told.
+        self.term = 0
+        self.serving = True
+        self.on_superseded: Callable[[str], None] | None = None
         self._lock = asyncio.Lock()
         self._calls = ServiceClient(settings.http_timeout)
         self._tasks: set[asyncio.Task[None]] = set()
         self._job_numbers = itertools.count()
+        self._accepting: set[str] = set()  # job ids being journaled
 
     async def discover(self) -> ClusterSpec:
         """Ask every LM for its partitions, waiting (MEGHA_LM_TIMEOUT) for LMs whose workers have not all
@@ -98,6 +120,7 @@ class GMService:
 
     def adopt(self, cluster: ClusterSpec) -> None:
         """Build the GM core over `cluster`, all free: the LMs' deltas and responses correct the view from here."""
+        self.cluster = cluster
         self.core = GlobalMaster(
             self.settings.gm_id,
             cluster,
@@ -112,21 +135,32 @@ class GMService:
     async def submit(self, sub: JobSubmission, arrived: float) -> JobSpec:
         """Queue a job that reached the GM at unix time `arrived` (its `submitted_at`, and every task's arrival in
         the job table); raises Unschedulable (a 422) when some task could never run anywhere."""
-        assert self.core is not None
+        core = self.core
+        assert core is not None
         job_id = sub.job_id
         if job_id is None:
             job_id = f"g{self.settings.gm_id}-{next(self._job_numbers)}"
-            while job_id in self.jobs.jobs:  # a client may have chosen this name
+            while job_id in self.jobs.jobs or job_id in self._accepting:  # a client may have chosen this name
                 job_id = f"g{self.settings.gm_id}-{next(self._job_numbers)}"
-        elif job_id in self.jobs.jobs:
+        elif job_id in self.jobs.jobs or job_id in self._accepting:
             raise DuplicateJob(f"job {job_id} already exists")
-        job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), arrived)
-        self.core.admit(job, arrived)  # a job that can never run is refused before it is journaled
-        if self.journal is not None:  # on disk before it is answered 2xx
-            record = sub.model_dump(mode="json", exclude_defaults=True) | {"job_id": job_id}
-            await self.journal.append_durably({"job": record, "at": arrived})
-        async with self._lock:
-            outputs = self.core.submit(job, time.time())
+        if not self.serving:
+            raise NotServing(f"GM {self.settings.gm_id} is changing hands; submit again in a few seconds")
+        job = JobSpec(job_id, sub.to_tasks(job_id, core.resource_names), arrived)
+        core.admit(job, arrived)  # a job that can never run is refused before it is journaled
+        self._accepting.add(job_id)  # a resent submission arriving meanwhile is a duplicate
+        try:
+            if self.journal is not None:  # on disk (here, and at the peer that would stand in) before the answer
+                record = sub.model_dump(mode="json", exclude_defaults=True) | {"job_id": job_id}
+                line = await self.journal.append_durably({"job": record, "at": arrived})
+                if self.replicator is not None:
+                    await self.replicator.add_durably(line)
+            async with self._lock:
+                if self.core is not core or not self.serving:
+                    return job  # this identity changed hands meanwhile: its next holder recovers the job
+                outputs = core.submit(job, time.time())
+        finally:
+            self._accepting.discard(job_id)
         self._dispatch(outputs)
         await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
@@ -134,11 +168,15 @@ class GMService:
     # ---------------------------------------------------------------- recovery
 
     def journal_path(self) -> Path:
+        if self._journal_path is not None:
+            return self._journal_path
         return Path(self.settings.journal_dir) / f"{self.settings.run_id}.gm-{self.settings.gm_id}.journal"
 
     def _journal_end(self, task_id: str, state: str, reason: str) -> None:
         if self.journal is not None:
-            self.journal.append({"end": task_id, "state": state, "reason": reason})
+            line = self.journal.append({"end": task_id, "state": state, "reason": reason})
+            if self.replicator is not None:
+                self.replicator.add(line)
 
     async def recover(self) -> None:
         """Rebuild this GM after a start: its view from every LM's full state, its job table from its journal, and
@@ -146,7 +184,7 @@ class GMService:
         launched again). Then keep journaling, with the journal rewritten to what is still held."""
         assert self.core is not None
         replayed = Journal.replay(self.journal_path()) if self.settings.journal_dir else None
-        states = [await self._lm_state(lm) for lm in range(len(self.settings.lm_urls))]
+        states = await self._claim()
         now = time.time()
         tasks: dict[str, TaskSpec] = {}
         if replayed is not None:
@@ -171,10 +209,14 @@ class GMService:
         queued = [t for tid, t in tasks.items() if tid in open_ids - {p.task.task_id for p in running}]
         async with self._lock:
             outputs = self.core.recover([s.delta.to_core() for s in states], running, queued, now)
-        self._dispatch(outputs)
         if replayed is not None:
             self.journal = Journal(self.journal_path())
             self.journal.rewrite(self._journal_records(replayed))
+            if self.replicator is not None:
+                self.replicator.behind = True  # the peer's copy is rebuilt from the rewritten journal
+        self.serving = True  # submissions were refused (503) from the claim until here
+        self._dispatch(outputs)
+        if replayed is not None:
             log.info(
                 "recovered %d jobs from %s: %d tasks running on LMs, %d queued again, %d ended",
                 len(self.jobs.jobs),
@@ -198,15 +240,63 @@ class GMService:
                     records.append({"end": tid, "state": rec.state, "reason": rec.failed_reason or ""})
         return records
 
-    async def _lm_state(self, lm: int) -> GMRecovery:
-        url = f"{self.settings.lm_urls[lm]}/v1/gms/{self.settings.gm_id}/state"
-        r = await self._calls.get(url)
-        if r.status != 200:
+    async def _claim(self) -> list[GMRecovery]:
+        """Claim this GM identity at every LM with a term above any they have seen for it, which fences the holder
+        before (a stalled or cut-off GM, or a peer that stood in for it), and return each LM's state of that
+        moment. Two claimants racing for a term retry with a higher one."""
+        gm = self.settings.gm_id
+        while True:
+            seen = [await self._lm_call(lm, "GET", f"/v1/gms/{gm}/state") for lm in range(len(self.settings.lm_urls))]
+            self.term = max([self.term, *(GMRecovery.model_validate_json(r.body).term for r in seen)]) + 1
+            claim = to_json({"term": self.term, "by": self.holder})
+            states = []
+            for lm in range(len(self.settings.lm_urls)):
+                r = await self._lm_call(lm, "POST", f"/v1/gms/{gm}/claim", claim, (409,))
+                if r.status == 409:
+                    log.warning("claiming GM %d with term %d at LM %d: %s; again", gm, self.term, lm, r.text[:200])
+                    break
+                states.append(GMRecovery.model_validate_json(r.body))
+            else:
+                log.info("GM %d claimed with term %d at every LM", gm, self.term)
+                return states
+
+    async def _lm_call(
+        self, lm: int, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = ()
+    ) -> Reply:
+        url = f"{self.settings.lm_urls[lm]}{path}"
+        try:
+            r = await self._calls.request(method, url, body)
+        except CallError as exc:
+            raise StartupError(f"LM {lm} unreachable at {url}: {exc}") from None
+        if r.status != 200 and r.status not in ok:
             raise StartupError(f"LM {lm} answered {r.status} at {url}: {r.text[:300]}")
-        return GMRecovery.model_validate_json(r.body)
+        return r
+
+    def reset(self) -> None:
+        """Forget what this GM identity held (its core, job table and calls in flight) before recovering it
+        again: it was fenced while stalled or cut off, and takes its identity back from the LMs and its journal."""
+        self.serving = False
+        for task in list(self._tasks):
+            task.cancel()
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+        self.jobs = JobTable(self.settings.gm_id, self.settings.finished_tasks_kept, self._journal_end)
+        self.adopt(self.cluster)
+
+    def _superseded(self, reason: str) -> None:
+        """An LM refused a call: another holder claimed this GM identity with a newer term. Stop acting as it."""
+        if not self.serving:
+            return
+        self.serving = False
+        log.warning("GM %d (term %d) stops serving: %s", self.settings.gm_id, self.term, reason)
+        if self.on_superseded is not None:
+            self.on_superseded(reason)
 
     async def on_broker_message(self, body: bytes) -> None:
         msg = BrokerMessage.model_validate_json(body)
+        if not self.serving:
+            raise TryLater(f"GM {self.settings.gm_id} is changing hands")
         assert self.core is not None
         now = time.time()
         if msg.completions is not None:
@@ -220,6 +310,8 @@ class GMService:
         self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[Output]) -> None:
+        if not self.serving:
+            return  # the next holder recovers these tasks from the LMs and the journal
         if self.jobs.ended_here:
             spawn(self._tasks, self._publish_ends())
         for out in outputs:
@@ -264,12 +356,15 @@ class GMService:
         while True:
             attempt += 1
             try:
-                r = await self._calls.post(f"{url}/v1/launch", body)
+                r = await self._calls.post(f"{url}/v1/launch?term={self.term}", body)
             except CallError as exc:
                 failure = f"LM {batch.lm} unreachable at {url}: {exc}"
             else:
                 if r.status == 200:
                     break
+                if _fenced(r):
+                    self._superseded(f"LM {batch.lm} refused launch batch {batch.seq}: {r.text[:300]}")
+                    return
                 failure = f"LM {batch.lm} answered {r.status}: {r.text[:500]}"
                 if r.status < 500 and r.status != 429:
                     break  # the LM refused the batch itself: retrying cannot help
@@ -296,10 +391,14 @@ class GMService:
         then asks the next LM or parks the task). Not retried: a repeat could preempt twice."""
         url = self.settings.lm_urls[req.lm]
         try:
-            r = await self._calls.post(f"{url}/v1/preempt", PreemptRequestModel.core_json(req))
+            body = PreemptRequestModel.core_json(req)
+            r = await self._calls.post(f"{url}/v1/preempt?term={self.term}", body, resend=False)
         except CallError as exc:
             failure = f"LM {req.lm} unreachable at {url}: {exc}"
         else:
+            if _fenced(r):
+                self._superseded(f"LM {req.lm} refused preemption request {req.seq}: {r.text[:300]}")
+                return
             if r.status == 200:
                 response = PreemptResponseModel.model_validate_json(r.body).to_core()
                 if response.placement is not None:
@@ -347,8 +446,20 @@ class GMService:
         ]
 
     async def close(self) -> None:
+        self.serving = False
         for task in list(self._tasks):
             task.cancel()
         await self._calls.aclose()
+        if self.replicator is not None:
+            await self.replicator.close()
         if self.journal is not None:
             self.journal.close()
+
+
+def _fenced(r: Reply) -> bool:
+    """An LM's 409 naming the term: a newer holder of this GM identity fenced this one."""
+    if r.status != 409:
+        return False
+    with contextlib.suppress(ValueError):
+        return any(d.field == "term" for d in ErrorBody.model_validate_json(r.body).detail)
+    return False

@@ -1,4 +1,5 @@
-"""The LM's HTTP API: POST /v1/workers, /v1/launch and /v1/preempt; GET /v1/cluster, /v1/state and /healthz."""
+"""The LM's HTTP API: POST /v1/workers, /v1/launch, /v1/preempt and /v1/gms/{gm}/claim; GET /v1/cluster,
+/v1/gms/{gm}/state, /v1/state and /healthz."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 from pydantic_core import to_json
 
 from megha.common.core.constraints import constraint_ids
+from megha.common.core.fencing import Superseded
 from megha.common.models import (
+    GMClaim,
     GMRecovery,
     LaunchBatchModel,
     LaunchResponseModel,
@@ -110,8 +113,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             ],
         }
 
+    term_query = Query(
+        0, ge=0, description="the calling GM's term (POST /v1/gms/{gm}/claim); a call with an older term gets 409"
+    )
+
     @app.post("/v1/launch", response_model=LaunchResponseModel, openapi_extra=json_body(LaunchBatchModel))
-    async def launch(request: Request) -> Response:
+    async def launch(request: Request, term: int = term_query) -> Response:
         batch = await read_body(request, LaunchBatchModel)
         if batch.lm != settings.lm_id:
             return error(422, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm")
@@ -122,13 +129,16 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                 names = list(service.resource_names)
                 return error(422, f"request {p.task.request} is not aligned to {names}", f"placements.{i}.task.request")
         try:
-            response = await service.launch(batch.to_core())
+            response = await service.launch(batch.to_core(), term)
+        except Superseded as exc:
+            log.warning("refused launch batch %d: %s", batch.seq, exc)
+            return error(409, str(exc), "term")
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(LaunchResponseModel.core_json(response))
 
     @app.post("/v1/preempt", response_model=PreemptResponseModel, openapi_extra=json_body(PreemptRequestModel))
-    async def preempt(request: Request) -> Response:
+    async def preempt(request: Request, term: int = term_query) -> Response:
         req = await read_body(request, PreemptRequestModel)
         if req.lm != settings.lm_id:
             return error(422, f"preemption request for LM {req.lm} sent to LM {settings.lm_id}", "lm")
@@ -145,7 +155,10 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             if len(v.usage_elsewhere) != width:
                 return error(422, f"usage {v.usage_elsewhere} has not {width} amounts", f"victims.{i}.usage_elsewhere")
         try:
-            response = await service.preempt(req.to_core())
+            response = await service.preempt(req.to_core(), term)
+        except Superseded as exc:
+            log.warning("refused preemption request %d: %s", req.seq, exc)
+            return error(409, str(exc), "term")
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(PreemptResponseModel.core_json(response))
@@ -160,9 +173,23 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
 
+    @app.post("/v1/gms/{gm}/claim", response_model=GMRecovery, openapi_extra=json_body(GMClaim))
+    async def gm_claim(gm: int, request: Request) -> Response:
+        """GM `gm` (re)starts, or a peer stands in for it: fence its older terms and answer its state here."""
+        claim = await read_body(request, GMClaim)
+        for status, field, value in ((404, "gm", gm), (422, "by", claim.by)):
+            if not 0 <= value < settings.num_gms:
+                return error(status, f"no GM {value}; this deployment has {settings.num_gms}", field)
+        try:
+            return json_response(to_json(await service.claim(gm, claim.term, claim.by)))
+        except Superseded as exc:
+            return error(409, str(exc), "term")
+        except NotReady as exc:
+            return error(503, f"LM {settings.lm_id} not ready: {exc}")
+
     @app.get("/v1/state")
     async def state() -> dict[str, object]:
         return service.state()
 
-    document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel)
+    document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel, GMClaim)
     return app

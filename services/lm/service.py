@@ -11,6 +11,7 @@ from pydantic_core import to_json
 
 from megha.common.core.cluster import PartitionSpec
 from megha.common.core.constraints import constraint_mask
+from megha.common.core.fencing import GMTerms
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
     Completions,
@@ -86,6 +87,7 @@ class LMService:
         # Agents found silent (their nodes are down): worker id -> the tasks failed then, to stop if it shows up.
         self._lost: dict[str, list[str]] = {}
         self._stopping: set[str] = set()  # lost agents asked to stop those tasks
+        self.terms = GMTerms(settings.num_gms)  # who holds each GM identity: older holders are fenced
 
     # --------------------------------------------------------- registration
 
@@ -214,22 +216,26 @@ class LMService:
 
     # -------------------------------------------------------------- launches
 
-    async def launch(self, batch: LaunchBatch) -> LaunchResponse:
+    async def launch(self, batch: LaunchBatch, term: int = 0) -> LaunchResponse:
+        """Validate and place a GM's batch; raises Superseded when `term` is older than the GM's current holder's
+        (checked under the lock that claims take too, so no claim slips between the check and the placement)."""
         if self.core is None:
             raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
         async with self._lock:
+            self.terms.check(batch.gm, term)
             outputs = self.core.handle(batch, time.time())
         response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, LaunchResponse))
         self._dispatch([o for o in outputs if o.msg is not response])
         await asyncio.sleep(0)  # the worker launches go out before the GM is answered
         return response
 
-    async def preempt(self, req: PreemptRequest) -> PreemptResponse:
+    async def preempt(self, req: PreemptRequest, term: int = 0) -> PreemptResponse:
         """Verify and carry out a GM's preemption request; the victims' agents stop them before the waiting task
-        is sent to its agent."""
+        is sent to its agent. Raises Superseded as `launch` does."""
         if self.core is None:
             raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
         async with self._lock:
+            self.terms.check(req.gm, term)
             outputs = self.core.handle(req, time.time())
             stops = [o.msg for o in outputs if isinstance(o.msg, WorkerPreempt)]
             by_url: dict[str, list[str]] = {}
@@ -321,7 +327,19 @@ class LMService:
             "delta": DeltaModel.plain(core.full_state(gm)),
             "running": [PlacementModel.plain(a.placement) for a in core.running.values() if a.gm == gm],
             "ended": [{"task_id": t, "attempt": a, "error": e} for t, a, e in core.ended_runs(gm)],
+            "term": self.terms.terms[gm],
         }
+
+    async def claim(self, gm: int, term: int, by: int) -> dict[str, object]:
+        """GM `gm` taken over with `term` by GM `by` (itself, or the peer standing in for it): its older terms are
+        fenced from now on. Returns the `GMRecovery` state of that moment; raises Superseded (or NotReady)."""
+        async with self._lock:
+            state = self.recovery_state(gm)
+            self.terms.claim(gm, term)
+        state["term"] = term
+        who = "itself" if by == gm else f"GM {by}, standing in for it"
+        log.info("GM %d claimed with term %d by %s; calls with older terms are refused", gm, term, who)
+        return state
 
     async def _publish_events(
         self, outputs: list[Output], placed: dict[str, Placement], measured: dict[str, FinishedTaskModel]
