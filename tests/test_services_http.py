@@ -32,11 +32,13 @@ from megha.common.models import (
     TaskEvents,
     WorkerHeartbeat,
     WorkerRegistered,
+    WorkerRegistration,
 )
 from megha.common.settings import GMSettings, LMSettings, WorkerSettings
 from megha.services.gm.app import create_app as create_gm
 from megha.services.http import CallError, ServiceClient
 from megha.services.lm.app import create_app as create_lm
+from megha.services.lm.service import LMService
 from megha.services.worker.app import create_app as create_worker
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
@@ -601,6 +603,17 @@ async def test_lm_registration_is_idempotent_and_bounded(lm: httpx.AsyncClient) 
     again = await lm.post("/v1/workers", json=registration("w0", 3))
     assert (again.status_code, again.json()) == (201, first.json())
     assert_error(await lm.post("/v1/workers", json=registration("w2", 1)), 409, "nodes")
+
+
+async def test_lm_calls_an_agent_that_registers_again_at_its_new_address() -> None:
+    """An agent restarted in a new container or VM keeps its nodes, and the LM calls it where it is now."""
+    service = LMService(LMSettings(expected_nodes=2, num_gms=1), None)
+    await service.register(WorkerRegistration.model_validate(registration("w0", 2, url="http://old:8200")))
+    again = await service.register(WorkerRegistration.model_validate(registration("w0", 2, url="http://new:8200")))
+    assert again.first_node == 0
+    assert service.state()["workers"] == 1
+    assert service._node_worker == ["http://new:8200", "http://new:8200"]  # where launches go
+    await service.close()
 
 
 @pytest.mark.parametrize(

@@ -100,8 +100,13 @@ class LMService:
         else the first free run); the cluster is complete, and the core built, once every expected node is."""
         known = self._workers.get(reg.worker_id)
         if known is not None:
-            # The agent restarted (this LM did not): it keeps its nodes, and what this LM ran there is lost.
+            # The agent restarted (this LM did not): it keeps its nodes, and what this LM ran there is lost. It may
+            # come back at another address (a new container or VM): calls go to the one it gives now.
             self._last_seen[reg.worker_id] = time.monotonic()
+            nodes = self._agent_nodes[reg.worker_id][1]
+            self._agent_nodes[reg.worker_id] = (reg.url, nodes)
+            for n in nodes:
+                self._node_worker[n] = reg.url
             await self._lose_missing(reg)
             return known
         if self.core is not None:
