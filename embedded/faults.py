@@ -1,149 +1,177 @@
-"""Worker-node failures in a simulation: the same recovery path as the services, on the virtual clock.
+"""Failures in a simulation: what crashes (worker nodes, LMs, GMs) or is cut off, and when; `--fail` parsing.
 
 A crashed node's worker stops its tasks and reports nothing (`SimulatedExecution.crash`); its LM notices after
 `detect` seconds (the services' MEGHA_WORKER_TIMEOUT) and takes the node out of service, reporting its tasks
-lost (`LocalMaster.take_down`), so their GMs run them again as their next attempt; the node is repaired
-`repair` seconds after the crash and comes back into service (`LocalMaster.bring_up`).
+lost (`LocalMaster.take_down`), so their GMs run them again as their next attempt; the node is repaired `down`
+seconds after the crash (by default `repair`) and comes back into service (`LocalMaster.bring_up`).
 
-Crashes come at given times, or at random: a Poisson process of `rate` crashes per node per hour over the whole
-data centre, drawn from its own seeded generator (a run is reproducible), scheduled only while there is work.
+A crashed LM or GM loses its memory and restarts `down` seconds later (`megha.embedded.outages` models what
+waits for it and how it recovers); a partitioned one keeps its memory, but messages to and from it wait until
+the partition heals, `down` seconds later.
+
+Faults come at given times, or at random: for each kind, a Poisson process of `rate` crashes per component
+(worker node, LM, GM) per hour over the whole data centre, drawn from its own seeded generator (a run is
+reproducible), scheduled only while there is work.
 """
 
 from __future__ import annotations
 
-import random
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal
 
-from megha.common.core.messages import Output
-
-if TYPE_CHECKING:
-    from megha.embedded.system import EmbeddedSystem
-
-FAULTS = "faults"
+Kind = Literal["worker", "lm", "gm"]
+FORMS = {
+    "worker": "worker:rate=R or worker:at=T,lm=L,node=N[,down=D]",
+    "lm": "lm:rate=R or lm:at=T,lm=L[,down=D]",
+    "gm": "gm:rate=R or gm:at=T,gm=G[,down=D]",
+    "partition": "partition:at=T,lm=L[,down=D] or partition:at=T,gm=G[,down=D]",
+}
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerFaults:
-    """Worker-node crashes: at fixed `(time, lm, node)`s and/or at random, `rate` per node per hour."""
+class Fault:
+    """One fault at time `at`: a crash of worker node `node` of LM `index` (kind "worker"), of LM `index` or of
+    GM `index`, or (`partition`) LM or GM `index` cut off. It is over `down` seconds later (None: the repair
+    time)."""
 
-    rate: float = 0.0
-    at: tuple[tuple[float, int, int], ...] = ()
+    kind: Kind
+    at: float
+    index: int
+    node: int = -1
+    down: float | None = None
+    partition: bool = False
+
+    def describe(self) -> str:
+        what = {"worker": f"worker of LM {self.index} node {self.node}", "lm": f"LM {self.index}"}
+        name = what.get(self.kind, f"GM {self.index}")
+        return f"{'partition of' if self.partition else 'crash of'} {name} at {self.at:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Failures to simulate: crashes at random (`worker_rate` per node per hour, `lm_rate` per LM per hour,
+    `gm_rate` per GM per hour) and the faults in `at`. A crashed worker's LM notices after `detect` seconds;
+    anything that crashes at random, or whose fault names no `down`, is back after `repair` seconds."""
+
+    worker_rate: float = 0.0
+    lm_rate: float = 0.0
+    gm_rate: float = 0.0
+    at: tuple[Fault, ...] = ()
     detect: float = 30.0
     repair: float = 60.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.rate < 0 or self.detect <= 0 or self.repair < self.detect:
+        rates = {"worker rate": self.worker_rate, "LM rate": self.lm_rate, "GM rate": self.gm_rate}
+        for name, rate in rates.items():
+            if rate < 0:
+                raise ValueError(f"{name} must be >= 0, got {rate:g}")
+        if self.detect <= 0 or self.repair <= 0:
+            raise ValueError(f"faults need detect > 0 and repair > 0; got {self.detect:g} and {self.repair:g}")
+        repaired = self.worker_rate > 0 or any(f.kind == "worker" and f.down is None for f in self.at)
+        if repaired and self.repair <= self.detect:
             raise ValueError(
-                f"worker faults need rate >= 0, detect > 0 and repair >= detect; got rate={self.rate}, "
-                f"detect={self.detect}, repair={self.repair}"
+                f"worker crashes need repair > detect (a node is repaired after its LM noticed the crash); "
+                f"got detect={self.detect:g}, repair={self.repair:g}"
             )
+        for f in self.at:
+            if f.kind == "worker" and f.down is not None and f.down <= self.detect:
+                raise ValueError(
+                    f"{f.describe()}: down={f.down:g} must be > the detection time {self.detect:g} (--fail-detect)"
+                )
+
+    def down(self, fault: Fault) -> float:
+        return self.repair if fault.down is None else fault.down
+
+    def of(self, kind: Kind) -> bool:
+        """True when some `kind` component crashes (at random or at a given time)."""
+        rate = {"worker": self.worker_rate, "lm": self.lm_rate, "gm": self.gm_rate}[kind]
+        return rate > 0 or any(f.kind == kind and not f.partition for f in self.at)
+
+    def cuts(self, kind: Kind) -> bool:
+        """True when some `kind` component is partitioned."""
+        return any(f.kind == kind and f.partition for f in self.at)
 
 
-def parse_faults(specs: list[str], detect: float, repair: float, seed: int) -> WorkerFaults | None:
-    """`--fail` specs: `worker:rate=R` (crashes per node per hour) or `worker:at=T,lm=L,node=N`; None for none."""
+WorkerFaults = Faults  # the name megha.loadgen.replay still imports
+
+
+def parse_faults(specs: list[str], detect: float, repair: float, seed: int) -> Faults | None:
+    """`--fail` specs (see FORMS); None for none. A bad spec raises ValueError: one line naming the bad field."""
     if not specs:
         return None
-    rate, at = 0.0, []
+    rates = {"worker": 0.0, "lm": 0.0, "gm": 0.0}
+    at: list[Fault] = []
     for spec in specs:
         kind, _, rest = spec.partition(":")
-        if kind in ("gm", "lm"):
-            raise ValueError(
-                f"--fail {spec}: only worker failures are simulated so far (GM and LM crashes are "
-                "exercised through the services: megha chaos)"
-            )
-        if kind != "worker" or not rest:
-            raise ValueError(f"--fail {spec}: expected worker:rate=R or worker:at=T,lm=L,node=N")
-        fields = dict(item.partition("=")[::2] for item in rest.split(","))
+        if kind not in FORMS:
+            raise ValueError(f"--fail {spec}: unknown component {kind!r} (expected worker, lm, gm or partition)")
         try:
-            if set(fields) == {"rate"}:
-                rate += float(fields["rate"])
-            elif set(fields) == {"at", "lm", "node"}:
-                at.append((float(fields["at"]), int(fields["lm"]), int(fields["node"])))
+            fields = _fields(rest)
+            if kind != "partition" and "rate" in fields:
+                if len(fields) > 1:
+                    raise ValueError("rate= goes alone")
+                rates[kind] += _number(fields, "rate", 0.0)
             else:
-                raise ValueError(f"unknown fields {sorted(fields)}")
+                at.append(_fault(kind, fields))
         except ValueError as exc:
-            raise ValueError(f"--fail {spec}: {exc} (expected worker:rate=R or worker:at=T,lm=L,node=N)") from None
-    return WorkerFaults(rate, tuple(at), detect, repair, seed)
+            raise ValueError(f"--fail {spec}: {exc} (expected {FORMS[kind]})") from None
+    return Faults(rates["worker"], rates["lm"], rates["gm"], tuple(at), detect, repair, seed)
 
 
-@dataclass(frozen=True, slots=True)
-class _Crash:
-    lm: int
-    node: int
-    scheduled: bool  # drawn from the random process (which then draws the next one)
+def _fields(rest: str) -> dict[str, str]:
+    if not rest:
+        raise ValueError("no fields")
+    fields: dict[str, str] = {}
+    for item in rest.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or not value:
+            raise ValueError(f"field {name!r} has no value")
+        if name in fields:
+            raise ValueError(f"field {name!r} given twice")
+        fields[name] = value
+    return fields
 
 
-@dataclass(frozen=True, slots=True)
-class _Detect:
-    lm: int
-    node: int
-    silent: float
+def _fault(kind: str, fields: dict[str, str]) -> Fault:
+    if kind == "partition":
+        targets = [t for t in ("lm", "gm") if t in fields]
+        if len(targets) != 1:
+            raise ValueError("name one of lm= or gm=")
+        target: Kind = "lm" if targets == ["lm"] else "gm"
+    else:
+        target = kind  # type: ignore[assignment]
+    index = "gm" if target == "gm" else "lm"  # a worker node is named by its LM and its number there
+    wanted = {"at", "down", index} | ({"node"} if kind == "worker" else set())
+    unknown = sorted(set(fields) - wanted)
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}")
+    for name in ("at", index, "node"):
+        if name in wanted and name not in fields:
+            raise ValueError(f"missing field {name!r}")
+    down = _number(fields, "down", 0.0, strict=True) if "down" in fields else None
+    node = _whole(fields, "node") if kind == "worker" else -1
+    return Fault(target, _number(fields, "at", 0.0), _whole(fields, index), node, down, kind == "partition")
 
 
-@dataclass(frozen=True, slots=True)
-class _Repair:
-    lm: int
-    node: int
+def _number(fields: dict[str, str], name: str, low: float, strict: bool = False) -> float:
+    try:
+        value = float(fields[name])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={fields[name]!r} is not a number")
+    if value < low or (strict and value == low):
+        raise ValueError(f"{name}={fields[name]} must be {'>' if strict else '>='} {low:g}")
+    return value
 
 
-class FaultInjector:
-    """Drives `WorkerFaults` through an embedded system's event loop."""
-
-    def __init__(self, system: EmbeddedSystem, faults: WorkerFaults) -> None:
-        self.system = system
-        self.faults = faults
-        self.rng = random.Random(faults.seed * 7919 + 17)
-        self.nodes = [(lm.lm_id, n) for lm in system.lms for n in range(len(lm.capacity))]
-        self.failed: set[tuple[int, int]] = set()
-        self.crashes = 0
-        self._own_pending = 0  # this injector's detections and repairs still to come
-        system.loop.register(FAULTS, self.handle)
-
-    def start(self, now: float) -> None:
-        for at, lm, node in self.faults.at:
-            if (lm, node) not in self.nodes:
-                raise ValueError(f"worker fault at {at}: LM {lm} has no node {node}")
-            self.system.loop.post(at, FAULTS, _Crash(lm, node, scheduled=False))
-        self._draw_next(now)
-
-    def _draw_next(self, now: float) -> None:
-        if self.faults.rate > 0 and self.nodes:
-            per_second = self.faults.rate * len(self.nodes) / 3600.0
-            lm, node = self.rng.choice(self.nodes)
-            self.system.loop.post(now + self.rng.expovariate(per_second), FAULTS, _Crash(lm, node, scheduled=True))
-
-    def _work_left(self) -> bool:
-        """Tasks still queued, waiting or running anywhere, or jobs still to arrive (this injector's own pending
-        detections and repairs do not count: they would keep drawing crashes forever)."""
-        system = self.system
-        return (
-            any(gm.queue or gm.waiting or gm.running for gm in system.gms)
-            or any(lm.running for lm in system.lms)
-            or system.loop.pending_work > self._own_pending
-        )
-
-    def handle(self, msg: object, now: float) -> list[Output]:
-        system = self.system
-        if isinstance(msg, _Crash):
-            if (msg.lm, msg.node) not in self.failed:
-                self.failed.add((msg.lm, msg.node))
-                self.crashes += 1
-                system.workers[msg.lm].crash({msg.node})
-                system.loop.post(now + self.faults.detect, FAULTS, _Detect(msg.lm, msg.node, self.faults.detect))
-                system.loop.post(now + self.faults.repair, FAULTS, _Repair(msg.lm, msg.node))
-                self._own_pending += 2
-            if msg.scheduled and self._work_left():
-                self._draw_next(now)
-            return []
-        if isinstance(msg, _Detect):
-            self._own_pending -= 1
-            reason = f"worker of LM {msg.lm} node {msg.node} silent for {msg.silent:g} s"
-            return system.lms[msg.lm].take_down([msg.node], reason, now)
-        if isinstance(msg, _Repair):
-            self._own_pending -= 1
-            self.failed.discard((msg.lm, msg.node))
-            system.workers[msg.lm].repair({msg.node})
-            return system.lms[msg.lm].bring_up([msg.node], now)
-        raise TypeError(f"fault injector cannot handle {type(msg).__name__}")
+def _whole(fields: dict[str, str], name: str) -> int:
+    try:
+        value = int(fields[name])
+    except ValueError:
+        raise ValueError(f"{name}={fields[name]!r} is not a whole number") from None
+    if value < 0:
+        raise ValueError(f"{name}={value} must be >= 0")
+    return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,16 +16,18 @@ from megha.common.core.placement.choice import make_choice
 from megha.common.core.task import JobSpec
 from megha.common.core.worker import SimulatedExecution
 from megha.common.transport.inmemory import EventLoop
-from megha.embedded.faults import FaultInjector, WorkerFaults
+from megha.embedded.faults import Faults
+from megha.embedded.injector import FaultInjector
 
 LOADGEN = "loadgen"
 QUIET_TICKS_BEFORE_STOP = 3
+GM_COUNTERS = ("repartitions", "inconsistencies", "reschedules", "preemption_attempts", "retries")
 
 
 @dataclass(frozen=True, slots=True)
 class EmbeddedConfig:
     """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds;
-    `fairness` turns on user queues, shares and preemption."""
+    `fairness` turns on user queues, shares and preemption; `faults` crashes workers, LMs and GMs."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
@@ -32,7 +35,7 @@ class EmbeddedConfig:
     seed: int = 0
     realtime: bool = False
     fairness: FairnessConfig | None = None
-    worker_faults: WorkerFaults | None = None
+    faults: Faults | None = None
     max_attempts: int = 3
 
 
@@ -50,36 +53,65 @@ class EmbeddedSystem:
         self.observer = observer or CoreObserver()
         self.loop = EventLoop(config.hop_delay, config.realtime)
         self.loop.background(DeltaTick)
-        self.gms = [
-            GlobalMaster(
-                g,
-                cluster,
-                make_choice(config.matching),
-                config.seed,
-                self.observer,
-                config.fairness,
-                config.max_attempts,
-            )
-            for g in range(cluster.num_gms)
-        ]
-        self.lms = [
-            LocalMaster.in_cluster(cluster, lm, self.observer, config.delta_interval, config.fairness)
-            for lm in range(cluster.num_lms)
-        ]
+        self.faults = FaultInjector(self, config.faults) if config.faults is not None else None
+        self.outages = outages = self.faults.outages if self.faults is not None else None
+        self.gms = [self.new_gm(g) for g in range(cluster.num_gms)]
+        self.lms = [self.new_lm(lm) for lm in range(cluster.num_lms)]
         self.workers = [SimulatedExecution(lm, self.observer) for lm in range(cluster.num_lms)]
         self.rejected: list[tuple[JobSpec, str]] = []
-        for gm in self.gms:
-            self.loop.register(gm_address(gm.gm_id), self._gm_handler(gm))
+        self.retired: Counter[str] = Counter()  # counters of GM and LM cores lost in crashes
+        for g in range(cluster.num_gms):
+            handler = self._gm_handler(g)
+            self.loop.register(gm_address(g), outages.gm_endpoint(g, handler) if outages else handler)
         for lm in self.lms:
-            self.loop.register(lm_address(lm.lm_id), lm.handle)
+            self.loop.register(lm_address(lm.lm_id), outages.lm_endpoint(lm.lm_id) if outages else lm.handle)
         for worker in self.workers:
-            self.loop.register(worker_address(worker.lm_id), worker.handle)
+            endpoint = outages.worker_endpoint(worker) if outages else worker.handle
+            self.loop.register(worker_address(worker.lm_id), endpoint)
         self._quiet_ticks = 0
-        self.faults = FaultInjector(self, config.worker_faults) if config.worker_faults is not None else None
 
-    def _gm_handler(self, gm: GlobalMaster) -> Callable[[object, float], list[Output]]:
+    def new_gm(self, g: int) -> GlobalMaster:
+        """GM `g`'s core, as it starts (or restarts after a crash)."""
+        config = self.config
+        outages = self.outages
+        return GlobalMaster(
+            g,
+            self.cluster,
+            make_choice(config.matching),
+            config.seed,
+            outages.gm_observer(g) if outages else self.observer,
+            config.fairness,
+            config.max_attempts,
+        )
+
+    def new_lm(self, lm: int, incarnation: int = 0) -> LocalMaster:
+        """LM `lm`'s core, as it starts (or restarts after a crash, as `incarnation`)."""
+        config = self.config
+        outages = self.outages
+        return LocalMaster(
+            lm,
+            self.cluster.partitions[lm],
+            self.cluster.resource_names,
+            self.observer,
+            config.delta_interval,
+            config.fairness,
+            incarnation,
+            outages.ended_runs_kept if outages else 0,
+        )
+
+    def retire(self, core: GlobalMaster | LocalMaster) -> None:
+        """Keep the counts of a core lost in a crash."""
+        if isinstance(core, GlobalMaster):
+            self.retired.update({name: getattr(core, name) for name in GM_COUNTERS})
+        else:
+            self.retired["preemptions"] += core.preemptions
+
+    def _gm_handler(self, g: int) -> Callable[[object, float], list[Output]]:
+        gms = self.gms
+
         def handle(msg: object, now: float) -> list[Output]:
             self._quiet_ticks = 0
+            gm = gms[g]
             if isinstance(msg, _Submit):
                 try:
                     return gm.submit(msg.job, now)
@@ -118,19 +150,17 @@ class EmbeddedSystem:
         return len(self.gms)
 
     def counters(self) -> dict[str, int]:
-        """Repartitions, inconsistencies and reschedules summed over GMs (the LM-side counts agree)."""
-        return {
-            "repartitions": sum(gm.repartitions for gm in self.gms),
-            "inconsistencies": sum(gm.inconsistencies for gm in self.gms),
-            "reschedules": sum(gm.reschedules for gm in self.gms),
-            "preemption_attempts": sum(gm.preemption_attempts for gm in self.gms),
-            "preemptions": sum(lm.preemptions for lm in self.lms),
-            **(
-                {"worker_crashes": self.faults.crashes, "retries": sum(gm.retries for gm in self.gms)}
-                if self.faults is not None
-                else {}
-            ),
-        }
+        """Repartitions, inconsistencies and reschedules summed over GMs (the LM-side counts agree), including
+        those of cores lost in crashes; with faults, the crashes and retries."""
+        retired = self.retired
+        counts = {name: sum(getattr(gm, name) for gm in self.gms) + retired[name] for name in GM_COUNTERS[:-1]}
+        counts["preemptions"] = sum(lm.preemptions for lm in self.lms) + retired["preemptions"]
+        if self.faults is not None:
+            crashes = self.faults.crashes
+            counts |= {f"{kind}_crashes": crashes[kind] for kind in ("worker", "lm", "gm")}
+            counts["partitions"] = crashes["partition"]
+            counts["retries"] = sum(gm.retries for gm in self.gms) + retired["retries"]
+        return counts
 
     def stranded_tasks(self) -> list[str]:
         """Task ids still held by a GM when the run ended (none in a healthy run)."""

@@ -139,8 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SPEC",
-        help="worker:rate=R crashes worker nodes at random, R per node per hour; worker:at=T,lm=L,node=N crashes "
-        "one at time T (repeatable)",
+        help="worker:rate=R crashes worker nodes at random, R per node per hour; worker:at=T,lm=L,node=N[,down=D] "
+        "crashes one at time T; lm:rate=R, lm:at=T,lm=L[,down=D], gm:rate=R and gm:at=T,gm=G[,down=D] crash "
+        "LMs and GMs (they restart D seconds later, default --fail-repair); partition:at=T,lm=L[,down=D] and "
+        "partition:at=T,gm=G[,down=D] hold the messages to and from one for D seconds (repeatable)",
     )
     w.add_argument(
         "--fail-detect",
@@ -152,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-repair",
         type=positive_float,
         default=60.0,
-        help="seconds after a crash until the node is back in service (default: %(default)s)",
+        help="seconds after a crash until the node is back in service, or the LM or GM restarts (default: %(default)s)",
     )
     w.add_argument(
         "--max-attempts",

@@ -1,0 +1,117 @@
+"""Recovery after a GM or LM crash: what a restarting GM learns from the LMs, how it splits its accepted tasks into
+running, queued and ended from that and from its durable records, and which runs a GM learns were lost when an LM
+comes back without them. The services and the simulator both use it."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import Completion, Completions, Delta, Placement, node_state
+from megha.common.core.task import TaskSpec
+
+
+@dataclass(slots=True)
+class LMReport:
+    """What an LM tells a (re)starting GM: every node's state (`delta`, which also gives the highest launch batch
+    of that GM it applied), the GM's runs it holds (running, or being preempted: their worker's report is still
+    to come), and the GM's runs that ended there recently, as (task id, attempt, error)."""
+
+    delta: Delta
+    running: list[Placement]
+    ended: list[tuple[str, int, str]]
+
+
+def lm_report(lm: LocalMaster, gm: int) -> LMReport:
+    """LM `lm`'s report to GM `gm` (the body of the services' `GET /v1/gms/{gm}/state`)."""
+    return LMReport(
+        lm.full_state(gm),
+        [a.placement for table in (lm.running, lm.preempting) for a in table.values() if a.gm == gm],
+        lm.ended_runs(gm),
+    )
+
+
+@dataclass(slots=True)
+class Recovery:
+    """How a GM rebuilds (the arguments of `GlobalMaster.recover`), and `ended`: task id -> error ("" when it
+    finished) for the accepted tasks whose end the GM's own records lack but an LM remembers; the driver records
+    those ends (they were announced when they happened)."""
+
+    deltas: list[Delta]
+    running: list[Placement]
+    queued: list[TaskSpec]
+    ended: dict[str, str]
+
+
+def plan_recovery(
+    gm: int,
+    accepted: Iterable[TaskSpec],
+    ended: Container[str],
+    reports: Sequence[LMReport],
+    backlog: Iterable[object] = (),
+) -> Recovery:
+    """Split GM `gm`'s `accepted` tasks (its durable intake, in arrival order) given the ids its records show
+    `ended`, every LM's report, and `backlog`: the messages that waited for the GM while it was down (its broker
+    queue), to be handled, in order, once it has recovered.
+
+    A task an LM runs for the GM is running; one whose run a waiting completion reports is running too, on that
+    LM, so that the completion then ends it through the GM's usual path (finished, lost and run again, or
+    preempted and queued again); one neither running nor ended is queued. Nothing running or finished is launched
+    again, and no waiting completion is applied to a task launched again."""
+    tasks = {t.task_id: t for t in accepted}
+    open_ids = {tid for tid in tasks if tid not in ended}
+    running: dict[str, Placement] = {}
+    for report in reports:
+        for p in report.running:
+            if p.task.task_id in open_ids:
+                running[p.task.task_id] = p
+    remembered = {tid: error for report in reports for tid, _, error in report.ended if tid in open_ids}
+    waiting: dict[str, Placement] = {}
+    for msg in backlog:
+        if not isinstance(msg, Completions):
+            continue
+        for item in msg.items:
+            tid = item.task_id
+            if tid not in open_ids or tid in running:
+                continue
+            known = waiting.get(tid)
+            if known is None or known.task.attempt < item.attempt:
+                task = replace(tasks[tid], attempt=item.attempt)
+                waiting[tid] = Placement(task, msg.lm, item.state.node, False, gm)
+    running.update(waiting)
+    new_ends = {tid: error for tid, error in remembered.items() if tid not in running}
+    queued = [t for tid, t in tasks.items() if tid in open_ids and tid not in running and tid not in new_ends]
+    return Recovery([r.delta for r in reports], list(running.values()), queued, new_ends)
+
+
+@dataclass(slots=True)
+class RunsHeld:
+    """LM -> GM, from an LM rebuilt after a crash once it adopted what its workers run and applied the reports and
+    launches that waited for it: the GM's runs it holds. A run the GM believes is on that LM and that is not among
+    them is lost: its worker went while no LM watched it (`runs_lost`)."""
+
+    lm: int
+    gm: int
+    incarnation: int
+    task_ids: frozenset[str]
+
+
+def runs_held(lm: LocalMaster, gm: int) -> RunsHeld:
+    """What rebuilt LM `lm` tells GM `gm` it holds."""
+    ids = frozenset(tid for table in (lm.running, lm.preempting) for tid, a in table.items() if a.gm == gm)
+    return RunsHeld(lm.lm_id, gm, lm.incarnation, ids)
+
+
+def runs_lost(running: Mapping[str, Placement], held: RunsHeld) -> Completions | None:
+    """The runs of a GM's `running` table on `held.lm` that the rebuilt LM does not hold, as completions of lost
+    runs (the GM runs each again as its next attempt, or fails it after its last); None when there is none.
+    Every report the LM sent before `held` has arrived (one queue per GM), so a run that ended is not in
+    `running` any more. Their node states carry version 0: the GM's view keeps the LM's own, newer ones."""
+    reason = f"LM {held.lm} restarted (incarnation {held.incarnation}) without this run: its worker was lost"
+    items = [
+        Completion(tid, node_state((p.node, (), 0)), reason, lost=True, attempt=p.task.attempt)
+        for tid, p in running.items()
+        if p.lm == held.lm and tid not in held.task_ids
+    ]
+    return Completions(held.lm, held.gm, 0, items) if items else None

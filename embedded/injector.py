@@ -1,0 +1,152 @@
+"""Drives `Faults` through an embedded system's event loop: when each fault strikes, and worker crashes with their
+detection and repair; GM and LM outages are `megha.embedded.outages`'."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import Output, Send, WorkerPreempt, worker_address
+from megha.embedded.faults import Fault, Faults, Kind
+from megha.embedded.outages import LMAction, Outages
+
+if TYPE_CHECKING:
+    from megha.embedded.system import EmbeddedSystem
+
+FAULTS = "faults"
+SEED_OFFSETS: dict[Kind, int] = {"worker": 17, "lm": 29, "gm": 43}
+
+
+@dataclass(frozen=True, slots=True)
+class _Strike:
+    fault: Fault
+    scheduled: bool  # drawn from the random process (which then draws the next one)
+
+
+@dataclass(frozen=True, slots=True)
+class _Detect:
+    lm: int
+    node: int
+    silent: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Repair:
+    lm: int
+    node: int
+
+
+def _take_down(lm: LocalMaster, detect: _Detect, now: float) -> list[Output]:
+    """LM `lm` takes a silent node out of service and reports its runs lost; it also tells the node's worker to stop
+    them, as the services' LM does when a worker it found silent is heard from again (a launch sent before the
+    crash was noticed may reach the node after its repair)."""
+    lost = [p.task.task_id for p in lm.tasks_on([detect.node])]
+    reason = f"worker of LM {detect.lm} node {detect.node} silent for {detect.silent:g} s"
+    out = lm.take_down([detect.node], reason, now)
+    if lost:
+        out.append(Send(worker_address(detect.lm), WorkerPreempt(detect.lm, lost)))
+    return out
+
+
+class FaultInjector:
+    """Strikes each fault of `faults` at its time, and draws random ones while there is work."""
+
+    def __init__(self, system: EmbeddedSystem, faults: Faults) -> None:
+        self.system = system
+        self.faults = faults
+        cluster = system.cluster
+        sizes = [sum(p.size for p in row) for row in cluster.partitions]
+        self.nodes = [(lm, n) for lm, size in enumerate(sizes) for n in range(size)]
+        counts = {"worker": len(self.nodes), "lm": cluster.num_lms, "gm": cluster.num_gms}
+        self._count: Callable[[Kind], int] = counts.__getitem__
+        for f in faults.at:
+            if f.kind == "worker" and (f.index, f.node) not in self.nodes:
+                raise ValueError(f"{f.describe()}: LM {f.index} has no node {f.node}")
+            if f.kind != "worker" and f.index >= counts[f.kind]:
+                raise ValueError(f"{f.describe()}: this system has {counts[f.kind]} {f.kind.upper()}s")
+            if f.kind != "worker" and not f.partition and faults.down(f) <= system.config.hop_delay:
+                raise ValueError(f"{f.describe()}: down={faults.down(f):g} must exceed the hop delay")
+        if (faults.lm_rate or faults.gm_rate) and faults.repair <= system.config.hop_delay:
+            raise ValueError(f"repair={faults.repair:g} must exceed the hop delay for LM and GM crashes")
+        self.per_second = {
+            kind: rate * counts[kind] / 3600.0
+            for kind, rate in (("worker", faults.worker_rate), ("lm", faults.lm_rate), ("gm", faults.gm_rate))
+            if rate > 0 and counts[kind]
+        }
+        self.rngs = {kind: random.Random(faults.seed * 7919 + SEED_OFFSETS[kind]) for kind in self.per_second}
+        self.failed: set[tuple[int, int]] = set()
+        self.crashes: Counter[str] = Counter()
+        self._own_pending = 0  # this injector's events still to come
+        self.outages = Outages(system, faults, self._post) if Outages.needed(faults) else None
+        system.loop.register(FAULTS, self.handle)
+
+    def start(self, now: float) -> None:
+        for fault in self.faults.at:
+            self._post(fault.at, _Strike(fault, scheduled=False))
+        for kind in self.per_second:
+            self._draw_next(kind, now)
+
+    def _post(self, at: float, msg: object) -> None:
+        self._own_pending += 1
+        self.system.loop.post(at, FAULTS, msg)
+
+    def _draw_next(self, kind: Kind, now: float) -> None:
+        rng = self.rngs[kind]
+        index, node = rng.choice(self.nodes) if kind == "worker" else (rng.randrange(self._count(kind)), -1)
+        at = now + rng.expovariate(self.per_second[kind])
+        self._post(at, _Strike(Fault(kind, at, index, node), scheduled=True))
+
+    def _work_left(self) -> bool:
+        """Tasks still queued, waiting or running anywhere (a crashed GM's count as they were), or jobs still to
+        arrive (this injector's own events do not count: they would keep drawing crashes forever)."""
+        system = self.system
+        return (
+            any(gm.queue or gm.waiting or gm.running for gm in system.gms)
+            or any(lm.running for lm in system.lms)
+            or system.loop.pending_work > self._own_pending
+        )
+
+    def handle(self, msg: object, now: float) -> list[Output]:
+        self._own_pending -= 1
+        if isinstance(msg, _Strike):
+            self._strike(msg.fault, now)
+            if msg.scheduled and self._work_left():
+                self._draw_next(msg.fault.kind, now)
+            return []
+        if isinstance(msg, _Detect):
+            return self._at_lm(msg.lm, lambda lm, at: _take_down(lm, msg, at), now)
+        if isinstance(msg, _Repair):
+            self.failed.discard((msg.lm, msg.node))
+            self.system.workers[msg.lm].repair({msg.node})
+            return self._at_lm(msg.lm, lambda lm, at: lm.bring_up([msg.node], at), now)
+        if self.outages is not None:
+            return self.outages.handle(msg, now)
+        raise TypeError(f"fault injector cannot handle {type(msg).__name__}")
+
+    def _strike(self, fault: Fault, now: float) -> None:
+        down = self.faults.down(fault)
+        if fault.kind == "worker":
+            key = (fault.index, fault.node)
+            if key in self.failed:
+                return
+            self.failed.add(key)
+            self.crashes["worker"] += 1
+            self.system.workers[fault.index].crash({fault.node})
+            if self.outages is not None:
+                self.outages.worker_crashed(fault.index, {fault.node})
+            self._post(now + self.faults.detect, _Detect(fault.index, fault.node, self.faults.detect))
+            self._post(now + down, _Repair(fault.index, fault.node))
+            return
+        assert self.outages is not None
+        if self.outages.strike(fault.kind, fault.index, fault.partition, now, down):
+            self.crashes["partition" if fault.partition else fault.kind] += 1
+
+    def _at_lm(self, lm: int, act: LMAction, now: float) -> list[Output]:
+        """Apply a worker-liveness change to LM `lm` (as the outages allow)."""
+        if self.outages is not None:
+            return self.outages.at_lm(lm, act, now)
+        return act(self.system.lms[lm], now)
