@@ -623,15 +623,28 @@ class WorkerHeartbeat(WireModel):
     running: Count
 
 
+class LMRebuilt(WireModel):
+    """LM -> GM, from an LM rebuilt after a crash once its agents registered again and the reports that waited
+    for it had time to arrive. The GM then asks it (`GET /v1/gms/{gm}/state`, holding its own lock, so no launch
+    answer slips in between) which of its runs it holds or saw end: a run the GM believes is on that LM and that
+    is neither was lost with its worker while no LM watched it (`megha.common.core.recovery.runs_lost`), and the
+    GM runs it again."""
+
+    lm: Index
+    gm: Index
+    incarnation: Count
+
+
 class BrokerMessage(WireModel):
     """Envelope of every message on the GM and LM queues of the broker: exactly one field is set.
 
-    A GM's queue carries `delta` and `completions` from LMs; an LM's queue carries `worker_report` and
-    `heartbeat` from workers.
+    A GM's queue carries `delta`, `completions` and `lm_rebuilt` from LMs; an LM's queue carries `worker_report`
+    and `heartbeat` from workers.
     """
 
     delta: DeltaModel | None = None
     completions: CompletionsModel | None = None
+    lm_rebuilt: LMRebuilt | None = None
     worker_report: WorkerReportModel | None = None
     heartbeat: WorkerHeartbeat | None = None
 

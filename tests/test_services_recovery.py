@@ -100,3 +100,29 @@ def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:
     assert_nothing_lost(run)
     for state in states:
         assert state["idle"] and state["free"] == state["capacity"]
+
+
+def test_an_agent_lost_while_its_lm_was_down_has_its_tasks_run_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An agent that restarts without its tasks while its LM is down: the rebuilt LM does not hold those runs, and
+    once it tells the GMs it was rebuilt they run them again (each finished once)."""
+    deployment = backlog_deployment(tmp_path / "logs", worker_timeout=5.0)
+
+    def lose_an_agent_while_its_lm_is_down() -> None:
+        url = deployment.lm_urls[0]
+        wait_until(lambda: service_state(url).get("running", 0) > 0, 60, lambda: service_state(url))  # type: ignore[operator]
+        deployment.kill("lm-0")
+        deployment.kill("worker-0-0")  # its simulated runs are gone with it
+        deployment.restart("worker-0-0")  # it waits for its LM, then registers again with nothing running
+        time.sleep(1)
+        deployment.restart("lm-0")
+        wait_until(lambda: service_state(url).get("ready") is True, 30, lambda: service_state(url))
+
+    with deployment:
+        run = replay_with_fault(deployment, lose_an_agent_while_its_lm_is_down, BACKLOG)
+        wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
+        states = deployment.lm_states()
+        gm_logs = "".join(p.log.read_text() for p in deployment.processes if p.name.startswith("gm-"))
+    assert_nothing_lost(run, 78)
+    assert "came back without" in gm_logs  # the GMs learnt of runs the rebuilt LM did not hold
+    for state in states:
+        assert state["idle"] and state["free"] == state["capacity"]

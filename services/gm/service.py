@@ -19,6 +19,7 @@ from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster
 from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send
 from megha.common.core.placement.choice import make_choice
+from megha.common.core.recovery import LMReport, RunsHeld, plan_recovery, runs_lost
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
@@ -28,6 +29,7 @@ from megha.common.models import (
     JobSubmission,
     LaunchBatchModel,
     LaunchResponseModel,
+    LMRebuilt,
     PreemptRequestModel,
     PreemptResponseModel,
 )
@@ -186,7 +188,7 @@ class GMService:
         replayed = Journal.replay(self.journal_path()) if self.settings.journal_dir else None
         states = await self._claim()
         now = time.time()
-        tasks: dict[str, TaskSpec] = {}
+        tasks: list[TaskSpec] = []
         if replayed is not None:
             if replayed.damaged:
                 log.warning("journal %s: %d damaged lines skipped", self.journal_path(), replayed.damaged)
@@ -197,18 +199,22 @@ class GMService:
                 if job_id in self.jobs.jobs:
                     continue
                 self.jobs.job_arrived(job, self.settings.gm_id, arrived)
-                tasks.update((t.task_id, t) for t in job.tasks)
-            ended = dict(replayed.ends)
-            for state in states:
-                ended.update({r.task_id: ("failed" if r.error else "finished", r.error) for r in state.ended})
-            for task_id, (how, reason) in ended.items():
+                tasks.extend(job.tasks)
+            for task_id, (how, reason) in replayed.ends.items():
                 self.jobs.restore_end(task_id, how, reason, now)
-        open_ids = {tid for tid in tasks if self.jobs.tasks[tid].state not in ENDED}
-        running = [p.to_core() for s in states for p in s.running if p.task.task_id in open_ids]
-        self.jobs.decided(running, now)
-        queued = [t for tid, t in tasks.items() if tid in open_ids - {p.task.task_id for p in running}]
+        reports = [
+            LMReport(
+                s.delta.to_core(), [p.to_core() for p in s.running], [(r.task_id, r.attempt, r.error) for r in s.ended]
+            )
+            for s in states
+        ]
+        ended = {t.task_id for t in tasks if self.jobs.tasks[t.task_id].state in ENDED}
+        plan = plan_recovery(self.settings.gm_id, tasks, ended, reports)
+        for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM
+            self.jobs.restore_end(task_id, "failed" if reason else "finished", reason, now)
+        self.jobs.decided(plan.running, now)
         async with self._lock:
-            outputs = self.core.recover([s.delta.to_core() for s in states], running, queued, now)
+            outputs = self.core.recover(plan.deltas, plan.running, plan.queued, now)
         if replayed is not None:
             self.journal = Journal(self.journal_path())
             self.journal.rewrite(self._journal_records(replayed))
@@ -221,9 +227,9 @@ class GMService:
                 "recovered %d jobs from %s: %d tasks running on LMs, %d queued again, %d ended",
                 len(self.jobs.jobs),
                 self.journal_path(),
-                len(running),
-                len(queued),
-                len(tasks) - len(open_ids),
+                len(plan.running),
+                len(plan.queued),
+                len(ended) + len(plan.ended),
             )
 
     def _journal_records(self, replayed: Replayed) -> list[dict[str, object]]:
@@ -303,10 +309,37 @@ class GMService:
             core_msg: object = msg.completions.to_core()
         elif msg.delta is not None:
             core_msg = msg.delta.to_core()
+        elif msg.lm_rebuilt is not None:
+            await self._runs_lost_with(msg.lm_rebuilt)
+            return
         else:
             return
         async with self._lock:
             outputs = self.core.handle(core_msg, now)
+        self._dispatch(outputs)
+
+    async def _runs_lost_with(self, rebuilt: LMRebuilt) -> None:
+        """LM `rebuilt.lm` came back from a crash: run again this GM's runs there that it neither holds nor saw
+        end. The LM's state is read under this GM's lock, so every run this GM counts as running there was
+        accepted before that read."""
+        assert self.core is not None
+        url = f"{self.settings.lm_urls[rebuilt.lm]}/v1/gms/{self.settings.gm_id}/state"
+        async with self._lock:
+            try:
+                r = await self._calls.get(url)
+            except CallError as exc:
+                raise TryLater(f"LM {rebuilt.lm} unreachable: {exc}") from None
+            if r.status != 200:
+                raise TryLater(f"LM {rebuilt.lm} answered {r.status}")
+            state = GMRecovery.model_validate_json(r.body)
+            if state.incarnation != rebuilt.incarnation:
+                return  # rebuilt again since: its own announcement follows
+            known = frozenset([p.task.task_id for p in state.running] + [e.task_id for e in state.ended])
+            lost = runs_lost(self.core.running, RunsHeld(rebuilt.lm, self.settings.gm_id, rebuilt.incarnation, known))
+            if lost is None:
+                return
+            log.warning("LM %d came back without %d runs of this GM: they run again", rebuilt.lm, len(lost.items))
+            outputs = self.core.handle(lost, time.time())
         self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[Output]) -> None:

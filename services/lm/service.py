@@ -29,6 +29,7 @@ from megha.common.core.messages import (
     WorkerPreempt,
     WorkerReport,
 )
+from megha.common.core.recovery import lm_report
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
 from megha.common.models import (
     BrokerMessage,
@@ -46,6 +47,10 @@ from megha.common.transport.rabbit import Broker, TryLater, gm_key, run_backgrou
 from megha.services.http import CallError, ServiceClient, spawn
 
 log = logging.getLogger("megha.lm")
+
+HELD_SETTLE = 3.0
+"""Seconds a rebuilt LM waits, beyond one delta interval, before it tells GMs which runs it holds: reports that
+waited in its queue while it was down come back within a second or two of its being ready."""
 
 
 ENDED_KEPT = 200_000
@@ -74,6 +79,7 @@ class LMService:
         # This LM's life: agents register again when it changes, and node versions start above the last one's.
         self.incarnation = time.time_ns() // 1_000_000
         self._adopting: list[Placement] = []  # tasks agents reported running, for the core once it is built
+        self._rebuilt = False  # agents of an earlier incarnation of this LM registered: it comes back from a crash
         self._workers: dict[str, WorkerRegistered] = {}
         self.core: LocalMaster | None = None
         self.partitions_spec: tuple[PartitionSpec, ...] = ()
@@ -119,6 +125,7 @@ class LMService:
         except ValueError as exc:
             raise RegistrationError(str(exc)) from None
         first = self._place(reg.worker_id, len(caps), reg.first_node)
+        self._rebuilt = self._rebuilt or reg.first_node is not None  # an agent of an earlier incarnation
         nodes = range(first, first + len(caps))
         for n, cap, node in zip(nodes, caps, reg.nodes):
             self._capacities[n] = cap
@@ -203,6 +210,18 @@ class LMService:
         )
         self._adopting = []
         self._dispatch(self.core.start(time.time()))
+        if self.broker is not None and self._rebuilt:
+            self._spawn(self._announce_rebuilt())
+
+    async def _announce_rebuilt(self) -> None:
+        """Tell every GM this LM was rebuilt, once the reports that waited for it had time to be applied; each GM
+        then asks which of its runs this LM holds or saw end, and runs again those neither (an agent restarted
+        without them, or went, during this LM's outage). A report that still arrives later for such a run is for
+        an attempt its GM no longer knows, and is ignored."""
+        await asyncio.sleep(HELD_SETTLE + self.settings.delta_interval)
+        for gm in range(self.settings.num_gms):
+            body = to_json({"lm_rebuilt": {"lm": self.settings.lm_id, "gm": gm, "incarnation": self.incarnation}})
+            await self._publish(gm, body)
 
     async def _lose_missing(self, reg: WorkerRegistration) -> None:
         """An agent registered again without some tasks this LM placed on it (it restarted): those are lost."""
@@ -325,13 +344,13 @@ class LMService:
         here recently (the `GMRecovery` body)."""
         if self.core is None:
             raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
-        core = self.core
+        report = lm_report(self.core, gm)  # runs being preempted count as held: their worker's report is to come
         return {
             "lm": self.settings.lm_id,
             "incarnation": self.incarnation,
-            "delta": DeltaModel.plain(core.full_state(gm)),
-            "running": [PlacementModel.plain(a.placement) for a in core.running.values() if a.gm == gm],
-            "ended": [{"task_id": t, "attempt": a, "error": e} for t, a, e in core.ended_runs(gm)],
+            "delta": DeltaModel.plain(report.delta),
+            "running": [PlacementModel.plain(p) for p in report.running],
+            "ended": [{"task_id": t, "attempt": a, "error": e} for t, a, e in report.ended],
             "term": self.terms.terms[gm],
         }
 
