@@ -499,7 +499,7 @@ async def test_lm_takes_a_silent_agent_out_of_service_reports_its_tasks_lost_and
             service.core.handle(launch, time.time())
         await service.check_workers()
         assert (await c.get("/v1/state")).json()["down_nodes"] == {}  # nobody silent for long yet
-        service._last_seen["w0"] -= 60
+        service.liveness.last_seen["w0"] -= 60
         await service.check_workers()
         for _ in range(100):
             await asyncio.sleep(0)  # the spawned publications

@@ -12,6 +12,7 @@ from pydantic_core import to_json
 from megha.common.core.cluster import PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.fencing import GMTerms
+from megha.common.core.liveness import Heard, WorkerLiveness
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
     Completions,
@@ -89,10 +90,7 @@ class LMService:
         self.failed_launches = 0
         self._heartbeats: dict[str, WorkerHeartbeat] = {}
         self._agent_nodes: dict[str, tuple[str, range]] = {}  # worker id -> (URL, its nodes)
-        self._last_seen: dict[str, float] = {}  # worker id -> monotonic time of its last sign of life
-        # Agents found silent (their nodes are down): worker id -> the tasks failed then, to stop if it shows up.
-        self._lost: dict[str, list[str]] = {}
-        self._stopping: set[str] = set()  # lost agents asked to stop those tasks
+        self.liveness = WorkerLiveness(settings.worker_timeout)  # decisions in the core; monotonic times
         self.terms = GMTerms(settings.num_gms)  # who holds each GM identity: older holders are fenced
 
     # --------------------------------------------------------- registration
@@ -108,7 +106,7 @@ class LMService:
         if known is not None:
             # The agent restarted (this LM did not): it keeps its nodes, and what this LM ran there is lost. It may
             # come back at another address (a new container or VM): calls go to the one it gives now.
-            self._last_seen[reg.worker_id] = time.monotonic()
+            self.liveness.joined(reg.worker_id, time.monotonic())
             nodes = self._agent_nodes[reg.worker_id][1]
             self._agent_nodes[reg.worker_id] = (reg.url, nodes)
             for n in nodes:
@@ -140,7 +138,7 @@ class LMService:
         )
         self._workers[reg.worker_id] = registered
         self._agent_nodes[reg.worker_id] = (reg.url, nodes)
-        self._last_seen[reg.worker_id] = time.monotonic()
+        self.liveness.joined(reg.worker_id, time.monotonic())
         self._adopting.extend(p.to_core() for p in reg.running if p.node in nodes and p.lm == self.settings.lm_id)
         log.info(
             "registered %s (nodes %d..%d%s, %d tasks running); %d/%d nodes",
@@ -309,15 +307,13 @@ class LMService:
             beat = msg.heartbeat
             self._heartbeats[beat.worker_id] = beat
             if beat.worker_id in self._agent_nodes:
-                self._last_seen[beat.worker_id] = time.monotonic()
-                if beat.worker_id in self._lost:
-                    if beat.running == 0:
-                        await self._bring_back(beat.worker_id)
-                    elif beat.worker_id not in self._stopping:
-                        # Alive after all (cut off, not dead): its tasks were reported failed, so they must not
-                        # run on; its nodes come back once it runs nothing.
-                        self._stopping.add(beat.worker_id)
-                        self._spawn(self._stop_lost(beat.worker_id))
+                heard = self.liveness.heard(beat.worker_id, beat.running, time.monotonic())
+                if heard is Heard.BRING_BACK:
+                    await self._bring_back(beat.worker_id)
+                elif heard is Heard.STOP_LOST:
+                    # Alive after all (cut off, not dead): its tasks were reported lost, so they must not run on;
+                    # its nodes come back once it runs nothing.
+                    self._spawn(self._stop_lost(beat.worker_id))
         if msg.worker_report is not None:
             if self.core is None:
                 raise NotReady("report before the cluster is complete")
@@ -469,11 +465,7 @@ class LMService:
         are only late)."""
         if self.core is None:
             return
-        now = time.monotonic()
-        for worker_id, seen in list(self._last_seen.items()):
-            silent = now - seen
-            if worker_id in self._lost or silent <= self.settings.worker_timeout:
-                continue
+        for worker_id, silent in self.liveness.suspects(time.monotonic()):
             url = self._agent_nodes[worker_id][0]
             try:
                 alive = (await self._calls.get(f"{url}/healthz")).status == 200
@@ -481,7 +473,7 @@ class LMService:
                 alive = False
             if alive:
                 log.warning("no heartbeat from %s for %.0f s, but it answers at %s: keeping it", worker_id, silent, url)
-                self._last_seen[worker_id] = time.monotonic()
+                self.liveness.answered(worker_id, time.monotonic())
                 continue
             await self._take_down(worker_id, f"worker agent {worker_id} at {url} silent for {silent:.0f} s")
 
@@ -491,7 +483,7 @@ class LMService:
         async with self._lock:
             lost = [p for p in self.core.tasks_on(nodes) if p.node not in self.core.down]
             outputs = self.core.take_down(list(nodes), reason, time.time())
-        self._lost[worker_id] = [p.task.task_id for p in lost]
+        self.liveness.taken_down(worker_id, [p.task.task_id for p in lost])
         log.error(
             "%s: its %d nodes are out of service; %d tasks lost (their GMs run them again)",
             reason,
@@ -504,7 +496,7 @@ class LMService:
     async def _stop_lost(self, worker_id: str) -> None:
         """Ask an agent that was found silent and is heard from again to stop the tasks reported failed then."""
         url = self._agent_nodes[worker_id][0]
-        task_ids = self._lost.get(worker_id, [])
+        task_ids = self.liveness.lost.get(worker_id, [])
         log.warning("worker agent %s is back with tasks running; stopping the %d it lost", worker_id, len(task_ids))
         body = WorkerPreemptModel.core_json(WorkerPreempt(self.settings.lm_id, task_ids))
         try:
@@ -513,15 +505,14 @@ class LMService:
                 log.warning("agent %s answered %d when asked to stop lost tasks: %s", url, r.status, r.text[:300])
         except CallError as exc:
             log.warning("agent %s unreachable to stop lost tasks: %s", url, exc)
-        self._stopping.discard(worker_id)  # the next heartbeat still showing tasks asks again
+        self.liveness.asked_to_stop(worker_id)  # the next heartbeat still showing tasks asks again
 
     async def _bring_back(self, worker_id: str) -> None:
         assert self.core is not None
         _, nodes = self._agent_nodes[worker_id]
         async with self._lock:
             outputs = self.core.bring_up(list(nodes), time.time())
-        del self._lost[worker_id]
-        self._stopping.discard(worker_id)
+        self.liveness.brought_back(worker_id)
         log.info("worker agent %s is back with nothing running: its %d nodes are in service", worker_id, len(nodes))
         self._dispatch(outputs)
 
@@ -560,5 +551,5 @@ class LMService:
                 for w, h in self._heartbeats.items()
             },
             "down_nodes": {str(n): why for n, why in core.down.items()} if core else {},
-            "lost_workers": {w: len(ids) for w, ids in self._lost.items()},
+            "lost_workers": {w: len(ids) for w, ids in self.liveness.lost.items()},
         }
