@@ -665,6 +665,8 @@ BAD_BATCHES: list[tuple[str, Any, str]] = [
     ("short-request", batch(placement(request=[100])), "placements.0.task.request"),
     ("long-request", batch(placement(request=[100, 100, 100])), "placements.0.task.request"),
     ("negative-request", batch(placement(request=[100, -1])), "placements.0.task.request.1"),
+    ("zero-request", batch(placement(request=[100, 0])), "placements.0.task.request"),
+    ("zero-cpu", batch(placement(), placement(node=1, task_id="j.1", request=[0, 100])), "placements.1.task.request"),
     ("string-node", batch(placement(node="0")), "placements.0.node"),
     ("bad-constraint", batch(placement(constraints=[21])), "placements.0.task.constraints.0"),
     ("negative-duration", batch(placement(duration=-1.0)), "placements.0.task.duration"),

@@ -128,6 +128,9 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             if len(p.task.request) != len(service.resource_names):
                 names = list(service.resource_names)
                 return error(422, f"request {p.task.request} is not aligned to {names}", f"placements.{i}.task.request")
+            if min(p.task.request) <= 0:  # a GM never sends one (it refuses them at submission)
+                message = f"request {p.task.request} must be positive in every resource"
+                return error(422, message, f"placements.{i}.task.request")
         try:
             response = await service.launch(batch.to_core(), term)
         except Superseded as exc:
@@ -149,6 +152,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         width = len(service.resource_names)
         if len(req.task.request) != width:
             return error(422, f"request {req.task.request} is not aligned to {list(service.resource_names)}", "task")
+        if min(req.task.request) <= 0:
+            return error(422, f"request {req.task.request} must be positive in every resource", "task.request")
         if len(req.total) != width or any(v <= 0 for v in req.total):
             return error(422, f"total {req.total} must be {width} positive amounts", "total")
         for i, v in enumerate(req.victims):
