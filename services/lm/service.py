@@ -427,6 +427,7 @@ class LMService:
     async def _post_to_worker(self, url: str, launch: WorkerLaunch) -> None:
         body = WorkerLaunchModel.core_json(launch)
         placements = launch.launches
+        reason = f"worker agent {url} unreachable"
         for attempt in range(3):
             try:
                 r = await self._calls.post(f"{url}/v1/tasks", body)
@@ -436,9 +437,12 @@ class LMService:
                 if 200 <= r.status < 300:
                     return
                 failure = f"answered {r.status}: {r.text[:500]}"
+                reason = f"worker agent {url} refused the launch: {failure}"
+                if r.status == 422:  # nothing of it could ever run there: sending it again cannot help
+                    break
             log.warning("launch of %d tasks on %s failed (attempt %d): %s", len(placements), url, attempt + 1, failure)
             await asyncio.sleep(0.2 * (attempt + 1))
-        await self._lose_unlaunched(placements, f"worker agent {url} unreachable")
+        await self._lose_unlaunched(placements, reason)
 
     async def _lose_unlaunched(self, placements: list[Placement], reason: str) -> None:
         """Free the resources of tasks no agent could take and report them lost: their GM places them again as

@@ -13,7 +13,7 @@ from pydantic_core import to_json
 
 from megha.common.constraint_stats import load_constraint_stats
 from megha.common.core.messages import Placement
-from megha.common.core.resources import CPU, MEMORY
+from megha.common.core.resources import CPU, DEFAULT_RESOURCE_NAMES, MEMORY, describe
 from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
     BrokerMessage,
@@ -26,6 +26,7 @@ from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, lm_key, run_background
 from megha.services.http import CallError, ServiceClient
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
+from megha.services.worker.ledger import NodeLedger
 
 log = logging.getLogger("megha.worker")
 
@@ -34,6 +35,15 @@ FLUSH_SECONDS = 0.002
 
 REMEMBER_FINISHED = 100_000
 """How many finished runs (task id, attempt) an agent remembers so that a repeated launch does not run one twice."""
+
+
+class LaunchRefused(Exception):
+    """A launch the agent refuses as a whole (none of its tasks is started): the HTTP status and the field to name."""
+
+    def __init__(self, status: int, message: str, field: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
 
 
 class WorkerAgent:
@@ -46,6 +56,7 @@ class WorkerAgent:
         self.executor = executor_cls(self._on_finished)
         self.registered: WorkerRegistered | None = None
         self._placements: dict[str, Placement] = {}  # launched and not yet reported, by task id
+        self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what `_placements` hold
         self._done: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently reported runs, for idempotency
         self._starting: set[asyncio.Task[None]] = set()
         # Not yet published: FinishedTaskModel fields per LM, and TaskEvent fields.
@@ -156,18 +167,63 @@ class WorkerAgent:
 
     def launch(self, placements: list[Placement]) -> list[str]:
         """Accept a launch and start its tasks in the background; returns the ids accepted. Idempotent: a run
-        (task, attempt) that runs or ran here (the LM retries calls that timed out) is not started again."""
-        fresh = [
-            p
-            for p in placements
-            if p.task.task_id not in self._placements and (p.task.task_id, p.task.attempt) not in self._done
-        ]
-        for p in fresh:
+        (task, attempt) that runs or ran here (the LM retries calls that timed out) is not started again, nor
+        counted again against its node.
+
+        All or nothing: raises `LaunchRefused`, starting none of the tasks, when one asks more than its node's
+        whole capacity (422), does not fit what its node has free with the new runs before it in the launch
+        (409), or names a task that runs here as another run (409) or twice (422). The LM sends one launch per
+        agent and reports all of a launch's tasks lost when it is refused, so accepting part of it would run
+        tasks the LM reports lost. Needs `registered` (the node numbers)."""
+        assert self.registered is not None, "launch before registration"
+        first = self.registered.first_node
+        fresh: list[tuple[int, Placement]] = []
+        seen: set[str] = set()
+        for i, p in enumerate(placements):
+            task = p.task
+            if task.task_id in seen:
+                raise LaunchRefused(
+                    422, f"task {task.task_id} appears twice in this launch", f"launches.{i}.task.task_id"
+                )
+            seen.add(task.task_id)
+            running = self._placements.get(task.task_id)
+            if running is not None:
+                if (running.task.attempt, running.node) != (task.attempt, p.node):
+                    raise LaunchRefused(
+                        409,
+                        f"task {task.task_id} runs here as attempt {running.task.attempt} on node {running.node}, "
+                        f"not as attempt {task.attempt} on node {p.node}; nothing in this launch was started",
+                        f"launches.{i}.task.attempt",
+                    )
+            elif (task.task_id, task.attempt) not in self._done:
+                fresh.append((i, p))
+        ledger = self.ledger
+        for i, p in fresh:
+            if not ledger.could_hold(p.task.request):
+                raise LaunchRefused(
+                    422,
+                    f"task {p.task.task_id} asks {_amounts(p.task.request)}, more than node {p.node} has at all "
+                    f"({_amounts(ledger.capacity)}); nothing in this launch was started",
+                    f"launches.{i}.task.request",
+                )
+        over = ledger.overflow([(p.node - first, p.task.request) for _, p in fresh])
+        if over is not None:
+            k, free = over
+            i, p = fresh[k]
+            raise LaunchRefused(
+                409,
+                f"task {p.task.task_id} asks {_amounts(p.task.request)}, and node {p.node} has {_amounts(free)} free"
+                f"{' after the tasks before it in this launch' if free != ledger.free(p.node - first) else ''} "
+                f"(capacity {_amounts(ledger.capacity)}); nothing in this launch was started",
+                f"launches.{i}.task.request",
+            )
+        for _, p in fresh:
             self._placements[p.task.task_id] = p
+            ledger.hold(p.task.task_id, p.node - first, p.task.request)
         if fresh:
-            task = asyncio.get_running_loop().create_task(self._start_all(fresh))
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
+            starting = asyncio.get_running_loop().create_task(self._start_all([p for _, p in fresh]))
+            self._starting.add(starting)
+            starting.add_done_callback(self._starting.discard)
         return [p.task.task_id for p in placements]
 
     async def preempt(self, task_ids: list[str]) -> list[str]:
@@ -198,6 +254,7 @@ class WorkerAgent:
     def _report(self, placement: Placement, result: ExecutionResult) -> None:
         """Report the end of a task to the LM (which frees its resources) and to whoever watches task events."""
         self._placements.pop(result.task_id, None)
+        self.ledger.release(result.task_id)
         self._done[(result.task_id, placement.task.attempt)] = None
         if len(self._done) > REMEMBER_FINISHED:
             self._done.popitem(last=False)
@@ -258,3 +315,7 @@ class WorkerAgent:
         await self.executor.shutdown()
         await self._flush(0.0)
         await self._calls.aclose()
+
+
+def _amounts(amounts: tuple[int, ...]) -> str:
+    return describe(amounts, DEFAULT_RESOURCE_NAMES)

@@ -1,4 +1,9 @@
-"""The worker agent's HTTP API: POST /v1/tasks (launch), POST /v1/preempt, GET /v1/state, GET /healthz."""
+"""The worker agent's HTTP API: POST /v1/tasks (launch), POST /v1/preempt, GET /v1/state, GET /healthz.
+
+A launch is refused as a whole, nothing of it started, with a 4xx naming the field: 422 for what no state of the
+node could accept (a node or LM not this agent's, a request that is not aligned, asks 0 of a resource or more
+than the node's whole capacity), 409 for what the node's current state refuses (a task that does not fit what
+its node has free, a task running here as another run); 503 before the agent has registered."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from megha.services.http import (
     read_body,
     serving_gc,
 )
-from megha.services.worker.agent import WorkerAgent
+from megha.services.worker.agent import LaunchRefused, WorkerAgent
 
 
 def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
@@ -79,7 +84,14 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             if len(p.task.request) != len(DEFAULT_RESOURCE_NAMES):
                 names = list(DEFAULT_RESOURCE_NAMES)
                 return error(422, f"request {p.task.request} is not aligned to {names}", f"launches.{i}.task.request")
-        accepted = agent.launch(body.to_core().launches)
+            if 0 in p.task.request:  # negative amounts the model refuses
+                k = p.task.request.index(0)
+                message = f"request {p.task.request} asks no {DEFAULT_RESOURCE_NAMES[k]}: every amount must be > 0"
+                return error(422, message, f"launches.{i}.task.request.{k}")
+        try:
+            accepted = agent.launch(body.to_core().launches)
+        except LaunchRefused as refused:
+            return error(refused.status, str(refused), refused.field)
         await asyncio.sleep(0)  # the tasks start (simulated ones all of them) before the LM is answered
         return json_response(to_json({"accepted": accepted}), 202)
 
