@@ -605,6 +605,25 @@ async def test_lm_registration_is_idempotent_and_bounded(lm: httpx.AsyncClient) 
     assert_error(await lm.post("/v1/workers", json=registration("w2", 1)), 409, "nodes")
 
 
+async def test_lm_forwards_the_report_of_a_run_it_did_not_place_without_publishing_its_end() -> None:
+    """A report of a run this LM does not know (placed by an earlier incarnation, or reported lost after a launch
+    call timed out) goes to the run's GM, which checks the attempt and publishes the end; the LM publishes no
+    task event for it, and the handler does not fail."""
+    broker = RecordingBroker()
+    service = LMService(LMSettings(expected_nodes=1, num_gms=2), broker)  # type: ignore[arg-type]
+    await service.register(WorkerRegistration.model_validate(registration("w0", 1)))
+    report = {"lm": 0, "finished": [{"task_id": "gone.0", "node": 0, "attempt": 2, "gm": 1}]}
+    await service.on_broker_message(json.dumps({"worker_report": report}).encode())
+    for _ in range(5):
+        await asyncio.sleep(0)  # the LM publishes from tasks of its own
+    forwarded = [body for exchange, key, body in broker.published if exchange == "gm" and "completions" in body]
+    assert [(c["task_id"], c["forwarded"], c["attempt"]) for b in forwarded for c in b["completions"]["items"]] == [
+        ("gone.0", True, 2)
+    ]
+    assert not [body for exchange, _, body in broker.published if exchange == "events"]
+    await service.close()
+
+
 async def test_lm_calls_an_agent_that_registers_again_at_its_new_address() -> None:
     """An agent restarted in a new container or VM keeps its nodes, and the LM calls it where it is now."""
     service = LMService(LMSettings(expected_nodes=2, num_gms=1), None)

@@ -372,7 +372,9 @@ class LMService:
             if not isinstance(out.msg, Completions):
                 continue
             for c in out.msg.items:
-                p = placed[c.task_id]
+                p = placed.get(c.task_id)
+                if p is None:  # a forwarded end of a run this LM did not place: its GM checks it and publishes it
+                    continue
                 m = measured.get(c.task_id)
                 kind = "preempted" if c.preempted else "lost" if c.lost else "failed" if c.error else "finished"
                 events.append(
@@ -428,6 +430,7 @@ class LMService:
         body = WorkerLaunchModel.core_json(launch)
         placements = launch.launches
         reason = f"worker agent {url} unreachable"
+        refused = False
         for attempt in range(3):
             try:
                 r = await self._calls.post(f"{url}/v1/tasks", body)
@@ -438,11 +441,14 @@ class LMService:
                     return
                 failure = f"answered {r.status}: {r.text[:500]}"
                 reason = f"worker agent {url} refused the launch: {failure}"
+                refused = True
                 if r.status == 422:  # nothing of it could ever run there: sending it again cannot help
                     break
             log.warning("launch of %d tasks on %s failed (attempt %d): %s", len(placements), url, attempt + 1, failure)
             await asyncio.sleep(0.2 * (attempt + 1))
         await self._lose_unlaunched(placements, reason)
+        if not refused:  # the agent may have started them after all (a call that timed out): they must not run on
+            self._spawn(self._stop_on(url, [p.task.task_id for p in placements]))
 
     async def _lose_unlaunched(self, placements: list[Placement], reason: str) -> None:
         """Free the resources of tasks no agent could take and report them lost: their GM places them again as
@@ -497,18 +503,23 @@ class LMService:
         self._dispatch(outputs)
         await self._publish_events(outputs, {p.task.task_id: p for p in lost}, {})
 
+    async def _stop_on(self, url: str, task_ids: list[str]) -> None:
+        """Ask an agent to stop runs this LM reported lost (best effort: a stale run's result is ignored anyway,
+        but it holds its node's resources at the agent until it ends)."""
+        body = WorkerPreemptModel.core_json(WorkerPreempt(self.settings.lm_id, task_ids))
+        try:
+            r = await self._calls.post(f"{url}/v1/preempt", body, resend=False)
+            if r.status != 200:
+                log.warning("agent %s answered %d when asked to stop lost tasks: %s", url, r.status, r.text[:300])
+        except CallError as exc:
+            log.warning("agent %s unreachable to stop lost tasks: %s", url, exc)
+
     async def _stop_lost(self, worker_id: str) -> None:
         """Ask an agent that was found silent and is heard from again to stop the tasks reported failed then."""
         url = self._agent_nodes[worker_id][0]
         task_ids = self.liveness.lost.get(worker_id, [])
         log.warning("worker agent %s is back with tasks running; stopping the %d it lost", worker_id, len(task_ids))
-        body = WorkerPreemptModel.core_json(WorkerPreempt(self.settings.lm_id, task_ids))
-        try:
-            r = await self._calls.post(f"{url}/v1/preempt", body)
-            if r.status != 200:
-                log.warning("agent %s answered %d when asked to stop lost tasks: %s", url, r.status, r.text[:300])
-        except CallError as exc:
-            log.warning("agent %s unreachable to stop lost tasks: %s", url, exc)
+        await self._stop_on(url, task_ids)
         self.liveness.asked_to_stop(worker_id)  # the next heartbeat still showing tasks asks again
 
     async def _bring_back(self, worker_id: str) -> None:
