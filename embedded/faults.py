@@ -94,9 +94,6 @@ class Faults:
         return any(f.kind == kind and f.partition for f in self.at)
 
 
-WorkerFaults = Faults  # the name megha.loadgen.replay still imports
-
-
 def parse_faults(specs: list[str], detect: float, repair: float, seed: int) -> Faults | None:
     """`--fail` specs (see FORMS); None for none. A bad spec raises ValueError: one line naming the bad field."""
     if not specs:

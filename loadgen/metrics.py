@@ -9,9 +9,12 @@ is summarised in seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -23,6 +26,10 @@ PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.99)
 MAX_UTILIZATION_SAMPLES = 2000
 #: Task components of allocation time, in the paper's order; names are `TaskRecord` properties.
 COMPONENTS: tuple[str, ...] = ("framework_queuing", "processing", "communication", "worker_queuing")
+#: The clock a run's records were taken on: a simulation's virtual clock, or the wall clock (a real deployment,
+#: or a simulation run with `--realtime`).
+Clock = Literal["virtual", "wall"]
+_ID_LISTS = re.compile(r"\s*\[[^\]]*\]")  # "[5, 6]" in "no node satisfies placement constraints [5, 6]"
 _TIME_FIELDS: tuple[str, ...] = (
     "arrival",
     "attempt_at",
@@ -68,11 +75,13 @@ def summarize(values: Sequence[float] | np.ndarray) -> Summary:
 
 @dataclass(frozen=True, slots=True)
 class UtilizationSeries:
-    """Fraction of the data centre's capacity held by running tasks, sampled over the busy span.
+    """Fraction of the data centre's capacity held by running tasks over the busy span, step by step.
 
-    A task holds its request from `started_at` (inclusive) to `finished_at` (exclusive); tasks without both
-    times are left out. The busy span runs from the first start to the last finish; `mean` is the exact
-    time-average over it (not an average of the samples).
+    A task holds its request from `started_at` to `finished_at`; tasks without both times are left out. The busy
+    span runs from the first start to the last finish. `fractions[name][k]` is the time-average over step k, which
+    starts at `times[k]` (the last step ends at the last finish, so it may be shorter): an average, not a sample
+    at an instant, so a task ending at the very instant another starts shows as no dip or spike. `mean` is the
+    exact time-average over the whole span.
     """
 
     resource_names: tuple[str, ...]
@@ -96,7 +105,7 @@ def utilization_over_time(
     resource_names: Sequence[str],
     step: float | None = None,
 ) -> UtilizationSeries:
-    """Utilization per resource every `step` seconds of the busy span (default `default_utilization_step`)."""
+    """Utilization per resource in steps of `step` seconds of the busy span (default `default_utilization_step`)."""
     return _utilization(
         _column(tasks, "started_at", np.float64),
         _column(tasks, "finished_at", np.float64),
@@ -119,19 +128,23 @@ class RunMetrics:
     tasks_failed: int  # failed_reason set
     jobs: int
     jobs_rejected: int
-    repartitions: int  # tasks placed through a repartition
-    inconsistencies: int
-    reschedules: int
-    attempts: int
-    preemption_attempts: int
-    preemptions: int
+    repartitions: int  # tasks whose (last) placement was in another GM's partition, not repartition events
+    inconsistencies: int  # placements an LM rejected because the GM's view was stale
+    reschedules: int  # times a task went back to its GM's queue because nothing fitted
+    attempts: int  # scheduling attempts at the GMs
+    preemption_attempts: int  # preemption requests GMs sent to LMs for waiting tasks
+    preemptions: int  # running tasks stopped by preemption (one granted request may stop several)
     lost_cpu_seconds: float  # work thrown away by preemptions (CPU request x time run before being stopped)
     # Tasks of accepted jobs that neither completed exactly once nor failed with a reason (should be none).
     not_exactly_once: tuple[str, ...]
-    simulated_span: float  # last finish - first arrival
+    span: float  # last finish - first arrival, on `clock`
+    clock: Clock  # the clock every time of the records is on
     wall_seconds: float
     tasks_per_wall_second: float  # completed tasks per second of wall-clock time
     utilization: UtilizationSeries
+    # (reason, count), most common first; lists of ids in brackets are left out, so one cause is counted once.
+    failure_reasons: tuple[tuple[str, int], ...]  # of failed tasks
+    rejection_reasons: tuple[tuple[str, int], ...]  # of rejected jobs
 
 
 def compute_metrics(
@@ -141,12 +154,18 @@ def compute_metrics(
     resource_names: Sequence[str],
     wall_seconds: float,
     utilization_step: float | None = None,
+    clock: Clock = "wall",
 ) -> RunMetrics:
-    """Summarise one run's records; `wall_seconds` is how long the run took on the wall clock."""
+    """Summarise one run's records; `wall_seconds` is how long the run took on the wall clock, and `clock` the clock
+    the records' times are on (the wall clock unless a simulation says otherwise)."""
+    if clock not in get_args(Clock):
+        raise ValueError(f"clock must be one of {get_args(Clock)}, got {clock!r}")
     times = {name: _column(tasks, name, np.float64) for name in _TIME_FIELDS}
     view = _ColumnView(times)
     completions = _column(tasks, "completions", np.int64)
-    failed = np.fromiter(map(bool, map(attrgetter("failed_reason"), tasks)), dtype=bool, count=len(tasks))
+    reasons = list(map(attrgetter("failed_reason"), tasks))
+    failed = np.fromiter(map(bool, reasons), dtype=bool, count=len(tasks))
+    rejections = [j.rejected_reason for j in jobs if j.rejected_reason]
     completed = int(np.count_nonzero(completions >= 1))
     return RunMetrics(
         allocation_time=summarize(TaskRecord.allocation_time.fget(view)),
@@ -156,7 +175,7 @@ def compute_metrics(
         tasks_completed=completed,
         tasks_failed=int(np.count_nonzero(failed)),
         jobs=len(jobs),
-        jobs_rejected=sum(1 for j in jobs if j.rejected_reason),
+        jobs_rejected=len(rejections),
         repartitions=int(_column(tasks, "repartitioned", np.int64).sum()),
         inconsistencies=int(_column(tasks, "inconsistencies", np.int64).sum()),
         reschedules=int(_column(tasks, "reschedules", np.int64).sum()),
@@ -165,7 +184,8 @@ def compute_metrics(
         preemptions=int(_column(tasks, "preemptions", np.int64).sum()),
         lost_cpu_seconds=float(_column(tasks, "lost_cpu_seconds", np.float64).sum()),
         not_exactly_once=_not_exactly_once(tasks, jobs, completions, failed),
-        simulated_span=_nan_span(times["arrival"], times["finished_at"]),
+        span=_nan_span(times["arrival"], times["finished_at"]),
+        clock=clock,
         wall_seconds=wall_seconds,
         tasks_per_wall_second=completed / wall_seconds if wall_seconds > 0 else math.nan,
         utilization=_utilization(
@@ -176,7 +196,14 @@ def compute_metrics(
             tuple(resource_names),
             utilization_step,
         ),
+        failure_reasons=_tally(r for r in reasons if r),
+        rejection_reasons=_tally(rejections),
     )
+
+
+def _tally(reasons: Iterable[str]) -> tuple[tuple[str, int], ...]:
+    """(reason, count), most common first, each reason without its lists of ids in brackets."""
+    return tuple(Counter(_ID_LISTS.sub("", reason) for reason in reasons).most_common())
 
 
 class _ColumnView:
@@ -225,7 +252,7 @@ def _utilization(
     resource_names: tuple[str, ...],
     step: float | None,
 ) -> UtilizationSeries:
-    """Event sweep: held(t) = requests started at or before t - requests finished at or before t."""
+    """Event sweep: the request-seconds held up to each step's edge, differenced into each step's average."""
     if len(total_capacity) != len(resource_names):
         raise ValueError("total_capacity and resource_names must have the same length")
     if any(c <= 0 for c in total_capacity):
@@ -245,9 +272,14 @@ def _utilization(
     first, last = float(starts.min()), float(ends.max())
     span = last - first
     step = default_utilization_step(span) if step is None else step
-    times = first + step * np.arange(math.floor(span / step) + 1)
-    held = _cumulative_at(starts, requests, times) - _cumulative_at(ends, requests, times)
-    fractions = held / capacity
+    steps = max(1, math.ceil(span / step - 1e-9))
+    edges = np.minimum(step * np.arange(steps + 1), span)  # seconds after the first start
+    held = _held_until(starts - first, requests, edges) - _held_until(ends - first, requests, edges)
+    widths = np.diff(edges)[:, None]
+    fractions = np.divide(
+        np.diff(held, axis=0), widths * capacity, out=np.zeros((steps, len(capacity))), where=widths > 0
+    )
+    times = first + edges[:-1]
     busy = (requests * (ends - starts)[:, None]).sum(axis=0)
     mean = busy / (capacity * span) if span > 0 else np.full(len(resource_names), math.nan)
     return UtilizationSeries(
@@ -258,8 +290,15 @@ def _utilization(
     )
 
 
-def _cumulative_at(event_times: np.ndarray, amounts: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Sum of `amounts` rows whose event time is <= each of `times` (rows: times, columns: resources)."""
+def _held_until(event_times: np.ndarray, amounts: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Sum over the events at or before each of `times` of amount x (time - event time): the amount-seconds
+    accrued since each event, up to each time (rows: times, columns: resources)."""
     order = np.argsort(event_times, kind="stable")
-    totals = np.vstack([np.zeros((1, amounts.shape[1]), dtype=np.int64), np.cumsum(amounts[order], axis=0)])
-    return totals[np.searchsorted(event_times[order], times, side="right")]
+    sorted_times = event_times[order]
+    total = amounts[order].astype(np.float64)
+    timed = total * sorted_times[:, None]
+    np.cumsum(total, axis=0, out=total)
+    np.cumsum(timed, axis=0, out=timed)
+    k = np.searchsorted(sorted_times, times, side="right") - 1  # the last event at or before each time; -1: none
+    some = (k >= 0)[:, None]
+    return np.where(some, times[:, None] * total[k] - timed[k], 0.0)

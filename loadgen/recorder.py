@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+import time
+from collections.abc import Callable, Sequence
 
 from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
@@ -17,6 +20,7 @@ class Recorder(CoreObserver):
         self.tasks: dict[str, TaskRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
         self.finished_count = 0
+        self.failed_count = 0  # failure reports (a task is reported once; with retries and restarts, perhaps more)
         # Runs cut short by preemption: (task id, started_at, preempted_at), for per-user usage over time.
         self.preempted_runs: list[tuple[str, float, float]] = []
 
@@ -37,6 +41,7 @@ class Recorder(CoreObserver):
         self.jobs[job.job_id].rejected_reason = reason
         for t in job.tasks:
             self.tasks[t.task_id].failed_reason = f"rejected at submission: {reason}"
+        self.failed_count += len(job.tasks)
 
     def attempt(self, task: TaskSpec, now: float) -> None:
         rec = self.tasks[task.task_id]
@@ -69,6 +74,7 @@ class Recorder(CoreObserver):
             rec = tasks[p.task.task_id]
             rec.launched_at = now
             rec.node = p.node  # the LM's word: a preemption request names no node until the LM picks one
+            rec.repartitioned = p.repartition  # ... nor whose partition the node is in
 
     def worker_received(self, placements: Sequence[Placement], now: float) -> None:
         tasks = self.tasks
@@ -94,6 +100,7 @@ class Recorder(CoreObserver):
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
         self.tasks[task.task_id].failed_reason = reason
+        self.failed_count += 1
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """Its worker crashed: the work the run had done is thrown away (its CPU request for as long as it ran,
@@ -119,3 +126,30 @@ class Recorder(CoreObserver):
         """Tasks the run ended without placing: reported failed with `reason`, never silently dropped."""
         for task_id in task_ids:
             self.tasks[task_id].failed_reason = reason
+
+
+class WallClockRecorder(Recorder):
+    """A recorder for a run on the wall clock (`--realtime`): every event is stamped with the wall time it was reported
+    at, in seconds since `start()`, not with the time it was due (which it lags when the machine cannot keep up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.origin = time.perf_counter()
+
+    def start(self) -> None:
+        """Time 0 of the records: call it as the run starts."""
+        self.origin = time.perf_counter()
+
+
+def _on_the_wall_clock(event: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(event)
+    def stamped(self: WallClockRecorder, *args: object) -> None:
+        event(self, *args[:-1], time.perf_counter() - self.origin)
+
+    return stamped
+
+
+for _name, _event in vars(Recorder).items():  # every event whose last parameter is the time it happened
+    if inspect.isfunction(_event) and list(inspect.signature(_event).parameters)[-1] == "now":
+        setattr(WallClockRecorder, _name, _on_the_wall_clock(_event))
+del _name, _event

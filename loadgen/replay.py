@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -12,10 +13,11 @@ from megha.common.clusterfile import generate_cluster, load_cluster
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.fairness.policy import make_share_policy
-from megha.embedded.faults import WorkerFaults
+from megha.embedded.faults import Faults
 from megha.embedded.system import EmbeddedConfig
 from megha.loadgen.metrics import RunMetrics, compute_metrics
-from megha.loadgen.recorder import Recorder
+from megha.loadgen.progress import Advance, Progress
+from megha.loadgen.recorder import Recorder, WallClockRecorder
 from megha.loadgen.trace import resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload
 from megha.sim.system import SchedulerSystem, build_system
@@ -50,7 +52,7 @@ class ReplayConfig:
     scheduler: str = "megha"
     queues: str = ""  # fair scheduling: "user:share:gm,..." (empty: off)
     share_policy: str = "share"
-    worker_faults: WorkerFaults | None = None  # simulated worker crashes (Megha only)
+    faults: Faults | None = None  # simulated crashes and partitions (Megha and centralized only)
     max_attempts: int = 3
 
     def fairness(self) -> FairnessConfig | None:
@@ -86,16 +88,17 @@ def build_cluster(config: ReplayConfig) -> ClusterSpec:
     return load_cluster(path, config.node_capacity)
 
 
-def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) -> ReplayResult:
-    """Replay `config.trace` through the embedded system and measure it."""
+def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResult:
+    """Replay `config.trace` through the embedded system and measure it; `progress` says what runs and, on a
+    terminal, how far it got."""
     cluster = build_cluster(config)
     trace_jobs = resolve_trace(config.trace, config.first_jobs, config.time_scale)
-    recorder = Recorder()
+    recorder = WallClockRecorder() if config.realtime else Recorder()
     fairness = config.fairness()
     if fairness is not None:
         make_share_policy(fairness.policy)  # fail early on an unknown policy name
-    if config.worker_faults is not None and config.scheduler not in ("megha", "centralized"):
-        raise ValueError(f"worker failures are simulated for Megha and centralized, not {config.scheduler}")
+    if config.faults is not None and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"failures are simulated for Megha and centralized, not {config.scheduler}")
     system = build_system(
         config.scheduler,
         cluster,
@@ -106,7 +109,7 @@ def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) 
             config.seed,
             config.realtime,
             fairness,
-            config.worker_faults,
+            config.faults,
             config.max_attempts,
         ),
         recorder,
@@ -128,14 +131,18 @@ def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) 
         system.submit(gm, job)
     total = len(recorder.tasks)
     if progress is not None:
-        progress(
-            f"replaying {len(workload)} jobs ({total} tasks) on {cluster.num_nodes} nodes "
+        progress.note(
+            f"replaying {len(workload):,} jobs ({total:,} tasks) on {cluster.num_nodes:,} nodes "
             f"({cluster.num_lms} LMs x {cluster.num_gms} GMs), scheduler {config.scheduler}, {config.mode} mode, "
             f"{config.matching} matching"
         )
-    start = time.perf_counter()
-    system.run(_progress_printer(recorder, total, start, progress) if progress is not None else None)
-    wall = time.perf_counter() - start
+    tracking = progress.track("replaying", total, "tasks") if progress is not None and progress.bar else nullcontext()
+    with tracking as advance:
+        start = time.perf_counter()
+        if isinstance(recorder, WallClockRecorder):
+            recorder.start()
+        system.run(_bar_hook(recorder, advance, config.realtime) if advance is not None else None)
+        wall = time.perf_counter() - start
     recorder.mark_stranded(system.stranded_tasks(), STRANDED)
     metrics = compute_metrics(
         list(recorder.tasks.values()),
@@ -143,28 +150,21 @@ def replay(config: ReplayConfig, progress: Callable[[str], None] | None = None) 
         cluster.total_capacity(),
         cluster.resource_names,
         wall,
+        clock="wall" if config.realtime else "virtual",
     )
     return ReplayResult(config, cluster, system, recorder, metrics, wall)
 
 
-def _progress_printer(
-    recorder: Recorder, total: int, start: float, progress: Callable[[str], None], every: float = 2.0
-) -> Callable[[float], None]:
-    """An event hook that reports progress at most every `every` wall seconds."""
-    state = {"next": start + every, "events": 0}
+def _bar_hook(recorder: Recorder, advance: Advance, realtime: bool) -> Callable[[float], None]:
+    """An event hook that moves the progress bar every 1,024 events: tasks ended (finished or failed) so far."""
+    events = 0
+    clock = "s" if realtime else "s simulated"
 
     def on_event(now: float) -> None:
-        state["events"] += 1
-        if state["events"] & 1023:
-            return
-        wall = time.perf_counter()
-        if wall >= state["next"]:
-            state["next"] = wall + every
-            done = recorder.finished_count
-            progress(
-                f"  t={now:,.1f}s simulated  {done}/{total} tasks finished ({100 * done / max(total, 1):.1f}%)  "
-                f"{wall - start:,.1f}s wall"
-            )
+        nonlocal events
+        events += 1
+        if not events & 1023:
+            advance(recorder.finished_count + recorder.failed_count, f"t={now:,.0f} {clock}")
 
     return on_event
 

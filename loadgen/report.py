@@ -1,4 +1,7 @@
-"""Run report: the text table of a run's metrics and its output files (CSV, JSON, CDF plot)."""
+"""Run report: the text table of a run's metrics, its warnings, and its output files (CSV, JSON, CDF plot).
+
+docs/report.md says what every line of the table and every column of the files holds.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import csv
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -13,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from megha.loadgen.metrics import COMPONENTS, RunMetrics, Summary
+from megha.loadgen.metrics import COMPONENTS, RunMetrics, Summary, UtilizationSeries
 from megha.loadgen.records import JobRecord, TaskRecord
 
 _STAT_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -25,18 +29,32 @@ _STAT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("max", "max"),
 )
 _DERIVED_TASK_COLUMNS: tuple[str, ...] = ("allocation_time", *COMPONENTS)
-_LABEL_WIDTH = 18
-_CELL_WIDTH = 11
+_CELL_WIDTH = 9  # "999.99 ms": wider values widen their column
+_GAP = "  "
 _CDF_POINTS = 4000  # a CDF of millions of values is drawn through this many of its order statistics
+_CSV_DECIMALS = 6  # times to the microsecond, fractions to a millionth
+REPORT_FILES = ("tasks.csv", "jobs.csv", "summary.json", "utilization.csv", "cdf.png")
+#: What the scheduler counters printed after the table count, where their names alone could mislead.
+COUNTER_LABELS = {
+    "repartitions": "repartitioned placements",
+    "preemption_attempts": "preemption requests",
+    "preemptions": "runs stopped by preemption",
+}
 
 
 def format_seconds(seconds: float) -> str:
-    """A duration in ms below one second ("1.50 ms") and in s from one second up ("1.003 s"); NaN is "-"."""
+    """A duration: "1.50 ms" below a second, "1.003 s" below 100 s, "32,521.2 s" from 100 s up; NaN is "-"."""
     if math.isnan(seconds):
         return "-"
     if abs(seconds) < 1.0:
         return f"{seconds * 1000:.2f} ms"
-    return f"{seconds:.3f} s"
+    if abs(seconds) < 100.0:
+        return f"{seconds:.3f} s"
+    return f"{seconds:,.1f} s"
+
+
+def _percent(fraction: float) -> str:
+    return "-" if math.isnan(fraction) else f"{100 * fraction:.1f} %"
 
 
 def _summary_rows(metrics: RunMetrics) -> list[tuple[str, Summary]]:
@@ -47,34 +65,110 @@ def _summary_rows(metrics: RunMetrics) -> list[tuple[str, Summary]]:
 
 
 def format_table(metrics: RunMetrics, title: str) -> str:
-    """A fixed-width table of the time summaries followed by counts, mean utilization and throughput."""
-    header = "".ljust(_LABEL_WIDTH) + "n".rjust(9) + "".join(h.rjust(_CELL_WIDTH) for h, _ in _STAT_COLUMNS)
-    lines = [title, "=" * len(title), header]
-    for label, summary in _summary_rows(metrics):
-        cells = "".join(format_seconds(getattr(summary, f)).rjust(_CELL_WIDTH) for _, f in _STAT_COLUMNS)
-        lines.append(label.ljust(_LABEL_WIDTH) + str(summary.count).rjust(9) + cells)
+    """The time summaries as a table whose columns fit their widest value, then counts, mean utilization and
+    throughput."""
+    rows = [
+        [label, f"{summary.count:,}", *(format_seconds(getattr(summary, f)) for _, f in _STAT_COLUMNS)]
+        for label, summary in _summary_rows(metrics)
+    ]
+    header = ["", "n", *(h for h, _ in _STAT_COLUMNS)]
+    widths = [max(_CELL_WIDTH, *(len(row[i]) for row in [header, *rows])) for i in range(len(header))]
+    widths[0] = max(len(row[0]) for row in rows)
+
+    def line(cells: list[str]) -> str:
+        return cells[0].ljust(widths[0]) + "".join(_GAP + c.rjust(w) for c, w in zip(cells[1:], widths[1:]))
+
     m = metrics
-    utilization = "  ".join(f"{name} {100 * value:.1f} %" for name, value in m.utilization.mean.items())
+    utilization = "  ".join(f"{name} {_percent(value)}" for name, value in m.utilization.mean.items())
+    lines = [title, "=" * len(title), line(header), *map(line, rows)]
     lines += [
         "",
-        f"tasks: {m.tasks}  completed: {m.tasks_completed}  failed: {m.tasks_failed}  "
-        f"not completed exactly once: {len(m.not_exactly_once)}",
-        f"jobs: {m.jobs}  rejected: {m.jobs_rejected}",
-        f"attempts: {m.attempts}  reschedules: {m.reschedules}  inconsistencies: {m.inconsistencies}  "
-        f"repartitions: {m.repartitions}",
+        f"tasks: {m.tasks:,}  completed: {m.tasks_completed:,}  failed: {m.tasks_failed:,}  "
+        f"not completed exactly once: {len(m.not_exactly_once):,}",
+        f"jobs: {m.jobs:,}  rejected: {m.jobs_rejected:,}",
+        f"attempts: {m.attempts:,}  reschedules: {m.reschedules:,}  inconsistencies: {m.inconsistencies:,}  "
+        f"tasks placed by repartition: {m.repartitions:,}",
         *(
             [
-                f"preemption attempts: {m.preemption_attempts}  preemptions: {m.preemptions}  "
+                f"preemption requests: {m.preemption_attempts:,}  runs stopped by preemption: {m.preemptions:,}  "
                 f"work lost to preemption: {m.lost_cpu_seconds:,.1f} CPU-seconds"
             ]
             if m.preemption_attempts
             else []
         ),
         f"mean utilization: {utilization}",
-        f"throughput: {m.tasks_completed} tasks in {format_seconds(m.simulated_span)} simulated, "
-        f"{format_seconds(m.wall_seconds)} wall: {m.tasks_per_wall_second:.1f} tasks per wall second",
+        _throughput(m),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _throughput(m: RunMetrics) -> str:
+    if m.clock == "virtual":
+        return (
+            f"throughput: {m.tasks_completed:,} tasks in {format_seconds(m.span)} of simulated time, replayed in "
+            f"{format_seconds(m.wall_seconds)} of wall time: {m.tasks_per_wall_second:,.1f} tasks per wall second"
+        )
+    return (
+        f"throughput: {m.tasks_completed:,} tasks completed in {format_seconds(m.wall_seconds)} of wall time: "
+        f"{m.tasks_per_wall_second:,.1f} tasks per second (first arrival to last finish: {format_seconds(m.span)})"
+    )
+
+
+def format_counters(scheduler: str, counters: dict[str, int]) -> str:
+    """The scheduler's own event counters on one line, each under a name that says what it counts."""
+    counts = "  ".join(f"{COUNTER_LABELS.get(k, k.replace('_', ' '))}: {v:,}" for k, v in counters.items())
+    return f"{scheduler} counters: {counts}"
+
+
+def run_warnings(metrics: RunMetrics) -> list[str]:
+    """What makes a run's figures mean little: no job at all, most tasks failed, or most jobs rejected, each with
+    its most common reasons."""
+    m = metrics
+    if m.jobs == 0:
+        return ["the trace held no jobs: nothing was measured"]
+    warnings = []
+    if 2 * m.tasks_failed > m.tasks:
+        warnings.append(
+            f"{m.tasks_failed:,} of {m.tasks:,} tasks failed ({100 * m.tasks_failed / m.tasks:.1f} %): "
+            + _reasons(m.failure_reasons, "task")
+        )
+    if 2 * m.jobs_rejected > m.jobs:
+        warnings.append(
+            f"{m.jobs_rejected:,} of {m.jobs:,} jobs were rejected ({100 * m.jobs_rejected / m.jobs:.1f} %): "
+            + _reasons(m.rejection_reasons, "job")
+        )
+    return warnings
+
+
+def _reasons(reasons: tuple[tuple[str, int], ...], unit: str, shown: int = 3) -> str:
+    text = "; ".join(f"{reason} ({count:,} {unit}{'s' if count != 1 else ''})" for reason, count in reasons[:shown])
+    if len(reasons) > shown:
+        text += f"; {len(reasons) - shown} more reasons in {unit}s.csv"
+    if any("satisfies" in reason for reason, _ in reasons):
+        text += (
+            ". Too few nodes satisfy the trace's placement constraints: give the data centre more nodes, or "
+            "replay with --no-constraints"
+        )
+    return text
+
+
+def report_dir(out: Path | None, default_root: Path, overwrite: bool) -> Path:
+    """The folder a run's report goes to. `out` is refused (ValueError, one line) when it already holds a report,
+    unless `overwrite`; without `out`, a new folder under `default_root` named after the time, e.g.
+    20261123-142501 (a second run within the same second gets 20261123-142501-2)."""
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        folder, n = default_root / stamp, 1
+        while folder.exists():
+            n += 1
+            folder = default_root / f"{stamp}-{n}"
+        return folder
+    held = [name for name in REPORT_FILES if (out / name).exists()]
+    if held and not overwrite:
+        raise ValueError(
+            f"{out} already holds a report ({', '.join(held)}): pass --overwrite to replace it, or another --out"
+        )
+    return out
 
 
 def write_outputs(
@@ -90,44 +184,56 @@ def write_outputs(
     `extra` (for example the run's configuration) is stored under "extra" in summary.json.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {name: out_dir / name for name in ("tasks.csv", "jobs.csv", "summary.json", "utilization.csv", "cdf.png")}
-    _write_tasks(tasks, metrics.utilization.resource_names, paths["tasks.csv"])
-    _write_jobs(jobs, paths["jobs.csv"])
+    paths = {name: out_dir / name for name in REPORT_FILES}
+    _write_records(tasks, TaskRecord, _DERIVED_TASK_COLUMNS, paths["tasks.csv"], metrics.utilization.resource_names)
+    _write_records(jobs, JobRecord, ("jrt", "jrt_delay"), paths["jobs.csv"])
     paths["summary.json"].write_text(
         json.dumps(_json_safe(_summary_document(metrics, title, extra or {})), indent=2, allow_nan=False)
     )
-    _write_utilization(metrics, paths["utilization.csv"])
-    _plot(metrics, tasks, jobs, title, paths["cdf.png"])
+    _write_utilization(metrics.utilization, paths["utilization.csv"])
+    cdf_figure(metrics, tasks, jobs, title).savefig(paths["cdf.png"], dpi=100)
     return paths
 
 
-def _write_tasks(tasks: Sequence[TaskRecord], resource_names: tuple[str, ...], path: Path) -> None:
-    """One row per task: every record field (the request split per resource) plus the derived times."""
-    scalar = tuple(f.name for f in dataclasses.fields(TaskRecord) if f.name != "request")
-    values = attrgetter(*scalar)
-    derived = attrgetter(*_DERIVED_TASK_COLUMNS)
+def _write_records(
+    records: Sequence[Any], kind: type, derived: tuple[str, ...], path: Path, resource_names: tuple[str, ...] = ()
+) -> None:
+    """One row per record: every field of `kind` (a task's request split per resource, as request_<resource>),
+    then the `derived` properties; numbers of seconds rounded to the microsecond."""
+    scalar = [f for f in dataclasses.fields(kind) if f.name != "request"]
+    header = [f.name for f in scalar]
+    columns = [_values(records, f.name, rounded=f.type == "float") for f in scalar]
+    if resource_names:
+        header += [f"request_{name}" for name in resource_names]
+        requests = np.array([r.request for r in records], dtype=np.int64).reshape(len(records), len(resource_names))
+        columns += requests.T.tolist()
+    header += derived
+    columns += [_values(records, name, rounded=True) for name in derived]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow([*scalar, *(f"request_{n}" for n in resource_names), *_DERIVED_TASK_COLUMNS])
-        writer.writerows((*values(t), *t.request, *derived(t)) for t in tasks)
+        writer.writerow(header)
+        writer.writerows(zip(*columns))
 
 
-def _write_jobs(jobs: Sequence[JobRecord], path: Path) -> None:
-    names = tuple(f.name for f in dataclasses.fields(JobRecord))
-    values = attrgetter(*names, "jrt", "jrt_delay")
+def _values(records: Sequence[Any], name: str, rounded: bool) -> list[Any]:
+    values = map(attrgetter(name), records)
+    if not rounded:
+        return list(values)
+    return _round(np.fromiter(values, dtype=np.float64, count=len(records)))
+
+
+def _round(values: np.ndarray) -> list[float]:
+    """To `_CSV_DECIMALS` places, so a CSV holds 0.3015 rather than 0.30150000000000005."""
+    return np.round(values, _CSV_DECIMALS).tolist()
+
+
+def _write_utilization(series: UtilizationSeries, path: Path) -> None:
+    """Time (seconds on the run's clock) and, per resource, the fraction of the data centre's capacity held."""
+    columns = [_round(series.times), *(_round(series.fractions[n]) for n in series.resource_names)]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow([*names, "jrt", "jrt_delay"])
-        writer.writerows(values(j) for j in jobs)
-
-
-def _write_utilization(metrics: RunMetrics, path: Path) -> None:
-    series = metrics.utilization
-    columns = [series.times, *(series.fractions[n] for n in series.resource_names)]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["time", *series.resource_names])
-        writer.writerows(np.column_stack(columns).tolist())
+        writer.writerow(["time", *(f"{name}_used_fraction" for name in series.resource_names)])
+        writer.writerows(zip(*columns))
 
 
 def _summary_document(metrics: RunMetrics, title: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -135,6 +241,7 @@ def _summary_document(metrics: RunMetrics, title: str, extra: dict[str, Any]) ->
     summaries = {"allocation_time": m.allocation_time, **m.components, "jrt_delay": m.jrt_delay}
     return {
         "title": title,
+        "warnings": run_warnings(m),
         "summaries": {name: dataclasses.asdict(s) for name, s in summaries.items()},
         "counts": {
             "tasks": m.tasks,
@@ -142,16 +249,19 @@ def _summary_document(metrics: RunMetrics, title: str, extra: dict[str, Any]) ->
             "tasks_failed": m.tasks_failed,
             "jobs": m.jobs,
             "jobs_rejected": m.jobs_rejected,
-            "repartitions": m.repartitions,
+            "tasks_placed_by_repartition": m.repartitions,
             "inconsistencies": m.inconsistencies,
             "reschedules": m.reschedules,
             "attempts": m.attempts,
-            "preemption_attempts": m.preemption_attempts,
-            "preemptions": m.preemptions,
+            "preemption_requests": m.preemption_attempts,
+            "runs_stopped_by_preemption": m.preemptions,
         },
+        "failure_reasons": dict(m.failure_reasons),
+        "rejection_reasons": dict(m.rejection_reasons),
         "lost_cpu_seconds": m.lost_cpu_seconds,
         "not_exactly_once": list(m.not_exactly_once),
-        "simulated_span": m.simulated_span,
+        "clock": m.clock,
+        "span": m.span,
         "wall_seconds": m.wall_seconds,
         "tasks_per_wall_second": m.tasks_per_wall_second,
         "mean_utilization": m.utilization.mean,
@@ -170,40 +280,107 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _plot(metrics: RunMetrics, tasks: Sequence[TaskRecord], jobs: Sequence[JobRecord], title: str, path: Path) -> None:
+def cdf_figure(metrics: RunMetrics, tasks: Sequence[TaskRecord], jobs: Sequence[JobRecord], title: str) -> Any:
+    """The report's figure (a matplotlib Figure, drawn without a display): the CDFs of allocation time and JRT
+    delay, and utilization over time. Axes fit the data at any scale, from microseconds to days."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 4.5), layout="constrained")
+    figure = Figure(figsize=(15, 4.8), layout="constrained")
     FigureCanvasAgg(figure)
     figure.suptitle(title)
     alloc_axes, jrt_axes, util_axes = figure.subplots(1, 3)
     allocation = np.fromiter((t.allocation_time for t in tasks), dtype=np.float64, count=len(tasks))
     jrt_delay = np.array([j.jrt_delay for j in jobs], dtype=np.float64)
-    _plot_cdf(alloc_axes, allocation, "allocation time (s)")
-    _plot_cdf(jrt_axes, jrt_delay, "JRT delay (s)")
-    series = metrics.utilization
-    elapsed = series.times - series.times[0] if series.times.size else series.times
-    for name in series.resource_names:
-        util_axes.plot(elapsed, 100 * series.fractions[name], label=name)
-    util_axes.set(xlabel="time since first start (s)", ylabel="utilization (%)", ylim=(0, 105))
-    util_axes.legend(loc="lower right")
-    util_axes.grid(True, alpha=0.3)
-    figure.savefig(path, dpi=100)
+    _plot_cdf(alloc_axes, allocation, "allocation time", "tasks")
+    _plot_cdf(jrt_axes, jrt_delay, "JRT delay", "jobs")
+    _plot_utilization(util_axes, metrics.utilization)
+    return figure
 
 
-def _plot_cdf(axes: Any, values: np.ndarray, label: str) -> None:
-    """Empirical CDF on a log x axis; values that are NaN or not positive cannot be shown and are counted."""
-    finite = values[~np.isnan(values)]
-    shown = np.sort(finite[finite > 0])
-    hidden = finite.size - shown.size
-    axes.set(xlabel=label, ylabel="fraction", ylim=(0, 1.02))
-    axes.grid(True, which="both", alpha=0.3)
-    if shown.size == 0:
-        axes.text(0.5, 0.5, "no positive values", ha="center", va="center", transform=axes.transAxes)
+def _plot_cdf(axes: Any, values: np.ndarray, what: str, unit: str) -> None:
+    """Empirical CDF, on a log axis when the values span more than a factor of 20 (then values <= 0, which it
+    cannot show, are counted in the title), else on a linear axis; the title gives median, p99 and max."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    finite = np.sort(values[~np.isnan(values)])
+    axes.set(xlabel=what, ylabel=f"fraction of {unit}", ylim=(0, 1.02))
+    axes.grid(True, which="major", alpha=0.3)
+    if finite.size == 0:
+        axes.text(0.5, 0.5, f"no {unit} to show", ha="center", va="center", transform=axes.transAxes)
         return
+    positive = finite[finite > 0]
+    log = positive.size > 0 and positive[-1] > 20 * positive[0]
+    shown = positive if log else finite
+    hidden = finite.size - shown.size
     ranks = np.unique(np.linspace(0, shown.size - 1, min(shown.size, _CDF_POINTS)).astype(np.int64))
-    axes.step(shown[ranks], (hidden + ranks + 1) / finite.size, where="post")
-    axes.set_xscale("log")
-    if hidden:
-        axes.set_title(f"{hidden} values <= 0 not shown", fontsize=9)
+    x = np.concatenate(([shown[0]], shown[ranks]))  # from the first value's foot, so one value is a rise too
+    y = np.concatenate(([hidden], hidden + ranks + 1)) / finite.size
+    axes.step(x, y, where="post", linewidth=1.5)
+    median, p99 = np.percentile(finite, (50, 99))
+    stats = f"median {format_seconds(median)}   p99 {format_seconds(p99)}   max {format_seconds(finite[-1])}"
+    axes.set_title(stats + (f"\n{hidden:,} {unit} at 0 s not shown on the log axis" if hidden else ""), fontsize=9)
+    if log:
+        axes.set_xscale("log")
+        axes.xaxis.set_major_locator(LogLocator(base=10, numticks=5))
+        axes.xaxis.set_minor_formatter(NullFormatter())
+    else:
+        low, high = float(shown[0]), float(shown[-1])
+        pad = max(0.05 * (high - low), 0.1 * abs(high), 1e-6)
+        axes.set_xlim(low - pad, high + pad)
+        axes.xaxis.set_major_locator(MaxNLocator(nbins=4))
+    axes.xaxis.set_major_formatter(FuncFormatter(_tick_seconds))
+
+
+def _tick_seconds(seconds: float, _position: object = None) -> str:
+    """A short tick label: "500 us", "1.5 ms", "20 s", "100,000 s"."""
+    size = abs(seconds)
+    if size < 1e-12:
+        return "0"
+    if size < 1e-3:
+        return f"{seconds * 1e6:.3g} \N{GREEK SMALL LETTER MU}s"
+    if size < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    if size < 1000:
+        return f"{seconds:.3g} s"
+    return f"{seconds:,.0f} s"
+
+
+_LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _plot_utilization(axes: Any, series: UtilizationSeries) -> None:
+    """Utilization per resource over the busy span. Resources with the same series share one line (so none hides
+    another); the others differ in line style. The y axis is fitted to the peak, leaving the legend room above the
+    data, never over it."""
+    axes.set(ylabel="utilization (% of capacity)")
+    axes.grid(True, alpha=0.3)
+    if series.times.size == 0:
+        axes.set_xlabel("time since the first start")
+        axes.text(0.5, 0.5, "no task ran", ha="center", va="center", transform=axes.transAxes)
+        return
+    elapsed = series.times - series.times[0]
+    unit, scale = _time_unit(float(elapsed[-1]))
+    axes.set_xlabel(f"time since the first start ({unit})")
+    alike: dict[bytes, list[str]] = {}
+    for name in series.resource_names:
+        alike.setdefault(series.fractions[name].tobytes(), []).append(name)
+    peak = 0.0
+    for style, names in zip(_LINE_STYLES * len(alike), alike.values()):
+        percent = 100 * series.fractions[names[0]]
+        peak = max(peak, float(percent.max()))
+        label = f"{' = '.join(names)} (mean {_percent(series.mean[names[0]])})"
+        axes.plot(elapsed / scale, percent, linestyle=style, linewidth=1.2, label=label)
+    legend_share = 0.07 * (len(alike) + 1)  # of the plot's height, at the top
+    axes.set_ylim(0, (peak if peak > 0 else 1.0) / (1 - legend_share))
+    axes.set_xlim(0, max(float(elapsed[-1]) / scale, 1e-9))
+    axes.legend(loc="upper right", fontsize=9, framealpha=0.9)
+
+
+def _time_unit(span: float) -> tuple[str, float]:
+    """Hours for spans of two hours and more, minutes from five minutes, else seconds."""
+    if span >= 7200:
+        return "h", 3600.0
+    if span >= 300:
+        return "min", 60.0
+    return "s", 1.0

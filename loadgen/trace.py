@@ -93,7 +93,7 @@ def _parse_lines(path: Path) -> Iterator[TraceJob]:
     """Jobs of the trace with their raw arrivals, parsed one line at a time."""
     previous = -math.inf
     with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(_text_lines(lines, path), start=1):
             fields = line.split()
             if not fields:
                 continue
@@ -104,6 +104,16 @@ def _parse_lines(path: Path) -> Iterator[TraceJob]:
                 )
             previous = job.arrival
             yield job
+
+
+def _text_lines(lines: Iterator[str], path: Path) -> Iterator[str]:
+    """The lines of a text file; a file that is not UTF-8 text (a binary file, say) is refused naming it."""
+    try:
+        yield from lines
+    except UnicodeDecodeError:
+        raise TraceError(
+            f"{path}: not a text trace (it holds bytes that are not UTF-8); expected lines of {FIELDS}"
+        ) from None
 
 
 def _parse_job(fields: list[str], where: str) -> TraceJob:

@@ -15,12 +15,33 @@ from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, Worke
 from megha.embedded.faults import parse_faults
 from megha.sim.system import SCHEDULERS
 
+REPLAY_OUT = Path("out/replay")  # each run's report folder is a new <date>-<time> under it unless --out names one
+LOCAL_OUT = Path("out/local")
 REPLAY_EXAMPLES = """\
 examples:
   megha replay                                   # 200 jobs of syn_250 on a generated 10,000-node cluster
   megha replay --trace ../shared/traces/syn_250.0.tr --first-jobs 200 --cluster reference
-  megha replay --trace demo --mode scaled --lms 2 --gms 2 --workers-per-partition 20 --node-cpu 2000 --node-mem 4096
+  megha replay --trace demo --mode scaled --no-constraints --lms 2 --gms 2 --workers-per-partition 20 \\
+      --node-cpu 2000 --node-mem 4096
   megha replay --trace syn:500:100 --matching min-constraints --out out/syn500
+
+output:
+  The report goes to stdout; without --out, its files go to a new folder out/replay/<date>-<time> each run.
+  An --out folder that already holds a report is refused unless --overwrite is given. On a terminal, stderr
+  shows a progress bar with the time left (--quiet: nothing on stderr but errors and warnings).
+
+exit status: 0 every task of an accepted job ended exactly once; 1 some task did not; 2 bad usage or input;
+  3 most tasks failed or most jobs were rejected (a WARNING on stderr names the reasons)
+"""
+LOCAL_EPILOG = """\
+output:
+  The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
+  to a new folder out/local/<date>-<time> each run. An --out folder that already holds a report is refused unless
+  --overwrite is given.
+
+exit status: 0 every task of an accepted job ended exactly once and every LM is back to full capacity; 1 not so,
+  or the replay timed out; 2 bad usage or input; 3 most tasks failed or most jobs were rejected (a WARNING on
+  stderr names the reasons); 130 interrupted (every service was stopped)
 """
 
 
@@ -117,7 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="period of LM delta updates to each GM, seconds (default: %(default)s)",
     )
     s.add_argument("--seed", type=int, default=0, help="seed for cluster, constraints and choices (default: 0)")
-    s.add_argument("--realtime", action="store_true", help="run on the wall clock instead of the virtual clock")
+    s.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run on the wall clock instead of the virtual clock: each event waits for its time, and the report's "
+        "times are wall-clock times",
+    )
     f = r.add_argument_group("fair scheduling (off unless --queues is given)")
     f.add_argument(
         "--queues",
@@ -166,11 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--out",
         type=Path,
-        default=Path("out/replay"),
-        help="directory for tasks.csv, jobs.csv, summary.json, utilization.csv, cdf.png (default: %(default)s)",
+        default=None,
+        help="folder for tasks.csv, jobs.csv, summary.json, utilization.csv, cdf.png (default: a new folder "
+        f"{REPLAY_OUT}/<date>-<time>); one that already holds a report is refused unless --overwrite",
     )
+    o.add_argument("--overwrite", action="store_true", help="replace the report already in the --out folder")
     o.add_argument("--no-files", action="store_true", help="print the report only")
-    o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    o.add_argument("--quiet", action="store_true", help="nothing on stderr but errors and warnings (no progress bar)")
     for name, what, model in (
         ("gm", "a Global Master", GMSettings),
         ("lm", "a Local Master", LMSettings),
@@ -195,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="start GMs, LMs and worker agents as local processes, replay a trace through them, report, stop",
         description="Start a whole deployment on this host (separate processes, real RabbitMQ), replay a trace "
         "through the GMs' REST API, print the report, and shut everything down (also on Ctrl-C).",
+        epilog=LOCAL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     loc.add_argument("--gms", type=positive_int, default=2, help="GMs (default: %(default)s)")
     loc.add_argument("--lms", type=positive_int, default=2, help="LMs (default: %(default)s)")
@@ -257,15 +287,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loc.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
     loc.add_argument("--run-id", default=None, help="prefix of this deployment's queues (default: random)")
-    loc.add_argument("--out", type=Path, default=Path("out/local"), help="report files and service logs")
+    loc.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"folder for the report files and service logs (default: a new folder {LOCAL_OUT}/<date>-<time>); one "
+        "that already holds a report is refused unless --overwrite",
+    )
+    loc.add_argument("--overwrite", action="store_true", help="replace the report already in the --out folder")
     return parser
+
+
+def _warn(command: str, warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"megha {command}: WARNING: {warning}", file=sys.stderr)
 
 
 def _local(args: argparse.Namespace) -> int:
     from megha.common.settings import LoadgenSettings
     from megha.deploy.local import LocalDeployment, run_local
-    from megha.loadgen.report import format_table, write_outputs
+    from megha.loadgen.report import format_table, report_dir, run_warnings, write_outputs
 
+    out = report_dir(args.out, LOCAL_OUT, args.overwrite)
     deployment = LocalDeployment(
         gms=args.gms,
         lms=args.lms,
@@ -281,7 +324,7 @@ def _local(args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         worker_timeout=args.worker_timeout,
         amqp_url=args.amqp_url,
-        log_dir=args.out / "logs",
+        log_dir=out / "logs",
         **({"run_id": args.run_id} if args.run_id else {}),
     )
     settings = LoadgenSettings(
@@ -292,7 +335,7 @@ def _local(args: argparse.Namespace) -> int:
         cpu_scale=args.cpu_scale,
         mem_scale=args.mem_scale,
         seed=args.seed,
-        out=str(args.out),
+        out=str(out),
     )
     try:
         run, states = run_local(deployment, settings)
@@ -311,19 +354,25 @@ def _local(args: argparse.Namespace) -> int:
         run.metrics,
         list(run.tasks.values()),
         list(run.jobs.values()),
-        args.out,
+        out,
         title,
         {"args": {k: str(v) for k, v in vars(args).items()}},
     )
-    print(f"wrote {', '.join(str(p) for p in paths.values())}; service logs in {args.out / 'logs'}")
-    return 1 if run.metrics.not_exactly_once or run.timed_out or not all(s["idle"] for s in states) else 0
+    print(f"wrote {', '.join(str(p) for p in paths.values())}; service logs in {out / 'logs'}")
+    warnings = run_warnings(run.metrics)
+    _warn("local", warnings)
+    if run.metrics.not_exactly_once or run.timed_out or not all(s["idle"] for s in states):
+        return 1
+    return 3 if warnings else 0
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from megha.loadgen.progress import Progress
     from megha.loadgen.replay import ReplayConfig, config_dict, replay
-    from megha.loadgen.report import format_table, write_outputs
+    from megha.loadgen.report import format_counters, format_table, report_dir, run_warnings, write_outputs
     from megha.loadgen.trace import demo_trace_path
 
+    out = None if args.no_files else report_dir(args.out, REPLAY_OUT, args.overwrite)
     config = ReplayConfig(
         trace=str(demo_trace_path()) if args.trace == "demo" else args.trace,
         first_jobs=args.first_jobs,
@@ -345,22 +394,19 @@ def _replay(args: argparse.Namespace) -> int:
         queues=args.queues,
         constraints=not args.no_constraints,
         share_policy=args.share_policy,
-        worker_faults=parse_faults(args.fail, args.fail_detect, args.fail_repair, args.seed),
+        faults=parse_faults(args.fail, args.fail_detect, args.fail_repair, args.seed),
         max_attempts=args.max_attempts,
     )
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    result = replay(config, None if args.quiet else progress)
+    result = replay(config, None if args.quiet else Progress())
     title = f"{config.scheduler.capitalize()} replay of {args.trace} ({config.matching} matching, {config.mode} mode)"
     print(format_table(result.metrics, title))
     counters = result.system.counters()
     if counters:
-        print(f"{config.scheduler} counters: " + "  ".join(f"{k.replace('_', ' ')}: {v}" for k, v in counters.items()))
-    if not args.no_files:
+        print(format_counters(config.scheduler, counters))
+    if out is not None:
         extra = {
             "config": config_dict(config),
+            "scheduler_counters": counters,
             "command": " ".join(["megha", *sys.argv[1:]]),
             "machine": {"python": platform.python_version(), "platform": platform.platform()},
         }
@@ -368,12 +414,16 @@ def _replay(args: argparse.Namespace) -> int:
             result.metrics,
             list(result.recorder.tasks.values()),
             list(result.recorder.jobs.values()),
-            args.out,
+            out,
             title,
             extra,
         )
         print(f"wrote {', '.join(str(p) for p in paths.values())}")
-    return 1 if result.metrics.not_exactly_once else 0
+    warnings = run_warnings(result.metrics)
+    _warn("replay", warnings)
+    if result.metrics.not_exactly_once:
+        return 1
+    return 3 if warnings else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,10 +134,34 @@ def test_counts_and_exactly_once_check() -> None:
     assert m.tasks_per_wall_second == pytest.approx(0.5)
 
 
-def test_simulated_span_is_last_finish_minus_first_arrival() -> None:
-    m = compute_metrics(three_tasks(), [], CAPACITY, NAMES, wall_seconds=0.0)
-    assert m.simulated_span == pytest.approx(3.030)
+def test_span_is_last_finish_minus_first_arrival_on_the_clock_named() -> None:
+    m = compute_metrics(three_tasks(), [], CAPACITY, NAMES, wall_seconds=0.0, clock="virtual")
+    assert m.span == pytest.approx(3.030)
+    assert m.clock == "virtual"
     assert math.isnan(m.tasks_per_wall_second)
+    # A real deployment's records are on the wall clock, which is what the services' load generator records.
+    assert compute_metrics(three_tasks(), [], CAPACITY, NAMES, wall_seconds=0.0).clock == "wall"
+    with pytest.raises(ValueError, match="clock"):
+        compute_metrics(three_tasks(), [], CAPACITY, NAMES, wall_seconds=0.0, clock="simulated")  # type: ignore[arg-type]
+
+
+def test_failure_and_rejection_reasons_are_tallied_most_common_first() -> None:
+    times = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+    tasks = [
+        placed("ok", "j1", times),
+        placed("a", "j2", times, completions=0, failed_reason="rejected at submission: no node satisfies [5, 6]"),
+        placed("b", "j2", times, completions=0, failed_reason="rejected at submission: no node satisfies [1]"),
+        placed("c", "j1", times, completions=0, failed_reason="worker lost 3 times"),
+    ]
+    jobs = [
+        JobRecord("j1", 0, 0.0, 2, 1.0),
+        JobRecord("j2", 0, 0.0, 2, 1.0, rejected_reason="no node satisfies [5, 6]"),
+        JobRecord("j3", 0, 0.0, 2, 1.0, rejected_reason="no node satisfies [2]"),
+    ]
+    m = compute_metrics(tasks, jobs, CAPACITY, NAMES, wall_seconds=1.0)
+    # Lists of constraint ids are left out, so the same cause is counted once.
+    assert m.failure_reasons == (("rejected at submission: no node satisfies", 2), ("worker lost 3 times", 1))
+    assert m.rejection_reasons == (("no node satisfies", 2),)
 
 
 def running(start: float, end: float, request: tuple[int, int]) -> TaskRecord:
@@ -152,10 +176,10 @@ def test_utilization_of_two_overlapping_tasks() -> None:
         TaskRecord("no-end", "j", 0, "u", 1.0, (4000, 8000), started_at=2.0),
     ]
     series = utilization_over_time(tasks, CAPACITY, NAMES, step=2.5)
-    # A task holds its request from its start (inclusive) to its finish (exclusive).
-    assert series.times.tolist() == [0.0, 2.5, 5.0, 7.5, 10.0, 12.5, 15.0]
-    assert series.fractions["cpu"].tolist() == [0.25, 0.25, 0.75, 0.75, 0.5, 0.5, 0.0]
-    assert series.fractions["mem"].tolist() == [0.25, 0.25, 0.5, 0.5, 0.25, 0.25, 0.0]
+    # Steps of 2.5 s from the first start to the last finish, each the average over the step.
+    assert series.times.tolist() == [0.0, 2.5, 5.0, 7.5, 10.0, 12.5]
+    assert series.fractions["cpu"].tolist() == [0.25, 0.25, 0.75, 0.75, 0.5, 0.5]
+    assert series.fractions["mem"].tolist() == [0.25, 0.25, 0.5, 0.5, 0.25, 0.25]
     # Exact time-average over the busy span 0..15 s: (1000*10 + 2000*10) / (4000*15), (2000*10 * 2) / (8000*15).
     assert series.mean["cpu"] == pytest.approx(0.5)
     assert series.mean["mem"] == pytest.approx(1 / 3)
@@ -168,10 +192,22 @@ def test_utilization_matches_a_direct_count() -> None:
         start = rng.uniform(0.0, 100.0)
         tasks.append(running(start, start + rng.expovariate(0.1), (rng.randint(1, 50), rng.randint(1, 90))))
     series = utilization_over_time(tasks, (1000, 2000), NAMES, step=0.7)
+    last = max(task.finished_at for task in tasks)
     for i, t in enumerate(series.times.tolist()):
-        held = [sum(task.request[r] for task in tasks if task.started_at <= t < task.finished_at) for r in (0, 1)]
+        end = min(t + 0.7, last)
+        overlaps = [max(0.0, min(end, task.finished_at) - max(t, task.started_at)) for task in tasks]
+        held = [sum(task.request[r] * o for task, o in zip(tasks, overlaps)) / (end - t) for r in (0, 1)]
         assert series.fractions["cpu"][i] == pytest.approx(held[0] / 1000)
         assert series.fractions["mem"][i] == pytest.approx(held[1] / 2000)
+    assert series.times[-1] < last <= series.times[-1] + 0.7
+
+
+def test_back_to_back_tasks_show_no_dip_or_spike() -> None:
+    # Each task starts as the previous one ends; the float sums make some end a hair before or after the next
+    # start, which an instant's sample would show as utilization dropping to 0 or doubling.
+    tasks = [running(k + 0.0015, (k + 0.0015) + 1.0, (1000, 2000)) for k in range(200)]
+    series = utilization_over_time(tasks, CAPACITY, NAMES)
+    assert series.fractions["cpu"] == pytest.approx(np.full(series.times.size, 0.25))
 
 
 def test_utilization_of_no_running_task_is_empty() -> None:

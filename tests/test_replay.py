@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,8 @@ from megha.cli import main
 from megha.common.clusterfile import save_cluster
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import ALL_CONSTRAINTS_MASK
+from megha.embedded import faults as faults_module
+from megha.embedded.faults import Fault, Faults
 from megha.loadgen.replay import ReplayConfig, replay
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -86,7 +92,7 @@ def test_realtime_mode_runs_on_the_wall_clock() -> None:
     )
     _assert_nothing_lost(result)
     # Sleeping until each event is due means the run cannot take less wall time than it simulates.
-    assert result.wall_seconds >= result.metrics.simulated_span * 0.99
+    assert result.wall_seconds >= result.metrics.span * 0.99
 
 
 @pytest.mark.shared
@@ -105,26 +111,16 @@ def test_reference_replay_of_syn_250_meets_the_published_delays() -> None:
             assert "no node satisfies placement constraints" in job.rejected_reason
 
 
+# 50 tasks on 20 nodes that satisfy every constraint: a healthy run, done in a fraction of a second.
+SMALL_REPLAY = ["replay", "--trace", "syn:10:5", "--lms", "1", "--gms", "2", "--workers-per-partition", "10"]
+SMALL_REPLAY += ["--no-constraints", "--quiet"]
+
+
 def test_cli_replay_prints_the_report_and_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        [
-            "replay",
-            "--trace",
-            "syn:10:5",
-            "--lms",
-            "1",
-            "--gms",
-            "2",
-            "--workers-per-partition",
-            "10",
-            "--out",
-            str(tmp_path),
-            "--quiet",
-        ]
-    )
+    code = main([*SMALL_REPLAY, "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
-    assert "allocation time" in out and "JRT delay" in out and "tasks: 50  completed: " in out
+    assert "allocation time" in out and "JRT delay" in out and "tasks: 50  completed: 50  failed: 0" in out
     for name in ("tasks.csv", "jobs.csv", "summary.json", "utilization.csv", "cdf.png"):
         assert (tmp_path / name).stat().st_size > 0
 
@@ -148,3 +144,102 @@ def test_cli_rejects_bad_options_naming_them(args: list[str], message: str, caps
 def test_cli_reports_a_missing_trace_file_as_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--trace", "no/such/file.tr", "--no-files", "--quiet"]) == 2
     assert "no/such/file.tr" in capsys.readouterr().err
+
+
+def test_realtime_mode_records_wall_clock_times() -> None:
+    config = ReplayConfig(trace="syn:5:3", time_scale=0.1, lms=1, gms=1, workers_per_partition=10)
+    virtual, real = replay(config), replay(replace(config, realtime=True))
+    assert (virtual.metrics.clock, real.metrics.clock) == ("virtual", "wall")
+    # Deciding takes no time on the virtual clock, and the CPU time it takes on the wall clock.
+    assert virtual.metrics.components["processing"].max == 0.0
+    assert real.metrics.components["processing"].median > 0.0
+    assert real.metrics.span <= real.wall_seconds
+
+
+def test_replay_takes_faults_under_their_own_name() -> None:
+    faults = Faults(at=(Fault("worker", 1.0, 0, 0, down=20.0),), detect=2.0)
+    result = replay(ReplayConfig(trace="syn:10:5", lms=1, gms=1, workers_per_partition=10, faults=faults))
+    _assert_nothing_lost(result)
+    assert result.system.counters()["worker_crashes"] == 1
+    assert not hasattr(faults_module, "WorkerFaults")
+
+
+def _readme_replays(needle: str) -> list[list[str]]:
+    """The `megha replay` examples of the README that contain `needle`, as argument lists."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
+    return [
+        shlex.split(line.split("#")[0])[1:]
+        for line in text.splitlines()
+        if line.startswith(".venv/bin/megha replay") and needle in line
+    ]
+
+
+@pytest.mark.parametrize("example", _readme_replays("--trace demo"), ids=lambda argv: " ".join(argv[2:8]))
+def test_readme_demo_examples_run_without_warnings(
+    example: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*example, "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "WARNING" not in err, err
+    assert "failed: 0" in out, out
+
+
+def test_readme_has_the_scaled_demo_example() -> None:
+    assert any("--mode scaled" in " ".join(argv) and "--queues" not in argv for argv in _readme_replays("demo"))
+
+
+SCALED_DEMO_ON_80_NODES = ["replay", "--trace", "demo", "--mode", "scaled", "--lms", "2", "--gms", "2"]
+SCALED_DEMO_ON_80_NODES += ["--workers-per-partition", "20", "--node-cpu", "2000", "--node-mem", "4096", "--quiet"]
+
+
+def test_cli_warns_loudly_and_fails_when_most_tasks_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The README's old example: 80 nodes cannot satisfy most of the demo trace's placement constraints.
+    assert main([*SCALED_DEMO_ON_80_NODES, "--out", str(tmp_path / "out")]) == 3
+    err = capsys.readouterr().err
+    assert "WARNING: 7,720 of 7,823 tasks failed (98.7 %)" in err
+    assert "WARNING: 34 of 100 jobs were rejected (34.0 %)" not in err  # a third is not most
+    assert "--no-constraints" in err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["warnings"] and summary["warnings"][0].startswith("7,720 of 7,823 tasks failed")
+
+
+def test_cli_refuses_to_overwrite_a_report_unless_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = SMALL_REPLAY
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 0
+    first = (out / "tasks.csv").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "--overwrite" in err
+    assert (out / "tasks.csv").stat().st_mtime_ns == first
+    assert main([*argv, "--out", str(out), "--overwrite"]) == 0
+    assert (out / "tasks.csv").stat().st_mtime_ns != first
+
+
+def test_cli_without_out_writes_each_report_to_a_new_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = SMALL_REPLAY
+    assert main(argv) == 0
+    (first,) = (tmp_path / "out" / "replay").iterdir()
+    assert str(first.relative_to(tmp_path)) in capsys.readouterr().out
+    assert main(argv) == 0
+    assert len(list((tmp_path / "out" / "replay").iterdir())) == 2
+
+
+def test_cli_help_explains_output_folders_and_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--overwrite" in text and "out/replay/<date>-<time>" in text
+    assert "exit status: 0" in text and "3 most tasks failed or most jobs were rejected" in text
+
+
+def test_cli_names_the_two_repartition_counts_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = _versatile_cluster(tmp_path / "c.json", 2, 2, 2)
+    assert main(["replay", "--trace", "syn:20:3", "--cluster", cluster, "--no-files", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "tasks placed by repartition: " in out and "repartitioned placements: " in out
+    assert not re.search(r"(?<!by )(repartitions|preemptions):", out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,15 @@ import pytest
 
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.records import JobRecord, TaskRecord
-from megha.loadgen.report import format_seconds, format_table, write_outputs
+from megha.loadgen.report import (
+    cdf_figure,
+    format_counters,
+    format_seconds,
+    format_table,
+    report_dir,
+    run_warnings,
+    write_outputs,
+)
 
 NAMES = ("cpu", "mem")
 CAPACITY = (4000, 8000)
@@ -57,7 +66,11 @@ def run() -> tuple[list[TaskRecord], list[JobRecord], RunMetrics]:
         JobRecord("j3", 0, submitted_at=0.7, num_tasks=4, ideal_jrt=2.0, rejected_reason="unknown user"),
     ]
     # 1.003 s of wall time, so throughput (2 completed tasks) is printed from a known figure.
-    return tasks, jobs, compute_metrics(tasks, jobs, CAPACITY, NAMES, wall_seconds=1.003, utilization_step=1.0)
+    return (
+        tasks,
+        jobs,
+        compute_metrics(tasks, jobs, CAPACITY, NAMES, wall_seconds=1.003, utilization_step=1.0, clock="virtual"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -68,7 +81,9 @@ def run() -> tuple[list[TaskRecord], list[JobRecord], RunMetrics]:
         (0.99999, "999.99 ms"),
         (1.0, "1.000 s"),
         (1.003, "1.003 s"),
-        (125.5, "125.500 s"),
+        (99.9994, "99.999 s"),
+        (125.5, "125.5 s"),
+        (32521.209, "32,521.2 s"),
     ],
 )
 def test_format_seconds(seconds: float, text: str) -> None:
@@ -86,7 +101,7 @@ def test_table_rows_and_totals() -> None:
     assert lines[0] == "replay of a test trace"
     header = next(line for line in lines if "median" in line).split()
     assert header == ["n", "median", "mean", "p90", "p99", "p99.99", "max"]
-    rows = {line[:18].strip(): line[18:].split() for line in lines[3:9]}
+    rows = {label: cells for label, *cells in (re.split(r"\s{2,}", line.strip()) for line in lines[3:9])}
     # Allocation times 3.5 ms and 1.5 ms: median = mean = 2.5 ms, p90 = 1.5 + 0.9 * 2 = 3.3 ms, p99 = 3.48 ms.
     assert " ".join(rows["allocation time"]) == "2 2.50 ms 2.50 ms 3.30 ms 3.48 ms 3.50 ms 3.50 ms"
     assert " ".join(rows["framework queuing"]) == "2 1.00 ms 1.00 ms 1.00 ms 1.00 ms 1.00 ms 1.00 ms"
@@ -97,7 +112,10 @@ def test_table_rows_and_totals() -> None:
     assert "tasks: 3  completed: 2  failed: 1  not completed exactly once: 0" in table
     assert "jobs: 3  rejected: 1" in table
     assert f"cpu {100 * CPU_MEAN:.1f} %" in table
-    assert "2 tasks in 5.010 s simulated, 1.003 s wall: 2.0 tasks per wall second" in table
+    assert (
+        "throughput: 2 tasks in 5.010 s of simulated time, replayed in 1.003 s of wall time: 2.0 tasks per wall second"
+        in table
+    )
 
 
 def test_table_shows_dashes_without_data() -> None:
@@ -151,10 +169,12 @@ def test_write_outputs_files_match_the_records(tmp_path: Path) -> None:
     assert summary["mean_utilization"]["cpu"] == pytest.approx(CPU_MEAN)
 
     utilization = read_csv(paths["utilization.csv"])
-    # Samples every second from the first start (t2 at 1.5 ms): t2 alone, both (t1 from 3.5 ms), t1 alone (from 2.5 s).
-    assert [float(r["time"]) for r in utilization] == metrics.utilization.times.tolist()
-    assert [float(r["cpu"]) for r in utilization] == [0.5, 0.75, 0.75, 0.25, 0.25, 0.25]
-    assert [float(r["mem"]) for r in utilization] == [0.5, 0.75, 0.75, 0.25, 0.25, 0.25]
+    # Averages over each second from the first start (t2 at 1.5 ms): t2, with t1 from 3.5 ms; both; t2 until 2.5 s,
+    # t1 throughout; t1 alone, to its finish at 5.01 s.
+    assert [float(r["time"]) for r in utilization] == pytest.approx(metrics.utilization.times.tolist(), abs=1e-6)
+    fractions = [0.7495, 0.75, 0.49925, 0.25, 0.25, 0.25]
+    assert [float(r["cpu_used_fraction"]) for r in utilization] == pytest.approx(fractions)
+    assert [float(r["mem_used_fraction"]) for r in utilization] == pytest.approx(fractions)
 
     assert paths["cdf.png"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert paths["cdf.png"].stat().st_size > 10_000
@@ -183,3 +203,172 @@ def test_importing_the_report_does_not_import_matplotlib() -> None:
     code = "import sys, megha.loadgen.report; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_table_columns_stay_apart_when_times_reach_hours() -> None:
+    # 7,823 tasks waiting from 0 to 26 hours (the scale of the README's fair-scheduling example).
+    tasks = [task(f"t{i}", 0.0, 93_600.0 * i / 7822, 93_600.0 * i / 7822 + 10.0, (1, 1)) for i in range(7823)]
+    metrics = compute_metrics(tasks, [], CAPACITY, NAMES, wall_seconds=1.0, clock="virtual")
+    lines = format_table(metrics, "hours").splitlines()
+    header, row = lines[2], next(line for line in lines if line.startswith("allocation time"))
+    cells = re.split(r"\s{2,}", row.strip())
+    assert cells[:3] == ["allocation time", "7,823", "46,800.0 s"]
+    assert cells[-1] == "93,600.0 s"
+    assert len(cells) == 8
+    # Every cell ends where its column's heading ends.
+    ends = [m.end() for m in re.finditer(r"\S+", header)]
+    assert [m.end() for m in re.finditer(r"\S+(?: \S+)?", row)][1:] == ends
+
+
+def test_counts_say_what_they_count() -> None:
+    tasks, jobs, _ = run()
+    tasks[0].repartitioned = True
+    tasks[0].preemption_attempts, tasks[0].preemptions = 1, 3  # one request stopped three runs
+    metrics = compute_metrics(tasks, jobs, CAPACITY, NAMES, wall_seconds=1.0, clock="virtual")
+    table = format_table(metrics, "counts")
+    assert "tasks placed by repartition: 1" in table
+    assert "preemption requests: 1  runs stopped by preemption: 3" in table
+    assert not re.search(r"(?<!by )(repartitions|preemptions):", table)
+    counters = format_counters(
+        "megha", {"repartitions": 6438, "inconsistencies": 950, "preemption_attempts": 1160, "preemptions": 1288}
+    )
+    assert "repartitioned placements: 6,438" in counters
+    assert "inconsistencies: 950" in counters
+    assert "preemption requests: 1,160  runs stopped by preemption: 1,288" in counters
+    assert not re.search(r"(repartitions|preemptions):", counters)
+
+
+def test_an_empty_run_shows_dashes_not_nan() -> None:
+    table = format_table(compute_metrics([], [], CAPACITY, NAMES, wall_seconds=1.0), "empty")
+    assert "nan" not in table.lower()
+    assert "mean utilization: cpu -  mem -" in table
+
+
+def test_a_wall_clock_run_is_not_called_simulated() -> None:
+    tasks, jobs, _ = run()
+    metrics = compute_metrics(tasks, jobs, CAPACITY, NAMES, wall_seconds=8.0, clock="wall")
+    table = format_table(metrics, "a real deployment")
+    assert "simulated" not in table
+    assert "throughput: 2 tasks completed in 8.000 s of wall time: 0.2 tasks per second" in table
+    assert "(first arrival to last finish: 5.010 s)" in table
+
+
+def test_no_warning_for_a_run_that_mostly_worked() -> None:
+    assert run_warnings(run()[2]) == []  # 1 of 3 tasks failed, 1 of 3 jobs rejected
+
+
+def test_warnings_when_most_tasks_fail_or_most_jobs_are_rejected() -> None:
+    tasks, jobs, _ = run()
+    for i, constraints in enumerate(("[5, 6]", "[1, 2, 3]", "[5, 6]")):
+        tasks.append(
+            TaskRecord(
+                f"r{i}",
+                "j3",
+                0,
+                "bob",
+                1.0,
+                (1, 1),
+                failed_reason=f"rejected at submission: no node satisfies placement constraints {constraints}",
+            )
+        )
+    jobs[1].rejected_reason = "no node satisfies placement constraints [5, 6]"
+    metrics = compute_metrics(tasks, jobs, CAPACITY, NAMES, wall_seconds=1.0)
+    warnings = run_warnings(metrics)
+    assert len(warnings) == 2
+    tasks_warning, jobs_warning = warnings
+    assert tasks_warning.startswith("4 of 6 tasks failed (66.7 %)")
+    assert "rejected at submission: no node satisfies placement constraints (3 tasks)" in tasks_warning
+    assert "no node satisfies the constraints (1 task)" in tasks_warning
+    assert "--no-constraints" in tasks_warning
+    assert jobs_warning.startswith("2 of 3 jobs were rejected (66.7 %)")
+    assert "no node satisfies placement constraints (1 job); unknown user (1 job)" in jobs_warning
+
+
+def test_warning_for_a_run_without_jobs() -> None:
+    metrics = compute_metrics([], [], CAPACITY, NAMES, wall_seconds=1.0)
+    assert run_warnings(metrics) == ["the trace held no jobs: nothing was measured"]
+
+
+def test_csv_files_hold_rounded_numbers_under_names_that_say_what_they_are(tmp_path: Path) -> None:
+    t = task("t", 0.9005, 0.9014999999999999, 1.0014999999999998, (3, 5))
+    t.launched_at = 0.9009999999999999
+    jobs = [JobRecord("j1", 0, 0.9005, 1, 0.1, finished_tasks=1, finished_at=1.0014999999999998)]
+    metrics = compute_metrics([t], jobs, (3000, 7000), NAMES, wall_seconds=1.0, utilization_step=0.0301)
+    paths = write_outputs(metrics, [t], jobs, tmp_path, "rounding")
+    texts = {name: paths[name].read_text() for name in ("tasks.csv", "jobs.csv", "utilization.csv")}
+    for name, text in texts.items():
+        assert not re.search(r"\.\d{7,}", text), (name, text)
+    assert read_csv(paths["tasks.csv"])[0]["launched_at"] == "0.901"
+    assert texts["utilization.csv"].splitlines()[0] == "time,cpu_used_fraction,mem_used_fraction"
+    assert read_csv(paths["utilization.csv"])[0]["cpu_used_fraction"] == "0.001"
+
+
+def test_a_report_folder_is_never_overwritten_silently(tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "mine"
+    assert report_dir(out, tmp_path / "default", overwrite=False) == out  # new: fine
+    tasks, jobs, metrics = run()
+    write_outputs(metrics, tasks, jobs, out, "first")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(out))} already holds a report.*--overwrite") as info:
+        report_dir(out, tmp_path / "default", overwrite=False)
+    assert "\n" not in str(info.value)
+    assert report_dir(out, tmp_path / "default", overwrite=True) == out
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert report_dir(tmp_path / "other", tmp_path / "default", overwrite=False) == tmp_path / "other"
+
+
+def test_without_a_folder_each_report_gets_a_new_one(tmp_path: Path) -> None:
+    root = tmp_path / "out" / "replay"
+    first = report_dir(None, root, overwrite=False)
+    assert first.parent == root and re.fullmatch(r"\d{8}-\d{6}", first.name)
+    first.mkdir(parents=True)
+    second = report_dir(None, root, overwrite=False)
+    assert second != first and second.parent == root
+
+
+def _spread_run(allocations: list[float], request: tuple[int, int]) -> tuple[list[TaskRecord], list[JobRecord]]:
+    tasks = [task(f"t{i}", 0.0, a, a + 1.0 + i % 7, request) for i, a in enumerate(allocations)]
+    jobs = [JobRecord("j1", 0, 0.0, len(tasks), 1.0, len(tasks), max((t.finished_at for t in tasks), default=0.0))]
+    return tasks, jobs
+
+
+PLOT_CAPACITY = (1_204_000, 2_408_000)
+PLOT_SCALES = {
+    # The default run: every allocation 1 ms but one of 2 ms; CPU and memory held alike, 2.5 % of the data centre.
+    "milliseconds, nearly all equal": _spread_run([0.001] * 300 + [0.002], (100, 200)),
+    "milliseconds to a day": _spread_run([0.001 * 10 ** (i / 40) for i in range(321)], (900, 500)),
+    "all zero": _spread_run([0.0] * 50, (4000, 8000)),
+    "nothing ran": ([], []),
+}
+
+
+def _overlaps(boxes: list[object]) -> list[tuple[object, object]]:
+    return [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if a.overlaps(b)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("scale", sorted(PLOT_SCALES))
+def test_plots_are_readable_at_every_scale(scale: str) -> None:
+    tasks, jobs = PLOT_SCALES[scale]
+    metrics = compute_metrics(tasks, jobs, PLOT_CAPACITY, NAMES, wall_seconds=1.0)
+    figure = cdf_figure(metrics, tasks, jobs, f"plot at the scale of {scale}")
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    for axes in figure.axes:
+        for ticks in (axes.get_xticklabels(), axes.get_yticklabels()):
+            boxes = [t.get_window_extent(renderer) for t in ticks if t.get_visible() and t.get_text()]
+            assert not _overlaps(boxes), (axes.get_xlabel(), [t.get_text() for t in ticks])
+        legend = axes.get_legend()
+        if legend is not None:  # beside the data, never over it
+            box = legend.get_window_extent(renderer)
+            for line in axes.get_lines():
+                points = line.get_transform().transform(line.get_xydata())
+                assert not any(box.contains(x, y) for x, y in points), f"the legend covers {line.get_label()}"
+    util = figure.axes[2]
+    lines = [line for line in util.get_lines() if line.get_label() and not line.get_label().startswith("_")]
+    styles = [line.get_linestyle() for line in lines]
+    assert len(set(styles)) == len(styles), "one line would hide another"
+    if tasks:
+        peak = max(max(line.get_ydata()) for line in lines)
+        assert peak > 0 and util.get_ylim()[1] <= max(2 * peak, 2.0), "the data uses the height of the plot"
+    for axes in figure.axes[:2]:  # every CDF is drawn, even of a single value
+        assert all(len(line.get_xdata()) >= 2 for line in axes.get_lines())

@@ -126,3 +126,14 @@ def test_demo_trace_is_small_and_parses() -> None:
 @pytest.mark.shared
 def test_demo_trace_is_the_head_of_the_google_subtrace(shared_traces: Path) -> None:
     assert read_trace(demo_trace_path()) == read_trace(shared_traces / "GOOG_subtrace.tr", first_n=100)
+
+
+@pytest.mark.parametrize("data", [b"\x7fELF\x02\x01\x01\x00\x00\xf0\x9f", b"0 1 1 1\n\xff\xfe1 2 3\n"])
+def test_a_binary_file_is_refused_naming_it(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "binary.tr"
+    path.write_bytes(data)
+    with pytest.raises(TraceError, match="not a text trace") as info:
+        read_trace(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(TraceError, match="not a text trace"):
+        resolve_trace(str(path))

@@ -61,7 +61,7 @@ def run(component: str, rate: float, first_jobs: int, seed: int, down: float) ->
         workers_per_partition=40,
         constraints=False,
         seed=seed,
-        worker_faults=faults,
+        faults=faults,
     )
     result = replay(config)
     m = result.metrics

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from megha.loadgen.progress import Progress
 from megha.loadgen.replay import ReplayConfig, ReplayResult, replay
 from megha.loadgen.report import format_seconds
 from megha.loadgen.trace import demo_trace_path
@@ -144,9 +145,9 @@ def seconds(value: float) -> str:
 
 
 def run_replay(config: ReplayConfig, workload: str) -> tuple[Run, ReplayResult]:
-    """Replay `config` and summarise it as a Run labelled `workload`."""
+    """Replay `config` and summarise it as a Run labelled `workload`; on a terminal, with a progress bar."""
     cpu = time.process_time()
-    result = replay(config)
+    result = replay(config, Progress.on_terminal())
     cpu = time.process_time() - cpu
     m = result.metrics
     a, j = m.allocation_time, m.jrt_delay

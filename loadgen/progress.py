@@ -1,0 +1,64 @@
+"""Progress of long runs on stderr: one-line notes, and on a terminal a bar with the share done and the time left.
+
+Off a terminal (a pipe, a log file, a test) there is no bar, so logs hold only the notes; `--quiet` passes no
+`Progress` at all. The bar is drawn by `rich`, imported only when a bar is shown.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+#: advance(done, detail): `done` units of the total are finished; `detail` is shown after the bar.
+Advance = Callable[[int, str], None]
+
+
+class Progress:
+    """Where a long run says how far it got. `bar` defaults to whether `stream` (stderr) is a terminal."""
+
+    def __init__(self, stream: TextIO | None = None, bar: bool | None = None) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.bar = self.stream.isatty() if bar is None else bar
+
+    @classmethod
+    def on_terminal(cls) -> Progress | None:
+        """A Progress when stderr is a terminal, else None: for runs whose logs should stay as they were."""
+        return cls() if sys.stderr.isatty() else None
+
+    def note(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    @contextmanager
+    def track(self, description: str, total: int, unit: str) -> Iterator[Advance]:
+        """Yields `advance`; on a terminal, a bar of `total` `unit`s with an estimate of the time left (from the
+        recent pace), erased when the block ends."""
+        if not self.bar:
+            yield _ignore
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
+
+        columns = (  # the most telling first: a narrow terminal cuts the line short at its end
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            TaskProgressColumn(),
+            TimeRemainingColumn(),
+            TextColumn("left"),
+            TextColumn(f"{{task.completed:,.0f}}/{{task.total:,.0f}} {unit}"),
+            TextColumn("{task.fields[detail]}"),
+        )
+        console = Console(file=self.stream, force_terminal=True)
+        with Bar(*columns, console=console, transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
+            task = bar.add_task(description, total=total, detail="")
+
+            def advance(done: int, detail: str) -> None:
+                bar.update(task, completed=min(done, total), detail=detail)
+
+            yield advance
+
+
+def _ignore(done: int, detail: str) -> None:
+    """No bar: nothing to draw."""
