@@ -522,7 +522,7 @@ async def test_lm_takes_a_silent_agent_out_of_service_reports_its_tasks_lost_and
         # reported lost (they run again elsewhere); back with nothing running: in service again.
         asked: list[tuple[str, bytes]] = []
 
-        async def post(url: str, body: bytes) -> Any:
+        async def post(url: str, body: bytes, resend: bool = True) -> Any:
             asked.append((url, body))
             raise CallError("not reachable in this test")
 
