@@ -5,9 +5,10 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal, Self
+import sys
+from typing import TYPE_CHECKING, Annotated, Literal, Self, TypeVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from megha.common.core.constraints import NUM_CONSTRAINTS
@@ -134,7 +135,7 @@ class GMSettings(FairSettings):
     @model_validator(mode="after")
     def _check_peers(self) -> Self:
         if self.gm_urls and self.gm_id >= len(self.gm_urls):
-            raise ValueError(f"gm_id {self.gm_id} has no URL in gm_urls ({len(self.gm_urls)} listed)")
+            raise ValueError(f"MEGHA_GM_ID={self.gm_id} has no URL in MEGHA_GM_URLS ({len(self.gm_urls)} listed)")
         return self
 
     def peer(self, step: int) -> int | None:
@@ -220,6 +221,23 @@ class LoadgenSettings(FairSettings):
     @classmethod
     def _split(cls, value: object) -> object:
         return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(model: type[S], command: str) -> S:
+    """`model` from the MEGHA_* environment, or one line naming each bad variable and exit status 2."""
+    try:
+        return model()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = "_".join(str(part) for part in error["loc"]).upper()
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"MEGHA_{name}: {message}" if name else message)
+        print(f"{command}: bad settings: {'; '.join(problems)} (see {command} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def settings_help(model: type[BaseSettings]) -> str:

@@ -24,7 +24,7 @@ from megha.common.core.constraints import constraint_ids
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.core.task import JobSpec
 from megha.common.models import JobStatus, TaskEvent, TaskEvents
-from megha.common.settings import LoadgenSettings
+from megha.common.settings import LoadgenSettings, load_settings
 from megha.common.transport.inmemory import fewer_gc_pauses
 from megha.common.transport.rabbit import Broker
 from megha.loadgen.metrics import RunMetrics, compute_metrics
@@ -315,7 +315,7 @@ async def _placement_details(
 def main() -> int:
     from megha.loadgen.report import format_table, write_outputs
 
-    settings = LoadgenSettings()
+    settings = load_settings(LoadgenSettings, "python -m megha.loadgen.services")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s loadgen %(levelname)s: %(message)s")
     run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
     assert run.metrics is not None

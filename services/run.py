@@ -8,7 +8,14 @@ from types import FrameType
 import uvicorn
 
 from megha.common.lifecycle import stop_requested
-from megha.common.settings import GMSettings, LMSettings, ServiceSettings, WorkerSettings, settings_help
+from megha.common.settings import (
+    GMSettings,
+    LMSettings,
+    ServiceSettings,
+    WorkerSettings,
+    load_settings,
+    settings_help,
+)
 
 
 def _help_asked(model: type[ServiceSettings]) -> bool:
@@ -43,7 +50,7 @@ def serve_gm() -> None:
         return
     from megha.services.gm.app import create_app
 
-    settings = GMSettings()
+    settings = load_settings(GMSettings, "python -m megha.services.gm")
     _serve(create_app(settings), settings)
 
 
@@ -52,7 +59,7 @@ def serve_lm() -> None:
         return
     from megha.services.lm.app import create_app
 
-    settings = LMSettings()
+    settings = load_settings(LMSettings, "python -m megha.services.lm")
     _serve(create_app(settings), settings)
 
 
@@ -61,5 +68,5 @@ def serve_worker() -> None:
         return
     from megha.services.worker.app import create_app
 
-    settings = WorkerSettings()
+    settings = load_settings(WorkerSettings, "python -m megha.services.worker")
     _serve(create_app(settings), settings)

@@ -37,6 +37,24 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
     assert "cannot start: " in errors[0] and (wanted in errors[0] or "unreachable" in errors[0]), errors[0]
 
 
+@pytest.mark.parametrize(
+    ("module", "env", "named"),
+    [
+        ("megha.services.gm", {"MEGHA_TAKEOVER_AFTER": "-1"}, "MEGHA_TAKEOVER_AFTER"),
+        ("megha.services.gm", {"MEGHA_GM_ID": "3", "MEGHA_GM_URLS": "http://a:1,http://b:1"}, "MEGHA_GM_URLS"),
+        ("megha.services.lm", {"MEGHA_NUM_GMS": "zero"}, "MEGHA_NUM_GMS"),
+        ("megha.services.worker", {"MEGHA_PORT": "99999"}, "MEGHA_PORT"),
+        ("megha.loadgen.services", {"MEGHA_TIME_SCALE": "fast"}, "MEGHA_TIME_SCALE"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[str, str], named: str) -> None:
+    done = _start(module, **env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+    assert "bad settings" in output and named in output, output
+
+
 def test_a_gm_says_which_lm_it_waits_for_while_it_waits() -> None:
     done = _start("megha.services.gm", MEGHA_LM_URLS="http://127.0.0.1:9", MEGHA_LM_TIMEOUT="7")
     output = done.stdout + done.stderr
