@@ -68,9 +68,28 @@ class BrokerNode:
         deadline = time.monotonic() + timeout
         while not port_open(self.port):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"RabbitMQ node {self.name} not listening on {self.port} after {timeout} s")
+                raise TimeoutError(
+                    f"RabbitMQ node {self.name} not listening on {self.port} after {timeout} s; "
+                    f"the end of its log:\n{self.log_tail()}"
+                )
             time.sleep(0.2)
-        self._ctl("await_startup", timeout=timeout)
+        try:
+            self._ctl("await_startup", timeout=max(1.0, deadline - time.monotonic()))
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            # Something listens on the port but the node did not start: another program took the port while
+            # the node was down, or the node failed on its data.
+            raise TimeoutError(
+                f"RabbitMQ node {self.name} did not start: {exc}; the end of its log:\n{self.log_tail()}"
+            ) from None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the node's own log (its folder is removed with the node)."""
+        logs = sorted((self.base / "log").glob("*.log"), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return "(no log)"
+        with contextlib.suppress(OSError):
+            return logs[-1].read_text(errors="replace")[-chars:]
+        return "(log unreadable)"
 
     def pid(self) -> int | None:
         with contextlib.suppress(OSError, ValueError):

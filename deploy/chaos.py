@@ -1,13 +1,18 @@
-"""`megha chaos`: the chaos matrix. Each trial starts a RabbitMQ node of its own and a deployment of separate
-processes (2 GMs x 2 LMs x 2 agents by default, simulated execution), replays a trace that keeps tasks queued in
-the GMs, injects one fault once the GMs hold a backlog, and records what became of every accepted task:
-finished exactly once, failed with a reason, lost (neither), or finished more than once; and how long after the
-fault cleared every node was usable again (every LM ready with no node out of service, every GM answering).
+"""`megha chaos`: the chaos matrix. Each trial starts a deployment of its own (2 GMs x 2 LMs x 2 agents by
+default, simulated execution, and a RabbitMQ node), replays a trace that keeps tasks queued in the GMs, injects
+one fault once the GMs hold a backlog, and records what became of every accepted task: finished exactly once,
+failed with a reason, lost (neither), or finished more than once; and how long after the fault cleared every
+node was usable again (every LM ready with no node out of service, every GM answering).
 
-    megha chaos                                   # every fault, one trial each
+Two backends run the same matrix: `processes` (separate processes on this host and a RabbitMQ node of the
+trial's own; faults are signals and iptables rules) and `containers` (a container per service on a Docker
+network of the trial's own, deploy/containers.py; faults are docker kill, restart, pause and network disconnect).
+
+    megha chaos                                   # every fault of the process backend, one trial each
     megha chaos --faults gm-kill,broker-60 --trials 10 --out out/chaos
+    megha chaos --backend containers --trials 10  # needs the images of deploy/images/build.sh
 
-docs/reliability.md holds the table of 10 trials per fault and the command that made it.
+docs/reliability.md holds the tables of 10 trials per fault and the commands that made them.
 """
 
 from __future__ import annotations
@@ -22,60 +27,124 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
 from megha.common.settings import LoadgenSettings
 from megha.deploy.broker_node import BrokerNode
+from megha.deploy.containers import ContainerDeployment, DockerError, docker
 from megha.deploy.local import LocalDeployment
 from megha.loadgen.services import ServicesRun, replay_services
 
 
+class Target(Protocol):
+    """A running deployment as the matrix sees it: where this host reaches its GMs, LMs and broker."""
+
+    @property
+    def gm_urls(self) -> list[str]: ...
+
+    @property
+    def lm_urls(self) -> list[str]: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def amqp_url(self) -> str: ...
+
+
+T = TypeVar("T", bound=Target)
+
+
 @dataclass(frozen=True)
-class Fault:
+class Fault(Generic[T]):
     name: str
     what: str
-    inject: Callable[[LocalDeployment, BrokerNode], None]  # returns once the fault has cleared
+    inject: Callable[[T], None]  # returns once the fault has cleared
 
 
-def _kill_restart(name: str, down: float) -> Callable[[LocalDeployment, BrokerNode], None]:
-    def inject(deployment: LocalDeployment, node: BrokerNode) -> None:
-        deployment.kill(name)
+@dataclass(frozen=True)
+class Backend(Generic[T]):
+    name: str
+    faults: dict[str, Fault[T]]
+    deploy: Callable[[ChaosConfig, Path], AbstractContextManager[T]]  # a running deployment, logs in the path
+
+
+# ------------------------------------------------------------------------------------------- processes backend
+
+
+@dataclass
+class Processes:
+    """The process backend's deployment: separate processes on this host and a RabbitMQ node of their own."""
+
+    deployment: LocalDeployment
+    node: BrokerNode
+
+    @property
+    def gm_urls(self) -> list[str]:
+        return self.deployment.gm_urls
+
+    @property
+    def lm_urls(self) -> list[str]:
+        return self.deployment.lm_urls
+
+    @property
+    def run_id(self) -> str:
+        return self.deployment.run_id
+
+    @property
+    def amqp_url(self) -> str:
+        return self.node.url
+
+
+@contextlib.contextmanager
+def _processes(config: ChaosConfig, logs: Path) -> Iterator[Processes]:
+    with BrokerNode() as node:
+        deployment = LocalDeployment(**config.deployment_shape(), amqp_url=node.url, log_dir=logs)
+        with deployment:
+            yield Processes(deployment, node)
+
+
+def _kill_restart(name: str, down: float) -> Callable[[Processes], None]:
+    def inject(target: Processes) -> None:
+        target.deployment.kill(name)
         time.sleep(down)
-        deployment.restart(name)
+        target.deployment.restart(name)
 
     return inject
 
 
-def _broker_down(down: float) -> Callable[[LocalDeployment, BrokerNode], None]:
-    def inject(deployment: LocalDeployment, node: BrokerNode) -> None:
-        node.kill()
+def _broker_down(down: float) -> Callable[[Processes], None]:
+    def inject(target: Processes) -> None:
+        target.node.kill()
         time.sleep(down)
-        node.start()
+        target.node.start()
 
     return inject
 
 
-def _stall(name: str, seconds: float) -> Callable[[LocalDeployment, BrokerNode], None]:
-    def inject(deployment: LocalDeployment, node: BrokerNode) -> None:
-        deployment.pause(name)
+def _stall(name: str, seconds: float) -> Callable[[Processes], None]:
+    def inject(target: Processes) -> None:
+        target.deployment.pause(name)
         try:
             time.sleep(seconds)
         finally:
-            deployment.resume(name)
+            target.deployment.resume(name)
 
     return inject
 
 
-def _partition(name: str, seconds: float) -> Callable[[LocalDeployment, BrokerNode], None]:
+def _partition(name: str, seconds: float) -> Callable[[Processes], None]:
     """Cut a service off: nothing reaches its HTTP port, and its connections to the broker carry nothing
     (iptables DROP rules on this host's loopback, removed afterwards)."""
 
-    def inject(deployment: LocalDeployment, node: BrokerNode) -> None:
-        proc = deployment.process(name)
+    def inject(target: Processes) -> None:
+        proc, node = target.deployment.process(name), target.node
         port = int(proc.url.rsplit(":", 1)[1])
         amqp_ports = _client_ports(proc.popen.pid, node.port)
         rules = [["-p", "tcp", "--dport", str(port)], ["-p", "tcp", "--sport", str(port)]]
@@ -103,7 +172,7 @@ def _client_ports(pid: int, server_port: int) -> list[int]:
     return [int(line.split()[2].rsplit(":", 1)[1]) for line in out.splitlines() if f"pid={pid}," in line]
 
 
-FAULTS: dict[str, Fault] = {
+PROCESS_FAULTS: dict[str, Fault[Processes]] = {
     f.name: f
     for f in (
         Fault("gm-kill", "GM 0 killed (SIGKILL), restarted 5 s later", _kill_restart("gm-0", 5.0)),
@@ -115,8 +184,97 @@ FAULTS: dict[str, Fault] = {
             "lm-partition", "LM 0 cut off (HTTP port and broker connections dropped) for 30 s", _partition("lm-0", 30)
         ),
         Fault("gm-stall", "GM 0 stopped (SIGSTOP) for 30 s, then continued", _stall("gm-0", 30.0)),
+        Fault(
+            "gm-down",
+            "GM 0 killed (SIGKILL), restarted 60 s later: GM 1 stands in for it after 45 s, then hands it back",
+            _kill_restart("gm-0", 60.0),
+        ),
     )
 }
+
+# ------------------------------------------------------------------------------------------ containers backend
+
+
+@contextlib.contextmanager
+def _containers(config: ChaosConfig, logs: Path) -> Iterator[ContainerDeployment]:
+    deployment = ContainerDeployment(**config.deployment_shape(), log_dir=logs)
+    try:
+        docker("image", "inspect", deployment.image, deployment.rabbitmq_image)
+    except DockerError as exc:
+        raise RuntimeError(f"{exc}\nbuild the images first: deploy/images/build.sh") from exc
+    with deployment:
+        yield deployment
+
+
+def _docker_down(service: str, down: float, how: str) -> Callable[[ContainerDeployment], None]:
+    """`docker kill` (how="kill") or `docker stop` (how="stop"), then `docker start` `down` seconds later."""
+
+    def inject(target: ContainerDeployment) -> None:
+        getattr(target, how)(service)
+        time.sleep(down)
+        target.start(service)
+
+    return inject
+
+
+def _docker_restart(service: str) -> Callable[[ContainerDeployment], None]:
+    def inject(target: ContainerDeployment) -> None:
+        target.restart(service)
+
+    return inject
+
+
+def _docker_undo(service: str, seconds: float, do: str, undo: str) -> Callable[[ContainerDeployment], None]:
+    """`docker pause` / `network disconnect`, undone (`unpause` / `network connect`) `seconds` later."""
+
+    def inject(target: ContainerDeployment) -> None:
+        getattr(target, do)(service)
+        try:
+            time.sleep(seconds)
+        finally:
+            getattr(target, undo)(service)
+
+    return inject
+
+
+CONTAINER_FAULTS: dict[str, Fault[ContainerDeployment]] = {
+    f.name: f
+    for f in (
+        Fault("gm-kill", "GM 0: docker kill, docker start 5 s later", _docker_down("gm-0", 5.0, "kill")),
+        Fault("lm-kill", "LM 0: docker kill, docker start 5 s later", _docker_down("lm-0", 5.0, "kill")),
+        Fault(
+            "agent-kill",
+            "agent worker-0-0: docker kill, docker start 5 s later",
+            _docker_down("worker-0-0", 5.0, "kill"),
+        ),
+        Fault("broker-restart", "RabbitMQ: docker restart", _docker_restart("rabbitmq")),
+        Fault("broker-60", "RabbitMQ: docker stop, docker start 60 s later", _docker_down("rabbitmq", 60.0, "stop")),
+        Fault(
+            "lm-partition",
+            "LM 0: docker network disconnect, connect 30 s later",
+            _docker_undo("lm-0", 30.0, "disconnect", "connect"),
+        ),
+        Fault(
+            "gm-partition",
+            "GM 0: docker network disconnect, connect 30 s later",
+            _docker_undo("gm-0", 30.0, "disconnect", "connect"),
+        ),
+        Fault("gm-pause", "GM 0: docker pause, unpause 30 s later", _docker_undo("gm-0", 30.0, "pause", "unpause")),
+        Fault("lm-pause", "LM 0: docker pause, unpause 30 s later", _docker_undo("lm-0", 30.0, "pause", "unpause")),
+        Fault(
+            "gm-down",
+            "GM 0: docker kill, docker start 60 s later (GM 1 stands in for it after 45 s, then hands it back)",
+            _docker_down("gm-0", 60.0, "kill"),
+        ),
+    )
+}
+
+BACKENDS: dict[str, Backend[Any]] = {
+    "processes": Backend("processes", PROCESS_FAULTS, _processes),
+    "containers": Backend("containers", CONTAINER_FAULTS, _containers),
+}
+
+# ---------------------------------------------------------------------------------------------- the matrix
 
 
 @dataclass
@@ -143,7 +301,21 @@ class ChaosConfig:
     worker_timeout: float = 10.0
     heartbeat_interval: float = 0.5
     delta_interval: float = 1.0
+    backend: str = "processes"
     out: Path = Path("out/chaos")
+
+    def deployment_shape(self) -> dict[str, Any]:
+        """The deployment every backend starts for a trial (simulated execution)."""
+        return {
+            "gms": self.gms,
+            "lms": self.lms,
+            "workers_per_lm": self.workers_per_lm,
+            "nodes_per_worker": self.nodes_per_worker,
+            "execution": "simulated",
+            "delta_interval": self.delta_interval,
+            "heartbeat_interval": self.heartbeat_interval,
+            "worker_timeout": self.worker_timeout,
+        }
 
     @property
     def recovery_target(self) -> float:
@@ -151,52 +323,76 @@ class ChaosConfig:
         return 2 * (self.worker_timeout + self.delta_interval)
 
 
-def run_trial(config: ChaosConfig, fault: Fault, trial: int, say: Callable[[str], None]) -> Trial:
+def run_trial(config: ChaosConfig, fault_name: str, trial: int, say: Callable[[str], None]) -> Trial:
+    """One trial of one fault of `config.backend`; the services' logs go to <out>/logs/<fault>-<trial>."""
+    backend = BACKENDS[config.backend]
+    fault = backend.faults[fault_name]
     logs = config.out / "logs" / f"{fault.name}-{trial}"
-    with BrokerNode() as node:
-        deployment = LocalDeployment(
-            gms=config.gms,
-            lms=config.lms,
-            workers_per_lm=config.workers_per_lm,
-            nodes_per_worker=config.nodes_per_worker,
-            execution="simulated",
-            amqp_url=node.url,
-            log_dir=logs,
-            delta_interval=config.delta_interval,
-            heartbeat_interval=config.heartbeat_interval,
-            worker_timeout=config.worker_timeout,
-        )
+    with backend.deploy(config, logs) as target:
         recovered: list[float] = []
         errors: list[BaseException] = []
 
         def inject() -> None:
             try:
-                _wait(lambda: _backlog(deployment) > 0, 120)
+                _wait(lambda: _backlog(target) > 0, 120)
                 say(f"  {fault.name}: injecting ({fault.what})")
-                fault.inject(deployment, node)
+                fault.inject(target)
                 cleared = time.monotonic()
-                usable = _wait(lambda: _all_usable(deployment), 120)
+                usable = _wait(lambda: _all_usable(target), 120)
                 recovered.append(usable - cleared if usable is not None else float("inf"))
             except BaseException as exc:  # reported below, not lost in the thread
                 errors.append(exc)
 
-        with deployment:
-            settings = LoadgenSettings(
-                trace=config.trace,
-                time_scale=config.time_scale,
-                mode="slot",
-                gm_urls=deployment.gm_urls,
-                run_id=deployment.run_id,
-                amqp_url=node.url,
-                timeout=300.0,
-            )
-            injector = threading.Thread(target=inject)
-            injector.start()
-            run = asyncio.run(replay_services(settings))
-            injector.join()
-            if errors:
-                raise RuntimeError(f"{fault.name}: injecting failed: {errors[0]}") from errors[0]
+        settings = LoadgenSettings(
+            trace=config.trace,
+            time_scale=config.time_scale,
+            mode="slot",
+            gm_urls=target.gm_urls,
+            run_id=target.run_id,
+            amqp_url=target.amqp_url,
+            timeout=300.0,
+        )
+        injector = threading.Thread(target=inject)
+        injector.start()
+        try:
+            run = asyncio.run(_replay_unless_failed(settings, errors))
+        finally:
+            injector.join()  # a fault is undone (a container unpaused, a partition lifted) before clean-up
+        if errors or run is None:
+            raise RuntimeError(f"{fault.name}: injecting failed: {errors[0]}") from errors[0]
+    _keep_suspects(run, logs / "suspects.json")
     return _tally(fault.name, trial, run, recovered[0])
+
+
+async def _replay_unless_failed(settings: LoadgenSettings, errors: list[BaseException]) -> ServicesRun | None:
+    """The replay, abandoned (None) as soon as injecting the fault failed: a fault that did not clear (a broker
+    that did not come back) fails the trial at once with its reason, rather than after the replay's timeout."""
+    replay = asyncio.ensure_future(replay_services(settings))
+    while not replay.done():
+        if errors:
+            replay.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replay
+            return None
+        await asyncio.wait({replay}, timeout=0.5)
+    return replay.result()
+
+
+def _keep_suspects(run: ServicesRun, path: Path) -> None:
+    """Write every task event of each accepted task that did not finish exactly once to `path`, beside the
+    services' logs, so that a trial that lost or doubled a task can be traced (nothing when there is none)."""
+    suspects = {
+        r.task_id: {
+            "completions": r.completions,
+            "failed_reason": r.failed_reason,
+            "events": [e.model_dump(mode="json") for e in run.events.get(r.task_id, [])],
+        }
+        for r in run.tasks.values()
+        if not run.jobs[r.job_id].rejected_reason and r.completions != 1
+    }
+    if suspects:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(suspects, indent=1) + "\n")
 
 
 def _tally(fault: str, trial: int, run: ServicesRun, recovery: float) -> Trial:
@@ -220,16 +416,17 @@ def _wait(condition: Callable[[], bool], timeout: float) -> float | None:
     return None
 
 
-def _backlog(deployment: LocalDeployment) -> int:
-    states = [httpx.get(f"{url}/v1/state", timeout=2.0).json() for url in deployment.gm_urls]
+def _backlog(target: Target) -> int:
+    states = [httpx.get(f"{url}/v1/state", timeout=2.0).json() for url in target.gm_urls]
     return sum(int(s["queued"]) + int(s["waiting"]) for s in states)
 
 
-def _all_usable(deployment: LocalDeployment) -> bool:
-    for url in deployment.gm_urls:
+def _all_usable(target: Target) -> bool:
+    for url in target.gm_urls:
         if not httpx.get(f"{url}/healthz", timeout=2.0).json()["ready"]:
             return False
-    return all(s["ready"] and not s["down_nodes"] for s in deployment.lm_states())
+    states = [httpx.get(f"{url}/v1/state", timeout=5.0).json() for url in target.lm_urls]
+    return all(s["ready"] and not s["down_nodes"] for s in states)
 
 
 def table(trials: list[Trial], target: float) -> str:
@@ -253,34 +450,46 @@ def table(trials: list[Trial], target: float) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megha chaos",
-        description="The chaos matrix: replay a trace through real processes and a RabbitMQ node of their own, "
-        "inject each fault, and count what became of every accepted task.",
+        description="The chaos matrix: replay a trace through a deployment and a RabbitMQ node of its own, inject "
+        "each fault, and count what became of every accepted task.",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default="processes",
+        help="processes: separate processes on this host (default); containers: a container per service on a "
+        "Docker network of the trial's own (images from deploy/images/build.sh)",
     )
     parser.add_argument(
         "--faults",
         default="all",
-        help=f"comma-separated, or all (default): {', '.join(FAULTS)}",
+        help="comma-separated, or all (default). "
+        + "; ".join(f"{b.name}: {', '.join(b.faults)}" for b in BACKENDS.values()),
     )
     parser.add_argument("--trials", type=int, default=1, help="trials per fault (default: 1)")
     parser.add_argument("--trace", default=ChaosConfig.trace, help="trace to replay (default: %(default)s)")
     parser.add_argument("--time-scale", type=float, default=ChaosConfig.time_scale, help="default: %(default)s")
-    parser.add_argument("--out", type=Path, default=ChaosConfig.out, help="results and logs (default: %(default)s)")
+    parser.add_argument(
+        "--out", type=Path, help="results and logs (default: out/chaos, or out/chaos-containers for containers)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    names = list(FAULTS) if args.faults == "all" else [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = [n for n in names if n not in FAULTS]
+    faults = BACKENDS[args.backend].faults
+    names = list(faults) if args.faults == "all" else [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = [n for n in names if n not in faults]
     if unknown or args.trials < 1:
         print(
-            f"megha chaos: error: unknown faults {unknown} (known: {', '.join(FAULTS)})"
+            f"megha chaos: error: unknown faults {unknown} for the {args.backend} backend (known: {', '.join(faults)})"
             if unknown
             else "megha chaos: error: --trials must be at least 1",
             file=sys.stderr,
         )
         return 2
-    config = ChaosConfig(trace=args.trace, time_scale=args.time_scale, out=args.out)
+    out = args.out or Path("out/chaos" if args.backend == "processes" else f"out/chaos-{args.backend}")
+    config = ChaosConfig(trace=args.trace, time_scale=args.time_scale, backend=args.backend, out=out)
     config.out.mkdir(parents=True, exist_ok=True)
     # The load generator runs in this process: its broker client says what it waits for; aio-pika's own
     # reconnection attempts would repeat it every second.
@@ -289,11 +498,13 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     trials: list[Trial] = []
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    # Round by round (trial k of every fault, then k + 1), so that a run cut short still covers every fault and a
+    # busy spell of the machine does not fall on one fault's trials only.
     with (config.out / "trials.jsonl").open("a") as log:
-        for name in names:
-            for k in range(1, args.trials + 1):
+        for k in range(1, args.trials + 1):
+            for name in names:
                 say(f"{name}, trial {k}/{args.trials}")
-                trial = run_trial(config, FAULTS[name], k, say)
+                trial = run_trial(config, name, k, say)
                 trials.append(trial)
                 log.write(json.dumps(asdict(trial)) + "\n")
                 log.flush()

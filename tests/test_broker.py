@@ -4,6 +4,8 @@ the broker, as the GM service consumes them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 
 import pytest
@@ -12,7 +14,7 @@ from megha.common.core.messages import FinishedTask, LaunchBatch, Placement, Wor
 from megha.common.core.task import TaskSpec
 from megha.common.models import BrokerMessage, TaskEvents, WorkerNode, WorkerRegistration, WorkerReportModel
 from megha.common.settings import LMSettings, WorkerSettings
-from megha.common.transport.rabbit import Broker, TryLater, gm_key, lm_key
+from megha.common.transport.rabbit import AMQP_HEARTBEAT, Broker, TryLater, gm_key, lm_key, with_heartbeat
 from megha.deploy.broker_node import BrokerNode
 from megha.services.lm.service import LMService
 from megha.services.worker.agent import WorkerAgent
@@ -208,6 +210,89 @@ async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_i
         finally:
             await publisher.close(flush_timeout=1)
             await consumer.close(flush_timeout=1)
+
+
+class BlackHole:
+    """A TCP relay to RabbitMQ that can go silent without closing anything, as a network cut does: bytes are
+    dropped both ways while the sockets stay open, and new connections are accepted but hear nothing."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self.cut = False
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> BlackHole:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        born_cut = self.cut
+        try:
+            broker_r, broker_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await src.read(65536):
+                    if not self.cut and not born_cut:
+                        dst.write(data)
+                        await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(client_r, broker_w), pipe(broker_r, client_w))
+
+
+async def test_the_services_ask_for_a_short_amqp_heartbeat_unless_the_url_names_one() -> None:
+    assert with_heartbeat("amqp://u:p@h:5672/") == f"amqp://u:p@h:5672/?heartbeat={AMQP_HEARTBEAT}"
+    assert with_heartbeat("amqp://h/vh?x=1") == f"amqp://h/vh?x=1&heartbeat={AMQP_HEARTBEAT}"
+    assert with_heartbeat("amqp://h/?heartbeat=30") == "amqp://h/?heartbeat=30"
+
+
+async def test_a_connection_cut_without_a_close_is_dropped_and_made_again_once_the_broker_answers() -> None:
+    """The network between a service and RabbitMQ goes silent (no FIN, no RST) for 30 s: the service notices by
+    the AMQP heartbeat within about 20 s, not RabbitMQ's default 60 s plus TCP's retransmission backoff, and once
+    the network carries again its connection is back within seconds and what it published meanwhile arrives."""
+    host = AMQP.rsplit("@", 1)[1].split("/", 1)[0]
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    async with BlackHole(host) as hole:
+        cut_off = Broker(AMQP.replace(host, f"127.0.0.1:{hole.port}"), run_id)
+        reader = Broker(AMQP, run_id)
+        await cut_off.connect()
+        await reader.connect()
+        got: list[int] = []
+
+        async def collect(body: bytes) -> None:
+            got.append(int(body))
+
+        queue = await reader.consume("gm", gm_key(0), collect)
+        lost = asyncio.Event()
+        assert cut_off._connection is not None
+        cut_off._connection.close_callbacks.add(lambda *_: lost.set())
+        try:
+            hole.cut = True
+            cut_at = time.monotonic()
+            await cut_off.publish("gm", gm_key(0), b"1")
+            await asyncio.wait_for(lost.wait(), 30)
+            noticed = time.monotonic() - cut_at
+            assert noticed < 4 * (AMQP_HEARTBEAT + 1), noticed
+            await asyncio.sleep(max(0.0, 30 - noticed))
+            hole.cut = False
+            await cut_off.publish("gm", gm_key(0), b"2")
+            assert await cut_off.flush(20), f"{cut_off.pending} messages not confirmed 20 s after the cut ended"
+            await wait_for(lambda: {1, 2} <= set(got), 10, lambda: got)
+        finally:
+            await cut_off.close(flush_timeout=1)
+            await reader.delete_queue(queue)
+            await reader.close()
 
 
 async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:

@@ -1,24 +1,73 @@
-"""The chaos matrix in CI: one trial of every fault (`megha chaos`), each through real processes and a RabbitMQ
-node of its own. Target in every trial: nothing lost, nothing counted twice, every node usable again within
-2 x (worker timeout + delta interval) of the fault clearing."""
+"""The chaos matrix in CI: one trial of every fault of the process backend (`megha chaos`), each through real
+processes and a RabbitMQ node of its own. Target in every trial: nothing lost, nothing counted twice, every node
+usable again within 2 x (worker timeout + delta interval) of the fault clearing. The container backend's trials
+are in test_chaos_containers.py."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from megha.deploy.chaos import FAULTS, ChaosConfig, run_trial
+from megha.common.models import TaskEvent
+from megha.deploy import chaos
+from megha.deploy.chaos import PROCESS_FAULTS, ChaosConfig, _keep_suspects, main, run_trial
+from megha.loadgen.records import JobRecord, TaskRecord
+from megha.loadgen.services import ServicesRun
 
 from servicekit import needs_rabbitmq
 
-pytestmark = needs_rabbitmq
+
+def test_a_fault_of_another_backend_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--backend", "containers", "--faults", "gm-stall"]) == 2
+    assert "unknown faults ['gm-stall'] for the containers backend" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", list(FAULTS))
+def test_the_events_of_tasks_not_finished_exactly_once_are_kept_for_tracing(tmp_path: Path) -> None:
+    run = ServicesRun({}, {"j": JobRecord("j", 0, 0.0, 3, 1.0)})
+    for task, completions in (("j.0", 1), ("j.1", 2), ("j.2", 0)):
+        run.tasks[task] = TaskRecord(task, "j", 0, "u", 1.0, (1, 1), completions=completions)
+    run.events["j.1"] = [
+        TaskEvent(kind="finished", task_id="j.1", job_id="j", lm=0, node=1, at=10.0, attempt=a) for a in (1, 2)
+    ]
+    _keep_suspects(run, tmp_path / "suspects.json")
+    kept = json.loads((tmp_path / "suspects.json").read_text())
+    assert sorted(kept) == ["j.1", "j.2"]
+    assert [e["attempt"] for e in kept["j.1"]["events"]] == [1, 2] and kept["j.2"]["events"] == []
+
+    run.tasks = {"j.0": run.tasks["j.0"]}
+    _keep_suspects(run, tmp_path / "none" / "suspects.json")
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_fault_that_fails_to_clear_ends_the_replay_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that does not come back fails the trial with the reason, not after the replay's own timeout."""
+    cancelled: list[bool] = []
+
+    async def replay_forever(settings: object) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    monkeypatch.setattr(chaos, "replay_services", replay_forever)
+    errors: list[BaseException] = []
+    threading.Timer(0.5, lambda: errors.append(TimeoutError("RabbitMQ node did not start"))).start()
+    began = time.monotonic()
+    assert asyncio.run(chaos._replay_unless_failed(None, errors)) is None  # type: ignore[arg-type]
+    assert time.monotonic() - began < 10 and cancelled == [True]
+
+
+@needs_rabbitmq
+@pytest.mark.parametrize("name", list(PROCESS_FAULTS))
 def test_one_trial_of_each_fault_loses_nothing_and_recovers_in_time(name: str, tmp_path: Path) -> None:
     config = ChaosConfig(out=tmp_path)
-    trial = run_trial(config, FAULTS[name], 1, print)
+    trial = run_trial(config, name, 1, print)
     assert trial.accepted == 450
     assert (trial.lost, trial.duplicated, trial.failed_with_reason) == (0, 0, 0), trial
     assert trial.finished_once == trial.accepted
