@@ -33,6 +33,11 @@ AMQP_PORT = 5672
 SERVICE_PORTS = {"gm": 8000, "lm": 8100, "worker": 8200}
 """Each role's MEGHA_PORT inside its container."""
 AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
+PUBLISHED_PORTS = (61_000, 65_536)
+"""Where the containers' ports are published on 127.0.0.1: above Linux's ephemeral range (so no client of this host
+is given one as its source port) and apart from the ports `megha local` and the process backend take
+(10,000-32,767) and their RabbitMQ nodes' Erlang ports (40,000-60,010), so that a port one of them leaves free
+while its process or broker is down is never taken by a container of a concurrent run."""
 
 
 class DockerError(RuntimeError):
@@ -138,7 +143,11 @@ class ContainerDeployment:
             port = AMQP_PORT if service == BROKER else SERVICE_PORTS[service.split("-")[0]]
             published = not service.startswith("worker-")
             self.containers[service] = Container(
-                service, f"{self.name}-{service}", f"{prefix}.{10 + i}", port, free_port() if published else None
+                service,
+                f"{self.name}-{service}",
+                f"{prefix}.{10 + i}",
+                port,
+                free_port(*PUBLISHED_PORTS) if published else None,
             )
         lm_urls = [self.containers[f"lm-{lm}"].inner_url for lm in range(self.lms)]
         self._megha_run(BROKER, [self.rabbitmq_image])
