@@ -45,6 +45,7 @@ from megha.common.core.messages import (
     PreemptRequest,
     PreemptResponse,
     Rejection,
+    StopRequest,
     Victim,
     WorkerLaunch,
     WorkerPreempt,
@@ -161,7 +162,10 @@ class JobAccepted(WireModel):
     gm: Index
 
 
-TaskState = Literal["queued", "launched", "running", "finished", "failed"]
+TaskState = Literal["queued", "launched", "running", "finished", "failed", "cancelled"]
+JobState = Literal["queued", "running", "finished", "failed", "cancelled"]
+"""A job is `cancelled` once cancelled (DELETE /v1/jobs/{id}); else `finished` when every task finished, `failed`
+when every task ended and one failed, `running` while a task is placed, and `queued` before."""
 
 
 class TaskStatus(WireModel):
@@ -189,12 +193,38 @@ class TaskStatus(WireModel):
 
 
 class JobStatus(WireModel):
-    """Response of GM `GET /v1/jobs/{id}`."""
+    """Response of GM `GET /v1/jobs/{id}`, and of `DELETE /v1/jobs/{id}` (202: queued tasks are cancelled at once,
+    placed ones once their LM has stopped them)."""
 
     job_id: Name
     user: User
     gm: Index
+    state: JobState = "queued"
     tasks: list[TaskStatus]
+
+
+class JobSummary(WireModel):
+    """One job in GM `GET /v1/jobs`: its state and how many of its tasks are in each task state."""
+
+    job_id: Name
+    user: User
+    queue: User = Field(description="the user's queue (under fair scheduling each user has one, named after it)")
+    gm: Index
+    state: JobState
+    submitted_at: Timestamp | None = None
+    tasks: Count
+    task_states: dict[TaskState, Count]
+
+
+class JobList(WireModel):
+    """Response of GM `GET /v1/jobs`: a page of the jobs this GM holds (oldest first), with the number that
+    matched the filters and the offset of the next page (None on the last one)."""
+
+    jobs: list[JobSummary]
+    total: Count
+    offset: Count
+    limit: Count
+    next_offset: Count | None = None
 
 
 # --- Core mirrors (GM <-> LM <-> worker) ---------------------------------------------------------------------
@@ -614,6 +644,33 @@ class WorkerPreemptModel(CoreMirror):
         return WorkerPreempt(self.lm, list(self.task_ids))
 
 
+class StopRunModel(WireModel):
+    task_id: Name
+    attempt: Annotated[int, Field(ge=1)] = 1
+
+
+class StopRequestModel(CoreMirror):
+    """Mirror of `StopRequest` (GM -> LM, `POST /v1/stop`): stop these runs of the GM's cancelled jobs."""
+
+    gm: Index
+    lm: Index
+    runs: list[StopRunModel] = Field(max_length=100_000)
+
+    @classmethod
+    def plain(cls, obj: StopRequest) -> dict[str, Any]:
+        return {"gm": obj.gm, "lm": obj.lm, "runs": [{"task_id": t, "attempt": a} for t, a in obj.runs]}
+
+    def to_core(self) -> StopRequest:
+        return StopRequest(self.gm, self.lm, [(r.task_id, r.attempt) for r in self.runs])
+
+
+class StopResponse(WireModel):
+    """Response of LM `POST /v1/stop`: the runs it stopped (each is reported to the GM as it ends); the others it
+    did not hold for that GM (ended already, or another attempt)."""
+
+    stopped: list[Name]
+
+
 class WorkerHeartbeat(WireModel):
     """Worker -> LM, every MEGHA_HEARTBEAT_INTERVAL seconds: the agent is alive and runs `running` tasks."""
 
@@ -685,6 +742,7 @@ CORE_MIRRORS: dict[type, type[CoreMirror]] = {
     PreemptRequest: PreemptRequestModel,
     PreemptResponse: PreemptResponseModel,
     WorkerPreempt: WorkerPreemptModel,
+    StopRequest: StopRequestModel,
 }
 """Each core message type and its wire model."""
 
@@ -797,7 +855,7 @@ class TaskEvent(WireModel):
     task it gives up on (an LM that never answered, MEGHA_MAX_ATTEMPTS reached). Delivery is at least once: a
     consumer keeps the first event of each (task_id, attempt, kind)."""
 
-    kind: Literal["started", "finished", "preempted", "lost", "failed"]
+    kind: Literal["started", "finished", "preempted", "lost", "failed", "cancelled"]
     task_id: Name
     job_id: Name
     lm: Index

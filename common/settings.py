@@ -28,6 +28,12 @@ class ServiceSettings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     public_url: str = Field("", description="URL other services use to reach this one (default http://host:port)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="format of every log line, uvicorn's included: text (time, service, level, logger: message) or "
+        "json (one object per line: time, level, logger, service, message, fields given with extra=, exc_info); "
+        "at log level debug, uvicorn's access log adds a line per request",
+    )
     run_id: str = Field(
         "megha",
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",

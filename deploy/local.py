@@ -22,6 +22,7 @@ import httpx
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker, gm_key, lm_key
+from megha.loadgen.progress import Progress
 from megha.loadgen.services import ServicesRun, replay_services
 
 ALL_CONSTRAINTS = ",".join(str(c) for c in range(NUM_CONSTRAINTS))
@@ -284,8 +285,11 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def run_local(deployment: LocalDeployment, settings: LoadgenSettings) -> tuple[ServicesRun, list[dict[str, object]]]:
-    """Start the deployment, replay, and return the run and every LM's final state."""
+def run_local(
+    deployment: LocalDeployment, settings: LoadgenSettings, progress: Progress | None = None
+) -> tuple[ServicesRun, list[dict[str, object]]]:
+    """Start the deployment, replay, and return the run and every LM's final state; `progress` says what runs and,
+    on a terminal, shows a bar of the tasks ended with the time left."""
     with deployment:
         settings = settings.model_copy(
             update={
@@ -296,7 +300,7 @@ def run_local(deployment: LocalDeployment, settings: LoadgenSettings) -> tuple[S
                 "share_policy": deployment.share_policy,
             }
         )
-        run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
+        run = asyncio.run(replay_services(settings, progress))
         time.sleep(0.2)  # let the last worker reports reach the LMs
         states = deployment.lm_states()
     return run, states

@@ -7,12 +7,19 @@ Off a terminal (a pipe, a log file, a test) there is no bar, so logs hold only t
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
-#: advance(done, detail): `done` units of the total are finished; `detail` is shown after the bar.
-Advance = Callable[[int, str], None]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class Advance(Protocol):
+    """advance(done, detail, total): `done` units are finished; `detail` is shown after the bar; `total`, when
+    given, is the new whole (a run that learns it as it goes: tasks accepted so far)."""
+
+    def __call__(self, done: int, detail: str, total: int | None = None) -> None: ...
 
 
 class Progress:
@@ -21,6 +28,7 @@ class Progress:
     def __init__(self, stream: TextIO | None = None, bar: bool | None = None) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.bar = self.stream.isatty() if bar is None else bar
+        self._console: Console | None = None  # the bar's, while one is shown
 
     @classmethod
     def on_terminal(cls) -> Progress | None:
@@ -28,7 +36,11 @@ class Progress:
         return cls() if sys.stderr.isatty() else None
 
     def note(self, line: str) -> None:
-        print(line, file=self.stream, flush=True)
+        """A line on the stream; while a bar is shown, above the bar."""
+        if self._console is not None:
+            self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self.stream, flush=True)
 
     @contextmanager
     def track(self, description: str, total: int, unit: str) -> Iterator[Advance]:
@@ -53,12 +65,19 @@ class Progress:
         console = Console(file=self.stream, force_terminal=True)
         with Bar(*columns, console=console, transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
             task = bar.add_task(description, total=total, detail="")
+            whole = total
 
-            def advance(done: int, detail: str) -> None:
-                bar.update(task, completed=min(done, total), detail=detail)
+            def advance(done: int, detail: str, total: int | None = None) -> None:
+                nonlocal whole
+                whole = whole if total is None else total
+                bar.update(task, total=whole, completed=min(done, whole), detail=detail)
 
-            yield advance
+            self._console = console
+            try:
+                yield advance
+            finally:
+                self._console = None
 
 
-def _ignore(done: int, detail: str) -> None:
+def _ignore(done: int, detail: str, total: int | None = None) -> None:
     """No bar: nothing to draw."""

@@ -14,7 +14,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,10 +28,11 @@ from megha.common.settings import LoadgenSettings, load_settings
 from megha.common.transport.inmemory import fewer_gc_pauses
 from megha.common.transport.rabbit import Broker
 from megha.loadgen.metrics import RunMetrics, compute_metrics
+from megha.loadgen.progress import Progress
 from megha.loadgen.records import JobRecord, TaskRecord
 from megha.loadgen.trace import demo_trace_path, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload
-from megha.services.http import CallError, ServiceClient
+from megha.services.http import CallError, ServiceClient, configure_logging
 
 log = logging.getLogger("megha.loadgen")
 
@@ -101,17 +102,16 @@ def submission_body(job: JobSpec) -> bytes:
 
 
 async def replay_services(
-    settings: LoadgenSettings, progress: Callable[[str], None] | None = None, broker: Broker | None = None
+    settings: LoadgenSettings, progress: Progress | None = None, broker: Broker | None = None
 ) -> ServicesRun:
-    """Submit every job of the trace at its (scaled) arrival time and wait until every accepted task ended. The
-    generator collects young objects rarely meanwhile: a collection pause would delay submissions and events."""
+    """Submit every job of the trace at its (scaled) arrival time and wait until every accepted task ended;
+    `progress` says what runs and, on a terminal, shows a bar of the tasks ended. The generator collects young
+    objects rarely meanwhile: a collection pause would delay submissions and events."""
     with fewer_gc_pauses():
         return await _replay(settings, progress, broker)
 
 
-async def _replay(
-    settings: LoadgenSettings, progress: Callable[[str], None] | None, broker: Broker | None
-) -> ServicesRun:
+async def _replay(settings: LoadgenSettings, progress: Progress | None, broker: Broker | None) -> ServicesRun:
     trace = str(demo_trace_path()) if settings.trace == "demo" else settings.trace
     workload = build_workload(
         resolve_trace(trace, settings.first_jobs, settings.time_scale),
@@ -132,7 +132,7 @@ async def _replay(
         run.jobs[job.job_id] = JobRecord(job.job_id, gm, math.nan, len(job.tasks), max(t.duration for t in job.tasks))
         for t in job.tasks:
             run.tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, gm, t.user, t.duration, t.request)
-    say = progress or (lambda line: None)
+    say = progress.note if progress is not None else _silent
     own_broker = broker is None
     broker = broker or settings.broker()
     if own_broker:
@@ -168,28 +168,26 @@ async def _replay(
     await broker.consume("events", "", on_events, queue=queue)
     say(f"replaying {len(workload)} jobs ({len(run.tasks)} tasks) against {len(settings.gm_urls)} GMs")
     http = ServiceClient(timeout=30.0)
+    submits: list[asyncio.Task[None]] = []
     try:
-        submits = []
-        for gm, job in workload:
-            delay = start + job.submitted_at - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            submits.append(
-                asyncio.create_task(
-                    _submit(http, _ring(settings.gm_urls, gm), job, bodies.pop(job.job_id), run, pending, ended, start)
-                )
-            )
-        await asyncio.gather(*submits)
-        submitted_all = True
-        if not pending:
-            all_done.set()
-        say(f"submitted; waiting for {len(pending)} tasks")
-        try:
-            await asyncio.wait_for(all_done.wait(), settings.timeout)
-        except TimeoutError:
-            run.timed_out = sorted(pending)
-            for task_id in pending:
-                run.tasks[task_id].failed_reason = f"no completion within {settings.timeout} s of the last submit"
+        async with _showing(progress, run, ended, submits, len(workload)):
+            for gm, job in workload:
+                delay = start + job.submitted_at - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                urls, body = _ring(settings.gm_urls, gm), bodies.pop(job.job_id)
+                submits.append(asyncio.create_task(_submit(http, urls, job, body, run, pending, ended, start)))
+            await asyncio.gather(*submits)
+            submitted_all = True
+            if not pending:
+                all_done.set()
+            say(f"submitted; waiting for {len(pending)} tasks")
+            try:
+                await asyncio.wait_for(all_done.wait(), settings.timeout)
+            except TimeoutError:
+                run.timed_out = sorted(pending)
+                for task_id in pending:
+                    run.tasks[task_id].failed_reason = f"no completion within {settings.timeout} s of the last submit"
         run.wall_seconds = time.time() - start
         capacity = await _total_capacity(http, settings.gm_urls)
         asking = asyncio.Semaphore(DETAIL_CALLS)
@@ -219,6 +217,34 @@ async def _replay(
         run.wall_seconds,
     )
     return run
+
+
+def _silent(line: str) -> None:
+    """No progress asked for: nothing to say."""
+
+
+@contextlib.asynccontextmanager
+async def _showing(
+    progress: Progress | None, run: ServicesRun, ended: set[str], submits: list[asyncio.Task[None]], jobs: int
+) -> AsyncIterator[None]:
+    """On a terminal, a bar of the tasks ended of the tasks accepted, moved four times a second. While jobs are
+    still to be submitted their tasks count too, so that the time left covers the whole replay."""
+    if progress is None or not progress.bar:
+        yield
+        return
+    with progress.track("replaying", len(run.tasks), "tasks") as advance:
+
+        async def show() -> None:
+            while True:
+                rejected = sum(j.num_tasks for j in run.jobs.values() if j.rejected_reason)
+                advance(len(ended), f"{len(submits):,}/{jobs:,} jobs submitted", len(run.tasks) - rejected)
+                await asyncio.sleep(0.25)
+
+        showing = asyncio.create_task(show())
+        try:
+            yield
+        finally:
+            showing.cancel()
 
 
 async def _total_capacity(http: ServiceClient, urls: list[str]) -> tuple[int, ...]:
@@ -316,8 +342,8 @@ def main() -> int:
     from megha.loadgen.report import format_table, write_outputs
 
     settings = load_settings(LoadgenSettings, "python -m megha.loadgen.services")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s loadgen %(levelname)s: %(message)s")
-    run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
+    configure_logging(settings.log_level, "loadgen", settings.log_format)
+    run = asyncio.run(replay_services(settings, Progress()))
     assert run.metrics is not None
     title = f"Megha services replay of {settings.trace}"
     print(format_table(run.metrics, title))

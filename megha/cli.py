@@ -37,7 +37,8 @@ LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
   to a new folder out/local/<date>-<time> each run. An --out folder that already holds a report is refused unless
-  --overwrite is given.
+  --overwrite is given. On a terminal, stderr shows a progress bar (tasks ended of tasks accepted) with the time
+  left (--quiet: nothing on stderr but errors and warnings).
 
 exit status: 0 every task of an accepted job ended exactly once and every LM is back to full capacity; 1 not so,
   or the replay timed out; 2 bad usage or input; 3 most tasks failed or most jobs were rejected (a WARNING on
@@ -295,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that already holds a report is refused unless --overwrite",
     )
     loc.add_argument("--overwrite", action="store_true", help="replace the report already in the --out folder")
+    loc.add_argument("--quiet", action="store_true", help="nothing on stderr but errors and warnings (no progress bar)")
     return parser
 
 
@@ -306,6 +308,7 @@ def _warn(command: str, warnings: list[str]) -> None:
 def _local(args: argparse.Namespace) -> int:
     from megha.common.settings import LoadgenSettings
     from megha.deploy.local import LocalDeployment, run_local
+    from megha.loadgen.progress import Progress
     from megha.loadgen.report import format_table, report_dir, run_warnings, write_outputs
 
     out = report_dir(args.out, LOCAL_OUT, args.overwrite)
@@ -338,7 +341,7 @@ def _local(args: argparse.Namespace) -> int:
         out=str(out),
     )
     try:
-        run, states = run_local(deployment, settings)
+        run, states = run_local(deployment, settings, None if args.quiet else Progress())
     except KeyboardInterrupt:
         print("interrupted: every service was stopped", file=sys.stderr)
         return 130

@@ -1,5 +1,6 @@
 """What every service's HTTP edge shares: JSON bodies parsed and answered fast, explicit 4xx error bodies, a
-body-size limit, the client for calls between services, the garbage collector's settings, logging set-up.
+body-size limit, the client for calls between services, the garbage collector's settings, logging set-up (text or
+JSON lines, uvicorn's included).
 
 Routes read their body with `read_body(request, Model)` rather than a FastAPI body parameter, and answer with
 `json_response`. FastAPI would decode the JSON into dicts, validate those in Python mode, and re-validate and
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import ssl
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, NamedTuple, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
@@ -340,8 +343,78 @@ def serving_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
-def configure_logging(level: str, name: str) -> logging.Logger:
-    logging.basicConfig(level=level.upper(), format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+LogFormat = Literal["text", "json"]
+
+_log_format: LogFormat = "text"
+
+_NOT_EXTRA = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName", "color_message"}
+"""What a log record holds besides the fields given with `extra=` (uvicorn's `color_message` is its message again,
+with terminal colours)."""
+
+
+def _extra(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _NOT_EXTRA}
+
+
+class TextFormatter(logging.Formatter):
+    """`<time> <service> <LEVEL> <logger>: <message>`, then each field given with `extra=` as ` key=value`."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record) + "".join(f" {k}={v}" for k, v in _extra(record).items())
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time (ISO 8601, UTC), level, logger, service, message, each field given with
+    `extra=` (ids of jobs, tasks, GMs, LMs, nodes), and exc_info / stack_info as formatted text when there are."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "service": self.service,
+            "message": record.getMessage(),
+        }
+        for key, value in _extra(record).items():
+            entry.setdefault(key, value)  # an extra field never hides one of the above
+        if record.exc_info:
+            entry["exc_info"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc_info"] = record.exc_text
+        if record.stack_info:
+            entry["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+_FORMATTERS: dict[LogFormat, Callable[[str], logging.Formatter]] = {"text": TextFormatter, "json": JsonFormatter}
+
+
+def use_log_format(log_format: LogFormat) -> None:
+    """The format `configure_logging` gives this process's log lines when its caller names none: `run.py` sets
+    MEGHA_LOG_FORMAT's before it creates a service's app, whose `create_app` names the service."""
+    global _log_format
+    _log_format = log_format
+
+
+def configure_logging(level: str, name: str, log_format: LogFormat | None = None) -> logging.Logger:
+    """Every log line of the process on stderr through one handler on the root logger, in `log_format` (None: the
+    one `use_log_format` chose, text unless told) and naming the service `name`. uvicorn's loggers have no handler
+    of their own (`run.py`), so its lines take the same way. As with `logging.basicConfig`, a root logger that
+    already has a handler (an earlier call, a test's log capture) is left as it is."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_FORMATTERS[log_format or _log_format](name))
+        root.addHandler(handler)
+        root.setLevel(level.upper())
+        logging.captureWarnings(True)  # a Python warning is a log line too, not a line in another format
     # The broker client says what it waits for and when it is back; aio-pika's own reconnection attempts would
     # repeat that every second, aiormq's as errors.
     logging.getLogger("aio_pika").setLevel(logging.WARNING)

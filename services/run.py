@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from types import FrameType
+from typing import TypeVar
 
 import uvicorn
 
@@ -16,6 +17,8 @@ from megha.common.settings import (
     load_settings,
     settings_help,
 )
+
+S = TypeVar("S", bound=ServiceSettings)
 
 
 def _help_asked(model: type[ServiceSettings]) -> bool:
@@ -34,13 +37,26 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _load(model: type[S], command: str) -> S:
+    """The service's settings; its log lines take their format from them before its app is created."""
+    from megha.services.http import use_log_format
+
+    settings = load_settings(model, command)
+    use_log_format(settings.log_format)
+    return settings
+
+
 def _serve(app: object, settings: ServiceSettings) -> None:
+    """Serve `app`. uvicorn gets no logging configuration of its own (`log_config=None`): its loggers' lines go to
+    the handler `configure_logging` put on the root logger, in the service's format. Its access log (a line per
+    request, on the path of every launch) is on at log level debug only."""
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,
+        log_config=None,
+        access_log=settings.log_level == "debug",
     )
     _Server(config).run()
 
@@ -50,7 +66,7 @@ def serve_gm() -> None:
         return
     from megha.services.gm.app import create_app
 
-    settings = load_settings(GMSettings, "python -m megha.services.gm")
+    settings = _load(GMSettings, "python -m megha.services.gm")
     _serve(create_app(settings), settings)
 
 
@@ -59,7 +75,7 @@ def serve_lm() -> None:
         return
     from megha.services.lm.app import create_app
 
-    settings = load_settings(LMSettings, "python -m megha.services.lm")
+    settings = _load(LMSettings, "python -m megha.services.lm")
     _serve(create_app(settings), settings)
 
 
@@ -68,5 +84,5 @@ def serve_worker() -> None:
         return
     from megha.services.worker.app import create_app
 
-    settings = load_settings(WorkerSettings, "python -m megha.services.worker")
+    settings = _load(WorkerSettings, "python -m megha.services.worker")
     _serve(create_app(settings), settings)

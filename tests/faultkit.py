@@ -4,7 +4,6 @@ check that nothing was lost or counted twice."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ import httpx
 
 from megha.common.settings import LoadgenSettings
 from megha.deploy.local import LocalDeployment
+from megha.loadgen.progress import Progress
 from megha.loadgen.services import ServicesRun, replay_services
 
 TRACE = LoadgenSettings(trace="demo", first_jobs=20, time_scale=0.0002, mode="scaled", mem_scale=1000, timeout=240)
@@ -52,7 +52,7 @@ def replay_with_fault(
 
     thread = threading.Thread(target=guarded)
     thread.start()
-    run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
+    run = asyncio.run(replay_services(settings, Progress()))
     thread.join()
     assert not errors, errors
     return run

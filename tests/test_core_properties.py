@@ -1,5 +1,6 @@
-"""Property tests: under any interleaving of GM decisions and message deliveries, no LM over-commits a node,
-every accepted task completes exactly once, and the data centre ends with all resources free."""
+"""Property tests: under any interleaving of GM decisions, message deliveries and job cancels, no LM
+over-commits a node, every accepted task completes exactly once or is cancelled exactly once, and the data centre
+ends with all resources free."""
 
 from __future__ import annotations
 
@@ -24,9 +25,13 @@ CAPACITY = (4, 4)
 class Finishes(CoreObserver):
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
+        self.cancelled: Counter[str] = Counter()
 
     def finished(self, task_ids, now):  # type: ignore[no-untyped-def]
         self.count.update(task_ids)
+
+    def task_cancelled(self, task, now):  # type: ignore[no-untyped-def]
+        self.cancelled[task.task_id] += 1
 
 
 @st.composite
@@ -84,6 +89,7 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
         [SimulatedExecution(lm, finishes) for lm in range(spec.num_lms)],
     )
     accepted: set[str] = set()
+    submitted: list[tuple[int, JobSpec]] = []  # accepted jobs, which may be cancelled at any moment
     pending = data.draw(jobs(spec.num_gms))
     stalled_rounds = 0
     step = 0
@@ -91,6 +97,7 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
         step += 1
         net.now = step * 1e-3
         choices = ["submit"] * bool(pending) + ["deliver"] * bool(net.inbox) + ["finish"] * bool(net.timers)
+        choices += ["cancel"] * bool(submitted and choices)
         if not choices:
             # Only parked tasks remain: periodic deltas must eventually let them run.
             assert stalled_rounds < 3, f"tasks stuck: {[t.task_id for gm in net.gms for t in gm.waiting_tasks()]}"
@@ -105,8 +112,12 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
             try:
                 net.post(net.gms[gm].submit(job, net.now))
                 accepted.update(t.task_id for t in job.tasks)
+                submitted.append((gm, job))
             except Unschedulable:
                 pass
+        elif action == "cancel":
+            gm, job = submitted.pop(data.draw(st.integers(0, len(submitted) - 1)))
+            net.post(net.gms[gm].cancel([t.task_id for t in job.tasks], net.now))
         elif action == "deliver":
             index = data.draw(st.integers(0, len(net.inbox) - 1))
             msg = net.deliver(index)
@@ -117,9 +128,11 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
             net.post(net.endpoint(wake.dest).handle(wake.msg, net.now))
         for lm in net.lms:
             assert_never_overcommitted(lm)
-    assert set(finishes.count) == accepted
-    assert all(n == 1 for n in finishes.count.values()), finishes.count
+    # Every accepted task ran to its end exactly once or was cancelled exactly once (never both, never neither).
+    assert set(finishes.count) | set(finishes.cancelled) == accepted
+    assert not set(finishes.count) & set(finishes.cancelled), (finishes.count, finishes.cancelled)
+    assert all(n == 1 for n in (finishes.count + finishes.cancelled).values()), (finishes.count, finishes.cancelled)
     for lm in net.lms:
         assert lm.is_idle(), f"LM {lm.lm_id} ends with free {lm.free} of {lm.capacity}"
     for gm in net.gms:
-        assert not gm.running and not gm.waiting
+        assert not gm.running and not gm.waiting and not gm._cancelling

@@ -26,6 +26,7 @@ from megha.common.core.messages import (
     PreemptRequest,
     PreemptResponse,
     Rejection,
+    StopRequest,
     Victim,
     WorkerLaunch,
     WorkerPreempt,
@@ -121,6 +122,9 @@ CORE_MESSAGES: dict[type, st.SearchStrategy[Any]] = {
         delta=deltas,
     ),
     WorkerPreempt: st.builds(WorkerPreempt, lm=index, task_ids=st.lists(ids, max_size=4)),
+    StopRequest: st.builds(
+        StopRequest, gm=index, lm=index, runs=st.lists(st.tuples(ids, st.integers(1, 5)), max_size=4)
+    ),
 }
 
 

@@ -64,3 +64,17 @@ def test_quiet_and_piped_replays_print_no_progress(capsys: pytest.CaptureFixture
     assert capsys.readouterr().err == ""
     assert main(argv) == 0  # stderr is not a terminal here: one line saying what runs, and no bar
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_bar_s_whole_can_grow_and_notes_while_it_shows_are_kept() -> None:
+    stream = Terminal()
+    progress = Progress(stream)
+    with progress.track("replaying", 10, "tasks") as advance:
+        advance(4, "", 10)
+        time.sleep(0.15)
+        progress.note("submitted; waiting for 30 tasks")
+        advance(25, "3/3 jobs submitted", 30)
+        time.sleep(0.15)
+    text = shown(stream)
+    assert "submitted; waiting for 30 tasks\n" in text
+    assert "25/30 tasks" in text and "3/3 jobs submitted" in text, text

@@ -46,11 +46,11 @@ def test_a_killed_worker_agent_s_tasks_run_again_elsewhere_and_its_node_returns_
     # out of service and reports its tasks lost; their GM runs them again elsewhere (attempt 2), so every task
     # completes exactly once and none fails. The agent is restarted and its node comes back into service.
     import asyncio
-    import sys
     import threading
 
     import httpx
 
+    from megha.loadgen.progress import Progress
     from megha.loadgen.services import replay_services
 
     from servicekit import wait_until
@@ -78,7 +78,7 @@ def test_a_killed_worker_agent_s_tasks_run_again_elsewhere_and_its_node_returns_
         )
         fault = threading.Thread(target=kill_when_busy_then_restart)
         fault.start()
-        run = asyncio.run(replay_services(settings, lambda line: print(line, file=sys.stderr, flush=True)))
+        run = asyncio.run(replay_services(settings, Progress()))
         fault.join()
         wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
         states = deployment.lm_states()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import replace
 from operator import add, gt, sub
 
@@ -25,6 +25,7 @@ from megha.common.core.messages import (
     PreemptRequest,
     PreemptResponse,
     Send,
+    StopRequest,
     Victim,
     lm_address,
 )
@@ -105,6 +106,10 @@ class GlobalMaster:
         self._preempting: list[dict[int, tuple[TaskSpec, list[int]]]] = [{} for _ in range(cluster.num_lms)]
         self._preempt_shapes: set[Shape] = set()
         self._extra: list[Output] = []
+        # Cancelled tasks whose run may still be out there (placed, running or being stopped): their end is
+        # reported as cancelled, and they never run again.
+        self._cancelling: set[str] = set()
+        self.cancelled = 0
         self.repartitions = 0
         self.inconsistencies = 0
         self.reschedules = 0
@@ -163,6 +168,45 @@ class GlobalMaster:
             raise TypeError(f"GM cannot handle {type(msg).__name__}")
         return self._drain(now)
 
+    def cancel(self, task_ids: Collection[str], now: float) -> list[Output]:
+        """Cancel these tasks of this GM (a job's): queued and parked ones are dropped now (observer
+        `task_cancelled`); a running one is stopped at its LM (StopRequest) and reported cancelled when its LM
+        reports the stop; one whose placement or preemption request awaits its answer is stopped once the answer
+        says it runs. Tasks that already ended, or that this GM does not hold, are left alone."""
+        wanted = set(task_ids)
+        drop = lambda t: t.task_id in wanted  # noqa: E731
+        dropped = self.queue.remove_if(drop) if isinstance(self.queue, UserQueues) else self._remove_queued(drop)
+        dropped += self.parked.remove_if(drop)
+        for task in dropped:
+            if self.book is not None:
+                self.book.withdrawn(task)
+            self.cancelled += 1
+            self.observer.task_cancelled(task, now)
+        stops: dict[int, list[tuple[str, int]]] = {}
+        for task_id in wanted:
+            placement = self.running.get(task_id)
+            if placement is not None:
+                stops.setdefault(placement.lm, []).append((task_id, placement.task.attempt))
+                self._cancelling.add(task_id)
+            elif task_id in self._awaiting_response:
+                self._cancelling.add(task_id)
+        for lm, runs in sorted(stops.items()):
+            self._extra.append(Send(lm_address(lm), StopRequest(self.gm_id, lm, runs)))
+        return self._drain(now)
+
+    def _remove_queued(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
+        queue = self.queue
+        removed = [t for t in queue if drop(t)]
+        if removed:
+            self.queue = deque(t for t in queue if not drop(t))
+        return removed
+
+    def _cancelled_run(self, task: TaskSpec, now: float) -> None:
+        """A cancelled task's run ended (stopped, or refused by its LM): it is cancelled, not run again."""
+        self._cancelling.discard(task.task_id)
+        self.cancelled += 1
+        self.observer.task_cancelled(task, now)
+
     def call_failed(self, lm: int, seq: int, reason: str, now: float) -> list[Output]:
         """The LaunchBatch or PreemptRequest `seq` to LM `lm` got no answer (the LM is unreachable or refused the
         call itself). A batch's tasks are reported failed with `reason` (the LM may have launched them, so
@@ -186,7 +230,10 @@ class GlobalMaster:
                 self._finished_early.discard(p.task.task_id)
                 if self.book is not None:
                     self.book.released(p.task, lm)
-                self.observer.task_failed(p.task, reason, now)
+                if p.task.task_id in self._cancelling:
+                    self._cancelled_run(p.task, now)
+                else:
+                    self.observer.task_failed(p.task, reason, now)
             return self._drain(now)
         if seq in self._preempting[lm]:
             task = self._preempting[lm][seq][0]
@@ -367,23 +414,32 @@ class GlobalMaster:
         awaiting = self._awaiting_response
         for p in placements:
             awaiting.discard(p.task.task_id)
+        cancelling = self._cancelling
         for p in resp.accepted:
             if p.task.task_id in self._finished_early:
                 self._finished_early.discard(p.task.task_id)
             else:
                 self.running[p.task.task_id] = p
+                if cancelling and p.task.task_id in cancelling:
+                    self._extra.append(
+                        Send(lm_address(p.lm), StopRequest(self.gm_id, p.lm, [(p.task.task_id, p.task.attempt)]))
+                    )
             if p.repartition:
                 self.repartitions += 1
         retry: list[TaskSpec] = []
         for rejection in resp.rejected:
             if self.book is not None:
                 self.book.released(rejection.placement.task, resp.lm)
-            if not rejection.inconsistency:
-                self.observer.task_failed(rejection.placement.task, f"LM {resp.lm}: {rejection.reason}", now)
-                continue
-            self.inconsistencies += 1
-            self.observer.inconsistency(rejection.placement, now)
-            retry.append(rejection.placement.task)
+            refused = rejection.placement.task
+            if rejection.inconsistency:
+                self.inconsistencies += 1
+                self.observer.inconsistency(rejection.placement, now)
+            if cancelling and refused.task_id in cancelling:
+                self._cancelled_run(refused, now)
+            elif rejection.inconsistency:
+                retry.append(refused)
+            else:
+                self.observer.task_failed(refused, f"LM {resp.lm}: {rejection.reason}", now)
         self.queue.extendleft(reversed(retry))
 
     def _on_completions(self, msg: Completions, now: float) -> None:
@@ -394,6 +450,7 @@ class GlobalMaster:
         book = self.book
         observer = self.observer
         running = self.running
+        cancelling = self._cancelling
         requeue: list[TaskSpec] = []
         for item in msg.items:
             placement = running.get(item.task_id)
@@ -410,11 +467,14 @@ class GlobalMaster:
                 continue  # a repeat: the task ended already
             if book is not None:
                 book.released(placement.task, msg.lm)
-            if item.preempted:
+            if cancelling and item.task_id in cancelling and (item.preempted or item.lost):
+                self._cancelled_run(placement.task, now)  # stopped as asked (or its worker was lost meanwhile)
+            elif item.preempted:
                 self.preempted += 1
                 observer.task_preempted(placement.task, now)
                 requeue.append(placement.task)
             elif not item.lost:
+                cancelling.discard(item.task_id)  # it ended before the stop reached it: as it ended
                 observer.task_completed(placement.task, item.error, now, item.forwarded)
             else:
                 task = placement.task
@@ -488,6 +548,11 @@ class GlobalMaster:
                 self._finished_early.discard(task.task_id)
             else:
                 self.running[task.task_id] = resp.placement
+                if task.task_id in self._cancelling:
+                    lm = resp.placement.lm
+                    self._extra.append(
+                        Send(lm_address(lm), StopRequest(self.gm_id, lm, [(task.task_id, task.attempt)]))
+                    )
             parked = self.waiting.get(shape)
             if parked:  # the next task of this shape may preempt in turn
                 head = parked.popleft()
@@ -496,6 +561,9 @@ class GlobalMaster:
                 self.queue.push_front(head)  # type: ignore[union-attr]
             return
         book.released(task, resp.lm)
+        if task.task_id in self._cancelling:
+            self._cancelled_run(task, now)
+            return
         book.pending(task)
         if rest and self._preempt(task, now, rest):
             return
@@ -602,6 +670,7 @@ class GlobalMaster:
             "preemptions": self.preemptions,
             "preempted": self.preempted,
             "retries": self.retries,
+            "cancelled": self.cancelled,
             "total_capacity": [
                 sum(c[k] for row in self.views for v in row for c in v.capacity)
                 for k in range(len(self.resource_names))

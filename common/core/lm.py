@@ -28,6 +28,7 @@ from megha.common.core.messages import (
     PreemptResponse,
     Rejection,
     Send,
+    StopRequest,
     Wake,
     WorkerLaunch,
     WorkerPreempt,
@@ -136,6 +137,7 @@ class LocalMaster:
         self.down: dict[int, str] = {}
         self.preemptions = 0
         self.preemption_refusals = 0
+        self.stopped = 0  # runs stopped at their GM's request (job cancelled)
         # The last `ended_runs_kept` runs that ended here: (task id, attempt), and in order with their GM and error.
         self.ended_runs_kept = ended_runs_kept
         self._ended_runs: set[tuple[str, int]] = set()
@@ -171,6 +173,8 @@ class LocalMaster:
             return self._on_tick(now)
         if isinstance(msg, PreemptRequest):
             return self._on_preempt(msg, now)
+        if isinstance(msg, StopRequest):
+            return self._on_stop(msg, now)
         raise TypeError(f"LM cannot handle {type(msg).__name__}")
 
     def start(self, now: float) -> list[Output]:
@@ -465,6 +469,24 @@ class LocalMaster:
         if plan.task_ids:
             out.append(Send(worker_address(self.lm_id), WorkerPreempt(self.lm_id, list(plan.task_ids))))
         out.append(Send(worker_address(self.lm_id), WorkerLaunch(self.lm_id, [p])))
+        self._arm_tick(now, out)
+        return out
+
+    def _on_stop(self, req: StopRequest, now: float) -> list[Output]:
+        """Stop the GM's runs it names (their job was cancelled): each frees its resources now and is stopped on
+        its worker, whose report goes back to the GM as preempted. Runs this LM does not hold for that GM (ended
+        already, another attempt, another GM's) are left alone."""
+        stopped: list[str] = []
+        for task_id, attempt in req.runs:
+            alloc = self.running.get(task_id)
+            if alloc is None or alloc.gm != req.gm or alloc.placement.task.attempt != attempt:
+                continue
+            del self.running[task_id]
+            self._release(alloc)
+            self.preempting[task_id] = alloc
+            stopped.append(task_id)
+        self.stopped += len(stopped)
+        out: list[Output] = [Send(worker_address(self.lm_id), WorkerPreempt(self.lm_id, stopped))] if stopped else []
         self._arm_tick(now, out)
         return out
 

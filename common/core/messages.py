@@ -222,6 +222,17 @@ class PreemptResponse:
 
 
 @dataclass(slots=True)
+class StopRequest:
+    """GM -> LM: stop these runs (task id, attempt) of the GM's own tasks, whose job was cancelled. Each is
+    reported back as preempted (its resources returned); the GM, knowing it cancelled them, does not queue them
+    again. A run the LM does not hold (ended already, or another GM's) is left alone."""
+
+    gm: int
+    lm: int
+    runs: list[tuple[str, int]]
+
+
+@dataclass(slots=True)
 class WorkerPreempt:
     """LM -> worker: stop these tasks (report each as preempted, or as finished if it already ended)."""
 

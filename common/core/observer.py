@@ -51,3 +51,7 @@ class CoreObserver:
 
     def preemption_attempted(self, task: TaskSpec, lm: int, now: float) -> None:
         """A GM asked LM `lm` to preempt tasks so that `task` can run."""
+
+    def task_cancelled(self, task: TaskSpec, now: float) -> None:
+        """A GM's task was cancelled with its job: taken out of its queue, or its run stopped on its worker. It
+        neither finished nor failed, and does not run again."""

@@ -12,7 +12,7 @@ the shapes left are exactly those whose constraints it satisfies.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from megha.common.core.constraints import NUM_CONSTRAINTS, iter_bits
 from megha.common.core.resources import Resources
@@ -64,6 +64,21 @@ class ParkedShapes:
         needs = self._needs
         for cid in iter_bits(shape[0]):
             needs[cid] &= keep
+
+    def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
+        """Take out the parked tasks `drop` selects (a cancelled job's); a shape left empty is unparked. Returns
+        them."""
+        removed: list[TaskSpec] = []
+        for shape, parked in list(self.tasks.items()):
+            kept = deque(t for t in parked if not drop(t))
+            if len(kept) == len(parked):
+                continue
+            removed += [t for t in parked if drop(t)]
+            if kept:
+                self.tasks[shape] = kept
+            else:
+                self.unpark(shape)
+        return removed
 
     def any_request_fits(self, free: Resources) -> bool:
         """True when `free` covers the request of some parked shape."""

@@ -1,4 +1,5 @@
-"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs/{id}, GET /v1/queues, GET /v1/state, GET /healthz; between
+"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs, GET and DELETE /v1/jobs/{id}, GET /v1/queues, GET /v1/state,
+GET /healthz; between
 peers POST /v1/peers/{gm}/journal and POST /v1/peers/{gm}/release (services/gm/standin.py)."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
@@ -14,7 +16,7 @@ from pydantic_core import to_json
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
 from megha.common.lifecycle import StartupError, exit_on_startup_error
-from megha.common.models import JobAccepted, JobStatus, JobSubmission, JournalLines
+from megha.common.models import ErrorBody, JobAccepted, JobList, JobState, JobStatus, JobSubmission, JournalLines
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
 from megha.services.gm.service import DuplicateJob, GMService, NotServing
@@ -29,6 +31,7 @@ from megha.services.http import (
     read_body,
     serving_gc,
 )
+from megha.services.metrics import gm_registry, mount_metrics
 
 
 def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSpec | None = None) -> FastAPI:
@@ -62,6 +65,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     app = FastAPI(title=f"Megha GM {settings.gm_id}", lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
+    mount_metrics(app, gm_registry(service, lambda: peers.stand_in))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
@@ -114,6 +118,59 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
                 )
             return error(404, message, "job_id")
         return json_response(status)
+
+    @app.delete(
+        "/v1/jobs/{job_id}",
+        status_code=202,
+        response_model=JobStatus,
+        responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+    )
+    async def cancel_job(job_id: str) -> Response:
+        """Cancel a job: its queued tasks end `cancelled` at once; its placed ones are stopped on their agents and
+        end `cancelled` when their LM reports the stop (a task that finished first stays finished). 409 when the
+        job had already ended; cancelling a cancelled job again answers its status."""
+        for holder in (service, peers.stand_in):
+            if holder is None or job_id not in holder.jobs.jobs:
+                continue
+            job = holder.jobs.jobs[job_id]
+            if not job.open and not job.cancelled:
+                state = holder.jobs.job_state(job)
+                return error(409, f"job {job_id} already ended ({state}); nothing to cancel", "job_id")
+            try:
+                status = await holder.cancel(job_id)
+            except NotServing as exc:
+                return error(503, str(exc))
+            assert status is not None
+            return json_response(status, 202)
+        return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
+
+    @app.get("/v1/jobs", response_model=JobList, responses={422: {"model": ErrorBody}})
+    async def list_jobs(
+        user: str | None = Query(None, min_length=1, max_length=64, description="only this user's jobs"),
+        queue: str | None = Query(
+            None,
+            min_length=1,
+            max_length=64,
+            description="only the jobs of this queue (a queue is named after its user)",
+        ),
+        state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
+        limit: int = Query(100, ge=1, le=1000, description="jobs per page"),
+        offset: int = Query(0, ge=0, description="jobs to skip (the previous page's next_offset)"),
+    ) -> Response:
+        """The jobs this GM holds (and those of the GM it stands in for), oldest first, a page at a time. Finished
+        jobs are forgotten beyond MEGHA_FINISHED_TASKS_KEPT finished tasks."""
+        if user is not None and queue is not None and user != queue:
+            return json_response(JobList(jobs=[], total=0, offset=offset, limit=limit))
+        who = user if user is not None else queue
+        found = service.jobs.summaries(who, state)
+        if peers.stand_in is not None:
+            found += peers.stand_in.jobs.summaries(who, state)
+        page = found[offset : offset + limit]
+        after = offset + len(page)
+        listed = JobList(
+            jobs=page, total=len(found), offset=offset, limit=limit, next_offset=after if after < len(found) else None
+        )
+        return json_response(listed)
 
     @app.get("/v1/queues")
     async def queues() -> dict[str, object]:

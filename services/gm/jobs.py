@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
-from megha.common.models import JobStatus, TaskStatus
+from megha.common.models import JobState, JobStatus, JobSummary, TaskStatus
+from megha.services.metrics import TaskMeter
 
-ENDED = ("finished", "failed")
+ENDED = ("finished", "failed", "cancelled")
 
 
 @dataclass(slots=True)
@@ -40,7 +41,9 @@ class _Task:
 class _Job:
     user: str
     task_ids: list[str] = field(default_factory=list)
-    open: int = 0  # tasks neither finished nor failed
+    open: int = 0  # tasks neither finished nor failed nor cancelled
+    cancelled: bool = False  # DELETE /v1/jobs/{id} asked for it
+    submitted_at: float | None = None
 
 
 class JobTable(CoreObserver):
@@ -62,21 +65,26 @@ class JobTable(CoreObserver):
         # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
         # service to publish as task events: (task, kind, reason, lm, node).
         self.ended_here: list[tuple[TaskSpec, str, str, int, int]] = []
+        self.meter = TaskMeter()  # scheduling attempts and allocation times, for GET /metrics
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         """A task's arrival is when its job's request reached the GM (the service stamps that as
         `submitted_at`), so allocation time includes reading and validating the submission."""
-        self.jobs[job.job_id] = _Job(job.tasks[0].user, [t.task_id for t in job.tasks], len(job.tasks))
+        self.jobs[job.job_id] = _Job(
+            job.tasks[0].user, [t.task_id for t in job.tasks], len(job.tasks), submitted_at=job.submitted_at
+        )
         self._open_tasks += len(job.tasks)
         for t in job.tasks:
             self.tasks[t.task_id] = _Task(job.job_id, arrival=job.submitted_at)
 
     def attempt(self, task: TaskSpec, now: float) -> None:
         self.tasks[task.task_id].attempts += 1
+        self.meter.attempts += 1
 
     def decided(self, placements: Sequence[Placement], now: float) -> None:
         for p in placements:
             rec = self.tasks[p.task.task_id]
+            self.meter.decided(rec.arrival, rec.attempts, now)
             rec.state, rec.launched_at, rec.lm, rec.node, rec.repartitioned = (
                 "launched",
                 now,
@@ -122,7 +130,7 @@ class JobTable(CoreObserver):
 
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool = False) -> None:
         rec = self.tasks.get(task.task_id)
-        if rec is not None and rec.state != "finished":
+        if rec is not None and rec.state not in ("finished", "cancelled"):
             if forwarded and rec.state not in ENDED:
                 kind = "failed" if error else "finished"
                 self.ended_here.append((task, kind, error, rec.lm or 0, rec.node or 0))
@@ -132,6 +140,14 @@ class JobTable(CoreObserver):
             rec.failed_reason = error or None
             if not ended:
                 self._ended(task.task_id, rec)
+
+    def task_cancelled(self, task: TaskSpec, now: float) -> None:
+        """Its job was cancelled: dropped from the queue, or its run stopped. It does not run again."""
+        rec = self.tasks.get(task.task_id)
+        if rec is not None and rec.state not in ENDED:
+            self.ended_here.append((task, "cancelled", "job cancelled", rec.lm or 0, rec.node or 0))
+            rec.state, rec.failed_reason, rec.finished_at = "cancelled", "job cancelled", now
+            self._ended(task.task_id, rec)
 
     def restore_end(self, task_id: str, state: str, reason: str, now: float) -> None:
         """Replay a task end a restarted GM learnt from its journal or an LM (it was announced then, so nothing is
@@ -161,6 +177,41 @@ class JobTable(CoreObserver):
             self._finished_tasks -= len(old.task_ids)
             self.dropped_jobs += 1
 
+    def job_state(self, job: _Job) -> JobState:
+        if job.cancelled:
+            return "cancelled"
+        states = [self.tasks[tid].state for tid in job.task_ids]
+        if not job.open:
+            return "failed" if "failed" in states else "finished"
+        return "running" if any(s not in ("queued", *ENDED) for s in states) else "queued"
+
+    def summaries(self, user: str | None = None, state: str | None = None) -> list[JobSummary]:
+        """Every job held (oldest first) of `user` and in `state`, when given."""
+        out: list[JobSummary] = []
+        for job_id, job in self.jobs.items():
+            if user is not None and job.user != user:
+                continue
+            job_state = self.job_state(job)
+            if state is not None and job_state != state:
+                continue
+            counts: dict[str, int] = {}
+            for tid in job.task_ids:
+                task_state = self.tasks[tid].state
+                counts[task_state] = counts.get(task_state, 0) + 1
+            out.append(
+                JobSummary(
+                    job_id=job_id,
+                    user=job.user,
+                    queue=job.user,
+                    gm=self.gm,
+                    state=job_state,
+                    submitted_at=job.submitted_at,
+                    tasks=len(job.task_ids),
+                    task_states=counts,  # type: ignore[arg-type]
+                )
+            )
+        return out
+
     def status(self, job_id: str) -> JobStatus | None:
         job = self.jobs.get(job_id)
         if job is None:
@@ -169,6 +220,7 @@ class JobTable(CoreObserver):
             job_id=job_id,
             user=job.user,
             gm=self.gm,
+            state=self.job_state(job),
             tasks=[
                 TaskStatus(
                     task_id=tid,

@@ -5,7 +5,11 @@ queue (docs/architecture.md says why a GM-local journal and not a broker queue; 
 One file per (run, GM), JSON lines:
 
     {"job": {<JobSubmission with its job_id>}, "at": <unix time it arrived>}
-    {"end": "<task id>", "state": "finished" | "failed", "reason": "..."}
+    {"end": "<task id>", "state": "finished" | "failed" | "cancelled", "reason": "..."}
+    {"cancel": "<job id>", "at": <unix time>}
+
+A cancel record is durable before DELETE /v1/jobs/{id} is answered: a GM that restarts before the job's placed
+tasks were stopped stops them then.
 
 Job records are made durable in groups: submissions that arrive while an fsync runs share the next one. End
 records are only written through to the operating system (they survive a process crash, not a machine crash):
@@ -31,6 +35,7 @@ class Replayed:
 
     jobs: list[tuple[dict[str, object], float]] = field(default_factory=list)
     ends: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id -> (state, reason)
+    cancels: set[str] = field(default_factory=set)  # jobs cancelled (DELETE /v1/jobs/{id})
     damaged: int = 0  # lines that could not be read (a write cut short by a crash)
 
 
@@ -55,6 +60,8 @@ class Journal:
                 found.jobs.append((record["job"], float(record["at"])))
             elif "end" in record:
                 found.ends[str(record["end"])] = (str(record["state"]), str(record.get("reason", "")))
+            elif "cancel" in record:
+                found.cancels.add(str(record["cancel"]))
         return found
 
     async def append_durably(self, record: dict[str, object]) -> str:
@@ -128,6 +135,8 @@ def merge_lines(path: Path, lines: list[str]) -> int:
             jobs.add(str(record["job"].get("job_id")))
         elif "end" in record and str(record["end"]) not in held.ends:
             held.ends[str(record["end"])] = ("", "")
+        elif "cancel" in record and str(record["cancel"]) not in held.cancels:
+            held.cancels.add(str(record["cancel"]))
         else:
             continue
         added.append(line)

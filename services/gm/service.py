@@ -17,7 +17,7 @@ from pydantic_core import to_json
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster
-from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send
+from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send, StopRequest
 from megha.common.core.placement.choice import make_choice
 from megha.common.core.recovery import LMReport, RunsHeld, plan_recovery, runs_lost
 from megha.common.core.task import JobSpec, TaskSpec
@@ -26,12 +26,14 @@ from megha.common.models import (
     BrokerMessage,
     ErrorBody,
     GMRecovery,
+    JobStatus,
     JobSubmission,
     LaunchBatchModel,
     LaunchResponseModel,
     LMRebuilt,
     PreemptRequestModel,
     PreemptResponseModel,
+    StopRequestModel,
 )
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker, TryLater
@@ -167,6 +169,44 @@ class GMService:
         await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
 
+    async def cancel(self, job_id: str) -> JobStatus | None:
+        """Cancel a job (None when this GM does not hold it): durably noted in the journal, its queued tasks
+        dropped at once, and its placed ones stopped at their LMs (they end cancelled when the LM reports the
+        stop). A job that ended, or was cancelled already, is left as it is."""
+        core = self.core
+        assert core is not None
+        job = self.jobs.jobs.get(job_id)
+        if job is None:
+            return None
+        if job.cancelled or not job.open:
+            return self.jobs.status(job_id)
+        if not self.serving:
+            raise NotServing(f"GM {self.settings.gm_id} is changing hands; cancel again in a few seconds")
+        if self.journal is not None:
+            line = await self.journal.append_durably({"cancel": job_id, "at": time.time()})
+            if self.replicator is not None:
+                await self.replicator.add_durably(line)
+        async with self._lock:
+            if self.core is not core or not self.serving:
+                raise NotServing(f"GM {self.settings.gm_id} changed hands; cancel again in a few seconds")
+            job.cancelled = True
+            outputs = self._cancel_open(job_id)
+        self._dispatch(outputs)
+        return self.jobs.status(job_id)
+
+    def _cancel_open(self, job_id: str) -> list[Output]:
+        """Cancel in the core the tasks of `job_id` that did not end (under the lock)."""
+        assert self.core is not None
+        open_tasks = [tid for tid in self.jobs.jobs[job_id].task_ids if self.jobs.tasks[tid].state not in ENDED]
+        placed = sum(self.jobs.tasks[tid].state == "launched" for tid in open_tasks)
+        log.info(
+            "job %s cancelled: %d tasks dropped from the queue, %d placed ones to be stopped at their LMs",
+            job_id,
+            len(open_tasks) - placed,
+            placed,
+        )
+        return self.core.cancel(open_tasks, time.time())
+
     # ---------------------------------------------------------------- recovery
 
     def journal_path(self) -> Path:
@@ -213,8 +253,17 @@ class GMService:
         for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM
             self.jobs.restore_end(task_id, "failed" if reason else "finished", reason, now)
         self.jobs.decided(plan.running, now)
+        cancels = [job_id for job_id in (replayed.cancels if replayed is not None else ()) if job_id in self.jobs.jobs]
+        for job_id in cancels:
+            self.jobs.jobs[job_id].cancelled = True
+        queued = [t for t in plan.queued if not self.jobs.jobs[t.job_id].cancelled]
+        for task in plan.queued:
+            if self.jobs.jobs[task.job_id].cancelled:
+                self.jobs.task_cancelled(task, now)  # cancelled before the crash, while still queued
         async with self._lock:
-            outputs = self.core.recover(plan.deltas, plan.running, plan.queued, now)
+            outputs = self.core.recover(plan.deltas, plan.running, queued, now)
+            for job_id in cancels:  # their runs the LMs still hold are stopped now
+                outputs += self._cancel_open(job_id)
         if replayed is not None:
             self.journal = Journal(self.journal_path())
             self.journal.rewrite(self._journal_records(replayed))
@@ -240,6 +289,8 @@ class GMService:
             if job is None:
                 continue
             records.append({"job": record, "at": arrived})
+            if job.cancelled:
+                records.append({"cancel": record.get("job_id"), "at": arrived})
             for tid in job.task_ids:
                 rec = self.jobs.tasks[tid]
                 if rec.state in ENDED:
@@ -348,9 +399,14 @@ class GMService:
         if self.jobs.ended_here:
             spawn(self._tasks, self._publish_ends())
         for out in outputs:
-            if isinstance(out, Send) and isinstance(out.msg, LaunchBatch | PreemptRequest):
-                call = self._launch(out.msg) if isinstance(out.msg, LaunchBatch) else self._preempt(out.msg)
-                spawn(self._tasks, call)
+            if not isinstance(out, Send):
+                raise TypeError(f"GM cannot send {out!r}")
+            if isinstance(out.msg, LaunchBatch):
+                spawn(self._tasks, self._launch(out.msg))
+            elif isinstance(out.msg, PreemptRequest):
+                spawn(self._tasks, self._preempt(out.msg))
+            elif isinstance(out.msg, StopRequest):
+                spawn(self._tasks, self._stop(out.msg))
             else:
                 raise TypeError(f"GM cannot send {out!r}")
 
@@ -378,35 +434,12 @@ class GMService:
 
     async def _launch(self, batch: LaunchBatch) -> None:
         """POST the batch to its LM. Launch is idempotent per task at the LM (an LM rebuilt after a crash knows
-        what its agents run), so transport errors and 5xx answers are retried for up to MEGHA_LM_TIMEOUT seconds:
-        an LM that restarts in that time gets the batch."""
-        url = self.settings.lm_urls[batch.lm]
-        body = LaunchBatchModel.core_json(batch)
-        r: Reply | None = None
-        failure = ""
-        deadline = time.monotonic() + self.settings.lm_timeout
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                r = await self._calls.post(f"{url}/v1/launch?term={self.term}", body)
-            except CallError as exc:
-                failure = f"LM {batch.lm} unreachable at {url}: {exc}"
-            else:
-                if r.status == 200:
-                    break
-                if _fenced(r):
-                    self._superseded(f"LM {batch.lm} refused launch batch {batch.seq}: {r.text[:300]}")
-                    return
-                failure = f"LM {batch.lm} answered {r.status}: {r.text[:500]}"
-                if r.status < 500 and r.status != 429:
-                    break  # the LM refused the batch itself: retrying cannot help
-            if time.monotonic() > deadline:
-                failure += f" (for {self.settings.lm_timeout:g} s)"
-                break
-            if attempt == 1 or attempt % 10 == 0:
-                log.warning("launch batch %d to LM %d failed (attempt %d): %s", batch.seq, batch.lm, attempt, failure)
-            await asyncio.sleep(min(0.1 * 2 ** min(attempt - 1, 5), 2.0))
+        what its agents run), so the call is retried (`_post_retrying`): an LM that restarts in MEGHA_LM_TIMEOUT
+        seconds gets the batch."""
+        what = f"launch batch {batch.seq}"
+        r, failure = await self._post_retrying(batch.lm, "/v1/launch", LaunchBatchModel.core_json(batch), what)
+        if r is not None and _fenced(r):
+            return
         if r is None or r.status != 200:
             async with self._lock:
                 assert self.core is not None
@@ -418,6 +451,45 @@ class GMService:
         async with self._lock:
             outputs = self.core.handle(response, time.time())
         self._dispatch(outputs)
+
+    async def _stop(self, req: StopRequest) -> None:
+        """POST the runs of cancelled jobs to stop to their LM. Stopping is idempotent there (a run it no longer
+        holds is left alone), so the call is retried (`_post_retrying`); a run its LM never got the stop for ends
+        as it ends (finished or failed), never twice."""
+        what = f"stop of {len(req.runs)} runs"
+        r, failure = await self._post_retrying(req.lm, "/v1/stop", StopRequestModel.core_json(req), what)
+        if r is None or (r.status != 200 and not _fenced(r)):
+            log.error("gave up the %s of cancelled jobs at LM %d: %s; runs %s", what, req.lm, failure, req.runs[:20])
+
+    async def _post_retrying(self, lm: int, path: str, body: bytes, what: str) -> tuple[Reply | None, str]:
+        """POST an idempotent call to LM `lm` with this GM's term, retrying transport errors, 5xx and 429 with
+        backoff for up to MEGHA_LM_TIMEOUT seconds. Returns the last reply (None if none came) and, unless it is a
+        200, why the call failed. A 409 naming the term (a newer holder fenced this GM) stops serving at once."""
+        url = self.settings.lm_urls[lm]
+        r: Reply | None = None
+        failure = ""
+        deadline = time.monotonic() + self.settings.lm_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = await self._calls.post(f"{url}{path}?term={self.term}", body)
+            except CallError as exc:
+                failure = f"LM {lm} unreachable at {url}: {exc}"
+            else:
+                if r.status == 200:
+                    return r, ""
+                if _fenced(r):
+                    self._superseded(f"LM {lm} refused {what}: {r.text[:300]}")
+                    return r, f"fenced: {r.text[:300]}"
+                failure = f"LM {lm} answered {r.status}: {r.text[:500]}"
+                if r.status < 500 and r.status != 429:
+                    return r, failure  # the LM refused the call itself: retrying cannot help
+            if time.monotonic() > deadline:
+                return r, failure + f" (for {self.settings.lm_timeout:g} s)"
+            if attempt == 1 or attempt % 10 == 0:
+                log.warning("%s to LM %d failed (attempt %d): %s", what, lm, attempt, failure)
+            await asyncio.sleep(min(0.1 * 2 ** min(attempt - 1, 5), 2.0))
 
     async def _preempt(self, req: PreemptRequest) -> None:
         """POST a preemption request to its LM; an LM that cannot be reached counts as refusing it (the core

@@ -1,4 +1,4 @@
-"""The LM's HTTP API: POST /v1/workers, /v1/launch, /v1/preempt and /v1/gms/{gm}/claim; GET /v1/cluster,
+"""The LM's HTTP API: POST /v1/workers, /v1/launch, /v1/preempt, /v1/stop and /v1/gms/{gm}/claim; GET /v1/cluster,
 /v1/gms/{gm}/state, /v1/state and /healthz."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from megha.common.models import (
     LaunchResponseModel,
     PreemptRequestModel,
     PreemptResponseModel,
+    StopRequestModel,
+    StopResponse,
     WorkerRegistered,
     WorkerRegistration,
 )
@@ -36,6 +38,7 @@ from megha.services.http import (
     serving_gc,
 )
 from megha.services.lm.service import LMService, NotReady, RegistrationError
+from megha.services.metrics import lm_registry, mount_metrics
 
 
 def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
@@ -66,6 +69,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     app = FastAPI(title=f"Megha LM {settings.lm_id}", lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
+    mount_metrics(app, lm_registry(service))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
@@ -168,6 +172,24 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(PreemptResponseModel.core_json(response))
 
+    @app.post("/v1/stop", response_model=StopResponse, openapi_extra=json_body(StopRequestModel))
+    async def stop(request: Request, term: int = term_query) -> Response:
+        """A GM's runs of cancelled jobs to stop: each frees its resources and is stopped on its agent, and its
+        end reaches the GM as usual. Runs this LM does not hold for that GM are left alone (a repeat is harmless)."""
+        req = await read_body(request, StopRequestModel)
+        if req.lm != settings.lm_id:
+            return error(422, f"stop request for LM {req.lm} sent to LM {settings.lm_id}", "lm")
+        if not 0 <= req.gm < settings.num_gms:
+            return error(422, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm")
+        try:
+            stopped = await service.stop(req.to_core(), term)
+        except Superseded as exc:
+            log.warning("refused to stop runs of GM %d: %s", req.gm, exc)
+            return error(409, str(exc), "term")
+        except NotReady as exc:
+            return error(503, f"LM {settings.lm_id} not ready: {exc}")
+        return json_response(StopResponse(stopped=stopped))
+
     @app.get("/v1/gms/{gm}/state", response_model=GMRecovery)
     async def gm_state(gm: int) -> Response:
         """What GM `gm` needs when it (re)starts: every node's state, its runs here, and its recently ended runs."""
@@ -196,5 +218,5 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     async def state() -> dict[str, object]:
         return service.state()
 
-    document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel, GMClaim)
+    document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel, StopRequestModel, GMClaim)
     return app

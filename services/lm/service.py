@@ -26,6 +26,7 @@ from megha.common.core.messages import (
     PreemptRequest,
     PreemptResponse,
     Send,
+    StopRequest,
     WorkerLaunch,
     WorkerPreempt,
     WorkerReport,
@@ -283,6 +284,28 @@ class LMService:
         else:
             self._dispatch(rest)
         return response
+
+    async def stop(self, req: StopRequest, term: int = 0) -> list[str]:
+        """Stop runs of a GM's cancelled jobs on their agents (each is reported to the GM as it ends); returns the
+        runs stopped. Raises Superseded as `launch` does."""
+        if self.core is None:
+            raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
+        async with self._lock:
+            self.terms.check(req.gm, term)
+            outputs = self.core.handle(req, time.time())
+            by_url: dict[str, list[str]] = {}
+            stopped: list[str] = []
+            for out in outputs:
+                if isinstance(out.msg, WorkerPreempt):
+                    for task_id in out.msg.task_ids:
+                        node = self.core.preempting[task_id].placement.node
+                        by_url.setdefault(self._node_worker[node], []).append(task_id)
+                        stopped.append(task_id)
+        if stopped:
+            log.info("GM %d: stopping %d runs of cancelled jobs: %s", req.gm, len(stopped), stopped[:20])
+        rest = [o for o in outputs if not isinstance(o.msg, WorkerPreempt)]
+        self._spawn(self._stop_then_dispatch(by_url, rest))
+        return stopped
 
     async def _stop_then_dispatch(self, by_url: dict[str, list[str]], outputs: list[Output]) -> None:
         """Stop the victims on their agents (each reports them preempted), then launch the waiting task: on a real
@@ -554,6 +577,7 @@ class LMService:
             "repartitions": core.repartitions if core else 0,
             "preemptions": core.preemptions if core else 0,
             "preemption_refusals": core.preemption_refusals if core else 0,
+            "stopped": core.stopped if core else 0,  # runs of cancelled jobs stopped at their GM's request
             "preempting": len(core.preempting) if core else 0,
             "launched": core.launched if core else 0,
             "failed_launches": self.failed_launches,

@@ -30,6 +30,7 @@ from megha.services.http import (
     read_body,
     serving_gc,
 )
+from megha.services.metrics import mount_metrics, worker_registry
 from megha.services.worker.agent import LaunchRefused, WorkerAgent
 
 
@@ -61,6 +62,7 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     app = FastAPI(title=f"Megha worker {settings.worker_id}", lifespan=lifespan)
     app.state.agent = agent
     install_error_handlers(app)
+    mount_metrics(app, worker_registry(agent))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:

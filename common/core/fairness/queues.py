@@ -4,7 +4,7 @@ consumption (its own queues' exactly, the others' as the LMs last reported them)
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.fairness.policy import QueueStanding, SharePolicy
@@ -45,6 +45,10 @@ class ShareBook:
         """`task` waits to be placed (queued, or parked after a failed attempt): it counts in its user's demand
         until `placed`."""
         _add(self.demand[task.user], task.request)
+
+    def withdrawn(self, task: TaskSpec) -> None:
+        """A task waiting to be placed was cancelled: it no longer counts in its user's demand."""
+        _add(self.demand[task.user], task.request, -1)
 
     def placed(self, task: TaskSpec, lm: int) -> None:
         self._consumption = None
@@ -180,6 +184,17 @@ class UserQueues:
         self._next = (self._order.index(user) + 1) % n
         self._len -= 1
         return self._queues[user].popleft()
+
+    def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
+        """Take out the queued tasks `drop` selects (a cancelled job's), keeping the others' order; returns them."""
+        removed: list[TaskSpec] = []
+        for user, queue in self._queues.items():
+            kept = deque(t for t in queue if not drop(t))
+            if len(kept) != len(queue):
+                removed += [t for t in queue if drop(t)]
+                self._queues[user] = kept
+        self._len -= len(removed)
+        return removed
 
     def push_front(self, task: TaskSpec) -> None:
         """Put a parked task (already counted in its user's demand) back at the front of its queue."""
