@@ -227,6 +227,50 @@ class JobList(WireModel):
     next_offset: Count | None = None
 
 
+class PartitionUse(WireModel):
+    """One partition (LM `lm`, owned by GM `gm`) as a GM's view has it: nodes and the fraction of its resources in
+    use (the mean over resources)."""
+
+    lm: Index
+    gm: Index
+    nodes: Count
+    used_fraction: Annotated[float, Field(ge=0, le=1)]
+
+
+class QueueUse(WireModel):
+    """One user's queue at a GM: its share (None when fair scheduling is off) and consumption (the share of the
+    data centre its running tasks hold, by the share policy's measure), and its tasks waiting and running here."""
+
+    queue: User
+    share: Annotated[float, Field(ge=0, le=1)] | None = None
+    consumption: Annotated[float, Field(ge=0)] = 0.0
+    pending: Count = 0
+    running: Count = 0
+
+
+class Histogram(WireModel):
+    """Counts per bucket: `counts[i]` observations at most `bounds[i]` seconds and above the bound before; the last
+    count is above every bound."""
+
+    bounds: list[float]
+    counts: list[Count]
+    count: Count
+    sum: Annotated[float, Field(ge=0)]
+
+
+class Overview(WireModel):
+    """Response of GM `GET /v1/overview`, what the dashboard (`GET /dashboard`) shows: this GM's view of every
+    partition, its queues, its jobs and tasks per state, and its allocation times."""
+
+    gm: Index
+    at: Timestamp
+    partitions: list[PartitionUse]
+    queues: list[QueueUse]
+    jobs: dict[JobState, Count]
+    tasks: dict[TaskState, Count]
+    allocation_time: Histogram
+
+
 # --- Core mirrors (GM <-> LM <-> worker) ---------------------------------------------------------------------
 #
 # Each mirror's `plain(obj)` is the JSON-ready form of a core object (dicts, lists, str, int, float, bool). The

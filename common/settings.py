@@ -121,6 +121,12 @@ class GMSettings(FairSettings):
         ge=0,
         description="finished tasks GET /v1/jobs/{id} keeps; the oldest finished jobs beyond are forgotten",
     )
+    max_unfinished_tasks_per_user: int = Field(
+        100_000,
+        ge=0,
+        description="tasks of one user this GM holds unfinished (queued, placed or running) at most: a job that would "
+        "exceed it gets 429 (submit again once some end), a job larger than it 422; 0: no limit",
+    )
     gm_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="every GM's URL, in GM-id order (JSON list or comma-separated): a GM copies its journal to the "

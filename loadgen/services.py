@@ -36,6 +36,9 @@ from megha.services.http import CallError, ServiceClient, configure_logging
 
 log = logging.getLogger("megha.loadgen")
 
+THROTTLED_PAUSE = 2.0
+"""Seconds before a job a GM answered 429 (its user's unfinished tasks at MEGHA_MAX_UNFINISHED_TASKS_PER_USER) is
+submitted again (the GM's Retry-After)."""
 SUBMIT_RETRY_SECONDS = 120.0
 """How long a submission whose GM is unreachable (or answers 5xx) is retried: a GM that restarts gets it."""
 DETAIL_CALLS = 32
@@ -284,9 +287,9 @@ async def _submit(
     record = run.jobs[job.job_id]
     record.submitted_at = time.time() - start
     deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
-    attempt = 0
+    attempt = throttled = 0
     while True:
-        url = urls[attempt % len(urls)] if attempt else urls[0]
+        url = urls[(attempt - throttled) % len(urls)] if attempt else urls[0]
         attempt += 1
         try:
             r = await http.post(f"{url}/v1/jobs?gm={record.gm}", body)
@@ -297,6 +300,13 @@ async def _submit(
                 pending.update(t.task_id for t in job.tasks if t.task_id not in ended)
                 return
             reason = f"{r.status}: {r.text}"
+            if r.status == 429:  # the user's unfinished tasks are at the GM's bound: wait for some to end
+                throttled += 1  # asked again of the same GM, for as long as it keeps answering so
+                deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
+                if throttled == 1 or throttled % 30 == 0:
+                    log.info("GM at %s holds %s back (%d times): %s", url, job.job_id, throttled, r.text[:300])
+                await asyncio.sleep(THROTTLED_PAUSE)
+                continue
             if r.status < 500 and url == urls[0]:
                 break
         if time.monotonic() > deadline:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 from megha.common.argtypes import non_negative_float, positive_float, positive_int
@@ -33,6 +34,12 @@ output:
 exit status: 0 every task of an accepted job ended exactly once; 1 some task did not; 2 bad usage or input;
   3 most tasks failed or most jobs were rejected (a WARNING on stderr names the reasons)
 """
+CTL_COMMANDS = {  # megha/ctl.py (click): they operate a running deployment; each has its own --help
+    "job": "submit, show, list and cancel jobs at running GMs (megha job --help)",
+    "queues": "each user queue of running GMs: share, usage, pending and running tasks",
+    "nodes": "each partition of running LMs: nodes in and out of service, free and used resources",
+    "top": "a live view of running GMs and LMs: tasks, jobs by state, free resources",
+}
 LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
@@ -58,6 +65,7 @@ def _queues_arg(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="megha", description="Megha: a federated scheduler for data centres.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('megha')}")
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser(
         "replay",
@@ -297,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loc.add_argument("--overwrite", action="store_true", help="replace the report already in the --out folder")
     loc.add_argument("--quiet", action="store_true", help="nothing on stderr but errors and warnings (no progress bar)")
+    for name, what in CTL_COMMANDS.items():
+        sub.add_parser(name, add_help=False, help=what)
     return parser
 
 
@@ -435,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         from megha.deploy.chaos import main as chaos_main
 
         return chaos_main(argv[1:])
+    if argv[:1] and argv[0] in CTL_COMMANDS:
+        from megha.ctl import main as ctl_main
+
+        return ctl_main(argv)
     args = build_parser().parse_args(argv)
     try:
         if args.command == "replay":

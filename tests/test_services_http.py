@@ -903,6 +903,48 @@ async def test_openapi_documents_each_request_body(make: Any, path: str, body: s
     assert body in refs and refs <= set(components)  # every reference resolves
 
 
+@pytest.mark.parametrize("make", [gm_app, lm_app, worker_app])
+async def test_openapi_documents_every_error_with_its_body(make: Any) -> None:
+    """Every operation lists the errors it may answer, each an ErrorBody: 422 where input is validated, 413 for a
+    POST, and what its route declares; Starlette's own 404 and 405 answer an ErrorBody too."""
+    app = make()
+    try:
+        async with client(app) as c:
+            doc = (await c.get("/openapi.json")).json()
+            unknown, wrong_method = await c.get("/v1/nowhere"), await c.put("/healthz")
+    finally:
+        if hasattr(app.state, "agent"):
+            await app.state.agent.close()
+    error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            responses = op["responses"]
+            assert "500" not in responses
+            for status, response in responses.items():
+                if int(status) >= 400:
+                    assert response["content"] == error_body, (method, path, status)
+            assert ("422" in responses) == bool(op.get("parameters") or "requestBody" in op), (method, path)
+            assert ("413" in responses) == (method == "post"), (method, path)
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
+    assert {"ErrorBody", "FieldError"} <= set(doc["components"]["schemas"])
+    assert_error(unknown, 404, ROOT_FIELD)
+    assert_error(wrong_method, 405, ROOT_FIELD)
+
+
+@pytest.mark.parametrize(
+    ("make", "path", "field"),
+    [
+        (gm_app, "/v1/jobs?limit=0", "limit"),
+        (gm_app, "/v1/jobs?state=lost", "state"),
+        (lm_app, "/v1/gms/x/state", "gm"),
+    ],
+)
+async def test_a_bad_parameter_is_a_422_error_body_naming_it(make: Any, path: str, field: str) -> None:
+    """FastAPI's own validation of path and query parameters answers the documented ErrorBody, not its own."""
+    async with client(make()) as c:
+        assert_error(await c.get(path), 422, field)
+
+
 # ------------------------------------------------------------------------------- client for calls between services
 
 HANG = b"hang"  # a FakeServer answer: read the request, never answer

@@ -19,12 +19,15 @@ from megha.common.lifecycle import StartupError, exit_on_startup_error
 from megha.common.models import ErrorBody, JobAccepted, JobList, JobState, JobStatus, JobSubmission, JournalLines
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
-from megha.services.gm.service import DuplicateJob, GMService, NotServing
+from megha.services.apidocs import serve_docs_offline
+from megha.services.dashboard import mount_dashboard
+from megha.services.gm.service import DuplicateJob, GMService, NotServing, TooManyUnfinished
 from megha.services.gm.standin import NotHere, Peers, StandingIn
 from megha.services.http import (
     configure_logging,
     document_bodies,
     error,
+    errors,
     install_error_handlers,
     json_body,
     json_response,
@@ -32,6 +35,9 @@ from megha.services.http import (
     serving_gc,
 )
 from megha.services.metrics import gm_registry, mount_metrics
+
+SUBMIT_AGAIN_AFTER = 2
+"""Seconds a 429 (the user's unfinished tasks are at MEGHA_MAX_UNFINISHED_TASKS_PER_USER) asks a client to wait."""
 
 
 def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSpec | None = None) -> FastAPI:
@@ -66,6 +72,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     app.state.service = service
     install_error_handlers(app)
     mount_metrics(app, gm_registry(service, lambda: peers.stand_in))
+    mount_dashboard(app, service)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
@@ -77,7 +84,13 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             "standing_in_for": [] if peers.stand_in is None else [peers.previous],
         }
 
-    @app.post("/v1/jobs", status_code=201, response_model=JobAccepted, openapi_extra=json_body(JobSubmission))
+    @app.post(
+        "/v1/jobs",
+        status_code=201,
+        response_model=JobAccepted,
+        openapi_extra=json_body(JobSubmission),
+        responses=errors(409, 429, 503),
+    )
     async def submit(
         request: Request,
         gm: int | None = Query(
@@ -101,10 +114,14 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             return error(409, str(exc), "job_id")
         except NotServing as exc:
             return error(503, str(exc))
+        except TooManyUnfinished as exc:
+            refused = error(429, str(exc), "user")
+            refused.headers["Retry-After"] = str(SUBMIT_AGAIN_AFTER)
+            return refused
         accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=target.settings.gm_id)
         return json_response(accepted, 201)
 
-    @app.get("/v1/jobs/{job_id}", response_model=JobStatus)
+    @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(404))
     async def job_status(job_id: str) -> Response:
         status = service.jobs.status(job_id)
         if status is None and peers.stand_in is not None:
@@ -189,9 +206,12 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         snapshot = service.core.view_snapshot()
         snapshot["unfinished_tasks"] = service.jobs.unfinished()
         snapshot["finished_jobs_dropped"] = service.jobs.dropped_jobs
+        snapshot["lm_urls"] = settings.lm_urls  # as this GM reaches them (`megha nodes` asks here without --lm)
         return snapshot
 
-    @app.post("/v1/peers/{gm}/journal", response_model=None, openapi_extra=json_body(JournalLines))
+    @app.post(
+        "/v1/peers/{gm}/journal", response_model=None, openapi_extra=json_body(JournalLines), responses=errors(404, 409)
+    )
     async def journal_copy(gm: int, request: Request) -> Response:
         """The previous GM's journal lines, kept so that this GM can stand in for it."""
         lines = await read_body(request, JournalLines)
@@ -203,7 +223,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             return error(409, str(exc), "gm")
         return json_response(to_json({"gm": gm, "lines": len(lines.lines)}))
 
-    @app.post("/v1/peers/{gm}/release", response_model=JournalLines)
+    @app.post("/v1/peers/{gm}/release", response_model=JournalLines, responses=errors(404))
     async def release(gm: int) -> Response:
         """GM `gm` takes its identity back: stop standing in for it and answer the journal copy."""
         if (why := peers.not_kept(gm)) is not None:
@@ -212,4 +232,5 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         return json_response(JournalLines(reset=True, lines=lines))
 
     document_bodies(app, JobSubmission, JournalLines)
+    serve_docs_offline(app)
     return app

@@ -60,6 +60,7 @@ class JobTable(CoreObserver):
         self.tasks: dict[str, _Task] = {}
         self.dropped_jobs = 0  # finished jobs forgotten to keep the table bounded
         self._open_tasks = 0
+        self.open_by_user: dict[str, int] = {}  # tasks neither finished nor failed nor cancelled, per user
         self._finished_jobs: deque[str] = deque()  # oldest first
         self._finished_tasks = 0
         # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
@@ -74,6 +75,8 @@ class JobTable(CoreObserver):
             job.tasks[0].user, [t.task_id for t in job.tasks], len(job.tasks), submitted_at=job.submitted_at
         )
         self._open_tasks += len(job.tasks)
+        user = job.tasks[0].user
+        self.open_by_user[user] = self.open_by_user.get(user, 0) + len(job.tasks)
         for t in job.tasks:
             self.tasks[t.task_id] = _Task(job.job_id, arrival=job.submitted_at)
 
@@ -166,6 +169,11 @@ class JobTable(CoreObserver):
         self._open_tasks -= 1
         job = self.jobs[job_id]
         job.open -= 1
+        left = self.open_by_user[job.user] - 1
+        if left:
+            self.open_by_user[job.user] = left
+        else:
+            del self.open_by_user[job.user]
         if job.open:
             return
         self._finished_jobs.append(job_id)

@@ -16,7 +16,7 @@ from pydantic_core import to_json
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
-from megha.common.core.gm import GlobalMaster
+from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send, StopRequest
 from megha.common.core.placement.choice import make_choice
 from megha.common.core.recovery import LMReport, RunsHeld, plan_recovery, runs_lost
@@ -49,6 +49,10 @@ class DuplicateJob(ValueError):
     """A submission reuses a job id this GM already has."""
 
 
+class TooManyUnfinished(RuntimeError):
+    """The job's user holds MEGHA_MAX_UNFINISHED_TASKS_PER_USER unfinished tasks here already (a 429)."""
+
+
 class NotServing(RuntimeError):
     """This GM identity is being taken back or handed over: submissions are answered 503 meanwhile."""
 
@@ -78,6 +82,7 @@ class GMService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._job_numbers = itertools.count()
         self._accepting: set[str] = set()  # job ids being journaled
+        self._reserved: dict[str, int] = {}  # tasks of jobs being journaled, per user (the submission bound)
 
     async def discover(self) -> ClusterSpec:
         """Ask every LM for its partitions, waiting (MEGHA_LM_TIMEOUT) for LMs whose workers have not all
@@ -152,7 +157,9 @@ class GMService:
             raise NotServing(f"GM {self.settings.gm_id} is changing hands; submit again in a few seconds")
         job = JobSpec(job_id, sub.to_tasks(job_id, core.resource_names), arrived)
         core.admit(job, arrived)  # a job that can never run is refused before it is journaled
+        self._check_bound(sub.user, len(job.tasks))
         self._accepting.add(job_id)  # a resent submission arriving meanwhile is a duplicate
+        self._reserved[sub.user] = self._reserved.get(sub.user, 0) + len(job.tasks)  # held while journaling
         try:
             if self.journal is not None:  # on disk (here, and at the peer that would stand in) before the answer
                 record = sub.model_dump(mode="json", exclude_defaults=True) | {"job_id": job_id}
@@ -165,9 +172,30 @@ class GMService:
                 outputs = core.submit(job, time.time())
         finally:
             self._accepting.discard(job_id)
+            self._reserved[sub.user] -= len(job.tasks)
+            if not self._reserved[sub.user]:
+                del self._reserved[sub.user]
         self._dispatch(outputs)
         await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
+
+    def _check_bound(self, user: str, tasks: int) -> None:
+        """Submission is bounded per user (MEGHA_MAX_UNFINISHED_TASKS_PER_USER): Unschedulable (422) for a job
+        that could never fit under the bound, TooManyUnfinished (429) for one that must wait for tasks to end."""
+        limit = self.settings.max_unfinished_tasks_per_user
+        if not limit:
+            return
+        if tasks > limit:
+            raise Unschedulable(
+                f"a job of {tasks:,} tasks exceeds MEGHA_MAX_UNFINISHED_TASKS_PER_USER={limit:,} "
+                f"of GM {self.settings.gm_id}"
+            )
+        held = self.jobs.open_by_user.get(user, 0) + self._reserved.get(user, 0)
+        if held + tasks > limit:
+            raise TooManyUnfinished(
+                f"user {user!r} has {held:,} unfinished tasks at GM {self.settings.gm_id}; {tasks:,} more would exceed "
+                f"MEGHA_MAX_UNFINISHED_TASKS_PER_USER={limit:,}: submit again once some have ended"
+            )
 
     async def cancel(self, job_id: str) -> JobStatus | None:
         """Cancel a job (None when this GM does not hold it): durably noted in the journal, its queued tasks

@@ -27,10 +27,12 @@ from megha.common.models import (
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import connected, lm_key
+from megha.services.apidocs import serve_docs_offline
 from megha.services.http import (
     configure_logging,
     document_bodies,
     error,
+    errors,
     install_error_handlers,
     json_body,
     json_response,
@@ -81,7 +83,11 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         }
 
     @app.post(
-        "/v1/workers", status_code=201, response_model=WorkerRegistered, openapi_extra=json_body(WorkerRegistration)
+        "/v1/workers",
+        status_code=201,
+        response_model=WorkerRegistered,
+        openapi_extra=json_body(WorkerRegistration),
+        responses=errors(409),
     )
     async def register(request: Request) -> Response:
         reg = await read_body(request, WorkerRegistration)
@@ -97,7 +103,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except RegistrationError as exc:
             return error(409, str(exc), "nodes")
 
-    @app.get("/v1/cluster", response_model=None)
+    @app.get("/v1/cluster", response_model=None, responses=errors(503))
     async def cluster() -> object:
         """This LM's partitions (one per GM): each node's capacity and machine constraints."""
         try:
@@ -121,7 +127,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         0, ge=0, description="the calling GM's term (POST /v1/gms/{gm}/claim); a call with an older term gets 409"
     )
 
-    @app.post("/v1/launch", response_model=LaunchResponseModel, openapi_extra=json_body(LaunchBatchModel))
+    @app.post(
+        "/v1/launch",
+        response_model=LaunchResponseModel,
+        openapi_extra=json_body(LaunchBatchModel),
+        responses=errors(409, 503),
+    )
     async def launch(request: Request, term: int = term_query) -> Response:
         batch = await read_body(request, LaunchBatchModel)
         if batch.lm != settings.lm_id:
@@ -144,7 +155,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(LaunchResponseModel.core_json(response))
 
-    @app.post("/v1/preempt", response_model=PreemptResponseModel, openapi_extra=json_body(PreemptRequestModel))
+    @app.post(
+        "/v1/preempt",
+        response_model=PreemptResponseModel,
+        openapi_extra=json_body(PreemptRequestModel),
+        responses=errors(409, 503),
+    )
     async def preempt(request: Request, term: int = term_query) -> Response:
         req = await read_body(request, PreemptRequestModel)
         if req.lm != settings.lm_id:
@@ -172,7 +188,9 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(PreemptResponseModel.core_json(response))
 
-    @app.post("/v1/stop", response_model=StopResponse, openapi_extra=json_body(StopRequestModel))
+    @app.post(
+        "/v1/stop", response_model=StopResponse, openapi_extra=json_body(StopRequestModel), responses=errors(409, 503)
+    )
     async def stop(request: Request, term: int = term_query) -> Response:
         """A GM's runs of cancelled jobs to stop: each frees its resources and is stopped on its agent, and its
         end reaches the GM as usual. Runs this LM does not hold for that GM are left alone (a repeat is harmless)."""
@@ -190,7 +208,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(StopResponse(stopped=stopped))
 
-    @app.get("/v1/gms/{gm}/state", response_model=GMRecovery)
+    @app.get("/v1/gms/{gm}/state", response_model=GMRecovery, responses=errors(404, 503))
     async def gm_state(gm: int) -> Response:
         """What GM `gm` needs when it (re)starts: every node's state, its runs here, and its recently ended runs."""
         if not 0 <= gm < settings.num_gms:
@@ -200,7 +218,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
 
-    @app.post("/v1/gms/{gm}/claim", response_model=GMRecovery, openapi_extra=json_body(GMClaim))
+    @app.post(
+        "/v1/gms/{gm}/claim",
+        response_model=GMRecovery,
+        openapi_extra=json_body(GMClaim),
+        responses=errors(404, 409, 503),
+    )
     async def gm_claim(gm: int, request: Request) -> Response:
         """GM `gm` (re)starts, or a peer stands in for it: fence its older terms and answer its state here."""
         claim = await read_body(request, GMClaim)
@@ -219,4 +242,5 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         return service.state()
 
     document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel, StopRequestModel, GMClaim)
+    serve_docs_offline(app)
     return app

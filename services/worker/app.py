@@ -20,10 +20,12 @@ from megha.common.lifecycle import StartupError, exit_on_startup_error
 from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import connected
+from megha.services.apidocs import serve_docs_offline
 from megha.services.http import (
     configure_logging,
     document_bodies,
     error,
+    errors,
     install_error_handlers,
     json_body,
     json_response,
@@ -68,7 +70,13 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "worker": settings.worker_id, "registered": agent.registered is not None}
 
-    @app.post("/v1/tasks", status_code=202, response_model=None, openapi_extra=json_body(WorkerLaunchModel))
+    @app.post(
+        "/v1/tasks",
+        status_code=202,
+        response_model=None,
+        openapi_extra=json_body(WorkerLaunchModel),
+        responses=errors(409, 503),
+    )
     async def launch(request: Request) -> Response:
         body = await read_body(request, WorkerLaunchModel)
         registered = agent.registered
@@ -97,7 +105,7 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         await asyncio.sleep(0)  # the tasks start (simulated ones all of them) before the LM is answered
         return json_response(to_json({"accepted": accepted}), 202)
 
-    @app.post("/v1/preempt", response_model=None, openapi_extra=json_body(WorkerPreemptModel))
+    @app.post("/v1/preempt", response_model=None, openapi_extra=json_body(WorkerPreemptModel), responses=errors(503))
     async def preempt(request: Request) -> Response:
         body = await read_body(request, WorkerPreemptModel)
         registered = agent.registered
@@ -113,4 +121,5 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         return {"worker": settings.worker_id, "execution": settings.execution, "running": agent.executor.running()}
 
     document_bodies(app, WorkerLaunchModel, WorkerPreemptModel)
+    serve_docs_offline(app)
     return app
