@@ -413,6 +413,33 @@ def _extra(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _NOT_EXTRA}
 
 
+def ids(
+    *,
+    job: object = None,
+    task: object = None,
+    attempt: object = None,
+    gm: object = None,
+    lm: object = None,
+    node: object = None,
+    worker: object = None,
+    user: object = None,
+) -> dict[str, object]:
+    """The `extra=` of a log line about a decision (a refusal, an inconsistency, a repartition, a preemption, a
+    retry, a loss, a worker taken out of service): the ids it concerns under these key names only, each an id or
+    a list of ids; those not given (None) are left out. docs/deploy.md ("Logs") lists the decisions and keys."""
+    fields = {
+        "job": job,
+        "task": task,
+        "attempt": attempt,
+        "gm": gm,
+        "lm": lm,
+        "node": node,
+        "worker": worker,
+        "user": user,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 class TextFormatter(logging.Formatter):
     """`<time> <service> <LEVEL> <logger>: <message>`, then each field given with `extra=` as ` key=value`."""
 

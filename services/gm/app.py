@@ -28,6 +28,7 @@ from megha.services.http import (
     document_bodies,
     error,
     errors,
+    ids,
     install_error_handlers,
     json_body,
     json_response,
@@ -102,20 +103,32 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     ) -> Response:
         arrived = time.time()  # allocation time counts from here: parsing the job is part of it
         sub = await read_body(request, JobSubmission)
+
+        def refuse(status: int, exc: Exception, *field: str) -> Response:
+            log.warning(
+                "refused job %s of user %s (%d): %s",
+                sub.job_id or "(unnamed)",
+                sub.user,
+                status,
+                exc,
+                extra=ids(job=sub.job_id, user=sub.user, gm=settings.gm_id if gm is None else gm),
+            )
+            return error(status, str(exc), *field)
+
         try:
             target = peers.service_for(sub, gm)
         except NotHere as exc:
-            return error(503, str(exc), "gm")
+            return refuse(503, exc, "gm")
         try:
             job = await target.submit(sub, arrived)
         except Unschedulable as exc:
-            return error(422, str(exc), "tasks")
+            return refuse(422, exc, "tasks")
         except DuplicateJob as exc:
-            return error(409, str(exc), "job_id")
+            return refuse(409, exc, "job_id")
         except NotServing as exc:
-            return error(503, str(exc))
+            return refuse(503, exc)
         except TooManyUnfinished as exc:
-            refused = error(429, str(exc), "user")
+            refused = refuse(429, exc, "user")
             refused.headers["Retry-After"] = str(SUBMIT_AGAIN_AFTER)
             return refused
         accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=target.settings.gm_id)

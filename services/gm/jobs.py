@@ -7,6 +7,7 @@ held (MEGHA_FINISHED_TASKS_KEPT). Jobs with a task still queued or running are a
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,10 @@ from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.models import JobState, JobStatus, JobSummary, TaskStatus
+from megha.services.http import ids
 from megha.services.metrics import TaskMeter
+
+log = logging.getLogger("megha.gm")
 
 ENDED = ("finished", "failed", "cancelled")
 
@@ -85,7 +89,12 @@ class JobTable(CoreObserver):
         self.meter.attempts += 1
 
     def decided(self, placements: Sequence[Placement], now: float) -> None:
+        """Called for every batch of decisions (thousands of tasks a second under load): a repartition is logged
+        per task at DEBUG only, and counted per LM in one INFO line per batch that has any."""
+        repartitions: dict[int, list[Placement]] = {}
         for p in placements:
+            if p.repartition:
+                repartitions.setdefault(p.lm, []).append(p)
             rec = self.tasks[p.task.task_id]
             self.meter.decided(rec.arrival, rec.attempts, now)
             rec.state, rec.launched_at, rec.lm, rec.node, rec.repartitioned = (
@@ -95,11 +104,38 @@ class JobTable(CoreObserver):
                 p.node if p.node >= 0 else None,  # a preemption request leaves the node to the LM
                 p.repartition,
             )
+        for lm, moved in repartitions.items():
+            log.info(
+                "%d of %d tasks placed on LM %d by repartition (nodes of other GMs' partitions)",
+                len(moved),
+                len(placements),
+                lm,
+                extra=ids(gm=self.gm, lm=lm),
+            )
+            if log.isEnabledFor(logging.DEBUG):
+                for p in moved:
+                    log.debug(
+                        "task %s of job %s: repartition onto LM %d node %d",
+                        p.task.task_id,
+                        p.task.job_id,
+                        p.lm,
+                        p.node,
+                        extra=self._ids(p.task, p.lm, p.node),
+                    )
 
     def inconsistency(self, placement: Placement, now: float) -> None:
         rec = self.tasks[placement.task.task_id]
         rec.inconsistencies += 1
         rec.state = "queued"
+        task = placement.task
+        log.info(
+            "task %s of job %s: LM %d rejected node %d (an inconsistency: this GM's view was stale); queued again",
+            task.task_id,
+            task.job_id,
+            placement.lm,
+            placement.node,
+            extra=self._ids(task, placement.lm, placement.node),
+        )
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
         rec = self.tasks.get(task.task_id)
@@ -108,6 +144,14 @@ class JobTable(CoreObserver):
         ended = rec.state in ENDED
         rec.state, rec.failed_reason = "failed", reason
         if not ended:
+            log.warning(
+                "task %s of job %s failed (attempt %d): %s",
+                task.task_id,
+                task.job_id,
+                task.attempt,
+                reason,
+                extra=self._ids(task, rec.lm, rec.node),
+            )
             self.ended_here.append((task, "failed", reason, rec.lm or 0, rec.node or 0))
             self._ended(task.task_id, rec)
 
@@ -115,6 +159,16 @@ class JobTable(CoreObserver):
         """Its worker was lost: back in the queue, to run again as its next attempt."""
         rec = self.tasks.get(task.task_id)
         if rec is not None and rec.state not in ENDED:
+            log.warning(
+                "task %s of job %s lost on LM %s node %s (%s): it runs again as attempt %d",
+                task.task_id,
+                task.job_id,
+                rec.lm,
+                rec.node,
+                reason,
+                task.attempt + 1,
+                extra=self._ids(task, rec.lm, rec.node),
+            )
             rec.state = "queued"
             rec.retries += 1
 
@@ -159,6 +213,11 @@ class JobTable(CoreObserver):
         if rec is not None and rec.state not in ENDED:
             rec.state, rec.failed_reason, rec.finished_at = state, reason or None, now
             self._ended(task_id, rec)
+
+    def _ids(self, task: TaskSpec, lm: int | None, node: int | None) -> dict[str, object]:
+        return ids(
+            job=task.job_id, task=task.task_id, attempt=task.attempt, gm=self.gm, lm=lm, node=node, user=task.user
+        )
 
     def _ended(self, task_id: str, rec: _Task) -> None:
         """A task finished or failed; a job whose last task ended joins the finished jobs, and the oldest of those

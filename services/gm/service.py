@@ -40,7 +40,7 @@ from megha.common.transport.rabbit import Broker, TryLater
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, Replayed
 from megha.services.gm.peers import Replicator
-from megha.services.http import CallError, Reply, ServiceClient, spawn
+from megha.services.http import CallError, Reply, ServiceClient, ids, spawn
 
 log = logging.getLogger("megha.gm")
 
@@ -225,13 +225,18 @@ class GMService:
     def _cancel_open(self, job_id: str) -> list[Output]:
         """Cancel in the core the tasks of `job_id` that did not end (under the lock)."""
         assert self.core is not None
-        open_tasks = [tid for tid in self.jobs.jobs[job_id].task_ids if self.jobs.tasks[tid].state not in ENDED]
-        placed = sum(self.jobs.tasks[tid].state == "launched" for tid in open_tasks)
+        job = self.jobs.jobs[job_id]
+        open_tasks = [tid for tid in job.task_ids if self.jobs.tasks[tid].state not in ENDED]
+        placed = [tid for tid in open_tasks if self.jobs.tasks[tid].state == "launched"]
         log.info(
-            "job %s cancelled: %d tasks dropped from the queue, %d placed ones to be stopped at their LMs",
+            "job %s of user %s cancelled: %d tasks dropped from the queue, %d placed ones to be stopped at their "
+            "LMs: %s",
             job_id,
-            len(open_tasks) - placed,
-            placed,
+            job.user,
+            len(open_tasks) - len(placed),
+            len(placed),
+            placed[:20],
+            extra=ids(job=job_id, user=job.user, gm=self.settings.gm_id, task=open_tasks),
         )
         return self.core.cancel(open_tasks, time.time())
 
@@ -417,7 +422,19 @@ class GMService:
             lost = runs_lost(self.core.running, RunsHeld(rebuilt.lm, self.settings.gm_id, rebuilt.incarnation, known))
             if lost is None:
                 return
-            log.warning("LM %d came back without %d runs of this GM: they run again", rebuilt.lm, len(lost.items))
+            lost_ids = [c.task_id for c in lost.items]
+            log.warning(
+                "LM %d came back without %d runs of this GM: they run again (%s)",
+                rebuilt.lm,
+                len(lost_ids),
+                lost_ids[:20],
+                extra=ids(
+                    job=sorted({self.core.running[t].task.job_id for t in lost_ids}),
+                    task=lost_ids,
+                    gm=self.settings.gm_id,
+                    lm=rebuilt.lm,
+                ),
+            )
             outputs = self.core.handle(lost, time.time())
         self._dispatch(outputs)
 
@@ -469,6 +486,22 @@ class GMService:
         if r is not None and _fenced(r):
             return
         if r is None or r.status != 200:
+            tasks = [p.task for p in batch.placements]
+            log.warning(
+                "gave up launch batch %d of %d tasks at LM %d (they are queued again or failed): %s; tasks %s",
+                batch.seq,
+                len(tasks),
+                batch.lm,
+                failure,
+                [t.task_id for t in tasks[:20]],
+                extra=ids(
+                    job=sorted({t.job_id for t in tasks}),
+                    task=[t.task_id for t in tasks],
+                    gm=batch.gm,
+                    lm=batch.lm,
+                    node=sorted({p.node for p in batch.placements}),
+                ),
+            )
             async with self._lock:
                 assert self.core is not None
                 outputs = self.core.call_failed(batch.lm, batch.seq, failure, time.time())
@@ -487,7 +520,14 @@ class GMService:
         what = f"stop of {len(req.runs)} runs"
         r, failure = await self._post_retrying(req.lm, "/v1/stop", StopRequestModel.core_json(req), what)
         if r is None or (r.status != 200 and not _fenced(r)):
-            log.error("gave up the %s of cancelled jobs at LM %d: %s; runs %s", what, req.lm, failure, req.runs[:20])
+            log.error(
+                "gave up the %s of cancelled jobs at LM %d: %s; runs %s",
+                what,
+                req.lm,
+                failure,
+                req.runs[:20],
+                extra=ids(task=[t for t, _ in req.runs], gm=req.gm, lm=req.lm),
+            )
 
     async def _post_retrying(self, lm: int, path: str, body: bytes, what: str) -> tuple[Reply | None, str]:
         """POST an idempotent call to LM `lm` with this GM's term, retrying transport errors, 5xx and 429 with
@@ -523,6 +563,8 @@ class GMService:
         """POST a preemption request to its LM; an LM that cannot be reached counts as refusing it (the core
         then asks the next LM or parks the task). Not retried: a repeat could preempt twice."""
         url = self.settings.lm_urls[req.lm]
+        task = req.task
+        about = ids(job=task.job_id, task=task.task_id, attempt=task.attempt, gm=req.gm, lm=req.lm, user=task.user)
         try:
             body = PreemptRequestModel.core_json(req)
             r = await self._calls.post(f"{url}/v1/preempt?term={self.term}", body, resend=False)
@@ -538,21 +580,37 @@ class GMService:
                     self.jobs.placed_by_preemption(response.placement)
                     log.info(
                         "task %s (user %s) runs on LM %d node %d after preempting %s",
-                        req.task.task_id,
-                        req.task.user,
+                        task.task_id,
+                        task.user,
                         req.lm,
                         response.placement.node,
                         response.preempted,
+                        extra=about | {"node": response.placement.node},
                     )
                 else:
-                    log.info("LM %d refused to preempt for %s: %s", req.lm, req.task.task_id, response.reason)
+                    log.info(
+                        "LM %d refused to preempt for task %s (user %s): %s",
+                        req.lm,
+                        task.task_id,
+                        task.user,
+                        response.reason,
+                        extra=about,
+                    )
                 assert self.core is not None
                 async with self._lock:
                     outputs = self.core.handle(response, time.time())
                 self._dispatch(outputs)
                 return
             failure = f"LM {req.lm} answered {r.status}: {r.text[:500]}"
-        log.warning("preemption request %d to LM %d failed: %s", req.seq, req.lm, failure)
+        log.warning(
+            "preemption request %d for task %s (user %s) to LM %d failed: %s",
+            req.seq,
+            task.task_id,
+            task.user,
+            req.lm,
+            failure,
+            extra=about,
+        )
         assert self.core is not None
         async with self._lock:
             outputs = self.core.call_failed(req.lm, req.seq, failure, time.time())

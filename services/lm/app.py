@@ -33,6 +33,7 @@ from megha.services.http import (
     document_bodies,
     error,
     errors,
+    ids,
     install_error_handlers,
     json_body,
     json_response,
@@ -68,6 +69,11 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                 watcher.cancel()
             await service.close()
 
+    def refuse(status: int, what: str, message: str, field: str, about: dict[str, object]) -> Response:
+        """Answer an error naming `field`, and log the refusal of `what` with the ids it concerns."""
+        log.warning("refused %s (%d): %s", what, status, message, extra=about)
+        return error(status, message, field)
+
     app = FastAPI(title=f"Megha LM {settings.lm_id}", lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
@@ -91,17 +97,15 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     )
     async def register(request: Request) -> Response:
         reg = await read_body(request, WorkerRegistration)
+        worker = ids(worker=reg.worker_id, lm=settings.lm_id)
         for i, node in enumerate(reg.nodes):
             if set(node.capacity) != set(service.resource_names):
-                return error(
-                    422,
-                    f"capacity names {sorted(node.capacity)} differ from {sorted(service.resource_names)}",
-                    f"nodes.{i}.capacity",
-                )
+                message = f"capacity names {sorted(node.capacity)} differ from {sorted(service.resource_names)}"
+                return refuse(422, f"registration of {reg.worker_id}", message, f"nodes.{i}.capacity", worker)
         try:
             return json_response(await service.register(reg), 201)
         except RegistrationError as exc:
-            return error(409, str(exc), "nodes")
+            return refuse(409, f"registration of {reg.worker_id}", str(exc), "nodes", worker)
 
     @app.get("/v1/cluster", response_model=None, responses=errors(503))
     async def cluster() -> object:
@@ -135,22 +139,24 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     )
     async def launch(request: Request, term: int = term_query) -> Response:
         batch = await read_body(request, LaunchBatchModel)
+        what = f"launch batch {batch.seq} of GM {batch.gm}"
+        tasks = [p.task for p in batch.placements]
+        about = ids(job=sorted({t.job_id for t in tasks}), task=[t.task_id for t in tasks], gm=batch.gm, lm=batch.lm)
         if batch.lm != settings.lm_id:
-            return error(422, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm")
+            return refuse(422, what, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm", about)
         if not 0 <= batch.gm < settings.num_gms:
-            return error(422, f"no GM {batch.gm}; this deployment has {settings.num_gms}", "gm")
+            return refuse(422, what, f"no GM {batch.gm}; this deployment has {settings.num_gms}", "gm", about)
         for i, p in enumerate(batch.placements):
+            field = f"placements.{i}.task.request"
             if len(p.task.request) != len(service.resource_names):
                 names = list(service.resource_names)
-                return error(422, f"request {p.task.request} is not aligned to {names}", f"placements.{i}.task.request")
+                return refuse(422, what, f"request {p.task.request} is not aligned to {names}", field, about)
             if min(p.task.request) <= 0:  # a GM never sends one (it refuses them at submission)
-                message = f"request {p.task.request} must be positive in every resource"
-                return error(422, message, f"placements.{i}.task.request")
+                return refuse(422, what, f"request {p.task.request} must be positive in every resource", field, about)
         try:
             response = await service.launch(batch.to_core(), term)
         except Superseded as exc:
-            log.warning("refused launch batch %d: %s", batch.seq, exc)
-            return error(409, str(exc), "term")
+            return refuse(409, what, str(exc), "term", about)
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(LaunchResponseModel.core_json(response))
@@ -163,27 +169,32 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     )
     async def preempt(request: Request, term: int = term_query) -> Response:
         req = await read_body(request, PreemptRequestModel)
+        what = f"preemption request {req.seq} of GM {req.gm} for task {req.task.task_id}"
+        t = req.task
+        about = ids(job=t.job_id, task=t.task_id, attempt=t.attempt, gm=req.gm, lm=req.lm, user=t.user)
         if req.lm != settings.lm_id:
-            return error(422, f"preemption request for LM {req.lm} sent to LM {settings.lm_id}", "lm")
+            return refuse(422, what, f"preemption request for LM {req.lm} sent to LM {settings.lm_id}", "lm", about)
         if not 0 <= req.gm < settings.num_gms:
-            return error(422, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm")
+            return refuse(422, what, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm", about)
         if settings.fairness() is None:
-            return error(409, f"LM {settings.lm_id} is not configured for fair scheduling (MEGHA_QUEUES)", "lm")
+            message = f"LM {settings.lm_id} is not configured for fair scheduling (MEGHA_QUEUES)"
+            return refuse(409, what, message, "lm", about)
         width = len(service.resource_names)
-        if len(req.task.request) != width:
-            return error(422, f"request {req.task.request} is not aligned to {list(service.resource_names)}", "task")
-        if min(req.task.request) <= 0:
-            return error(422, f"request {req.task.request} must be positive in every resource", "task.request")
+        if len(t.request) != width:
+            message = f"request {t.request} is not aligned to {list(service.resource_names)}"
+            return refuse(422, what, message, "task", about)
+        if min(t.request) <= 0:
+            return refuse(422, what, f"request {t.request} must be positive in every resource", "task.request", about)
         if len(req.total) != width or any(v <= 0 for v in req.total):
-            return error(422, f"total {req.total} must be {width} positive amounts", "total")
+            return refuse(422, what, f"total {req.total} must be {width} positive amounts", "total", about)
         for i, v in enumerate(req.victims):
             if len(v.usage_elsewhere) != width:
-                return error(422, f"usage {v.usage_elsewhere} has not {width} amounts", f"victims.{i}.usage_elsewhere")
+                message = f"usage {v.usage_elsewhere} has not {width} amounts"
+                return refuse(422, what, message, f"victims.{i}.usage_elsewhere", about)
         try:
             response = await service.preempt(req.to_core(), term)
         except Superseded as exc:
-            log.warning("refused preemption request %d: %s", req.seq, exc)
-            return error(409, str(exc), "term")
+            return refuse(409, what, str(exc), "term", about)
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(PreemptResponseModel.core_json(response))
@@ -195,15 +206,16 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         """A GM's runs of cancelled jobs to stop: each frees its resources and is stopped on its agent, and its
         end reaches the GM as usual. Runs this LM does not hold for that GM are left alone (a repeat is harmless)."""
         req = await read_body(request, StopRequestModel)
+        what = f"stop of {len(req.runs)} runs of GM {req.gm}"
+        about = ids(task=[r.task_id for r in req.runs], gm=req.gm, lm=req.lm)
         if req.lm != settings.lm_id:
-            return error(422, f"stop request for LM {req.lm} sent to LM {settings.lm_id}", "lm")
+            return refuse(422, what, f"stop request for LM {req.lm} sent to LM {settings.lm_id}", "lm", about)
         if not 0 <= req.gm < settings.num_gms:
-            return error(422, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm")
+            return refuse(422, what, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm", about)
         try:
             stopped = await service.stop(req.to_core(), term)
         except Superseded as exc:
-            log.warning("refused to stop runs of GM %d: %s", req.gm, exc)
-            return error(409, str(exc), "term")
+            return refuse(409, what, str(exc), "term", about)
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(StopResponse(stopped=stopped))

@@ -46,7 +46,7 @@ from megha.common.models import (
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import Broker, TryLater, gm_key, run_background
-from megha.services.http import CallError, ServiceClient, spawn
+from megha.services.http import CallError, ServiceClient, ids, spawn
 
 log = logging.getLogger("megha.lm")
 
@@ -230,7 +230,7 @@ class LMService:
         reported = {(p.task.task_id, p.task.attempt) for p in reg.running}
         missing = [p for p in self.core.tasks_on(nodes) if (p.task.task_id, p.task.attempt) not in reported]
         if missing:
-            await self._lose_unlaunched(missing, f"worker agent {reg.worker_id} restarted")
+            await self._lose_unlaunched(missing, f"worker agent {reg.worker_id} restarted", reg.worker_id)
 
     def partitions(self) -> tuple[PartitionSpec, ...]:
         if self.core is None:
@@ -241,16 +241,66 @@ class LMService:
 
     async def launch(self, batch: LaunchBatch, term: int = 0) -> LaunchResponse:
         """Validate and place a GM's batch; raises Superseded when `term` is older than the GM's current holder's
-        (checked under the lock that claims take too, so no claim slips between the check and the placement)."""
-        if self.core is None:
+        (checked under the lock that claims take too, so no claim slips between the check and the placement).
+        This runs for every task at thousands a second: a batch is logged at INFO only when the LM rejected some
+        of it (rare), and its repartitions (common under load, and logged by the GM) at DEBUG."""
+        core = self.core
+        if core is None:
             raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
         async with self._lock:
             self.terms.check(batch.gm, term)
-            outputs = self.core.handle(batch, time.time())
+            repartitions = core.repartitions
+            outputs = core.handle(batch, time.time())
+            repartitions = core.repartitions - repartitions
         response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, LaunchResponse))
+        if response.rejected or (repartitions and log.isEnabledFor(logging.DEBUG)):
+            self._log_validation(response, repartitions)
         self._dispatch([o for o in outputs if o.msg is not response])
         await asyncio.sleep(0)  # the worker launches go out before the GM is answered
         return response
+
+    def _log_validation(self, response: LaunchResponse, repartitions: int) -> None:
+        """The outcome of a launch batch the LM rejected some of, or repartitioned for (at DEBUG)."""
+        rejected = [r.placement for r in response.rejected]
+        inconsistencies = sum(r.inconsistency for r in response.rejected)
+        log.log(
+            logging.INFO if rejected else logging.DEBUG,
+            "launch batch %d of GM %d: %d placed (%d by repartition), %d rejected (%d inconsistencies): %s",
+            response.seq,
+            response.gm,
+            len(response.accepted),
+            repartitions,
+            len(rejected),
+            inconsistencies,
+            [p.task.task_id for p in rejected[:20]],
+            extra=ids(
+                job=sorted({p.task.job_id for p in rejected}) or None,
+                task=[p.task.task_id for p in rejected] or None,
+                gm=response.gm,
+                lm=response.lm,
+                node=sorted({p.node for p in rejected}) or None,
+            ),
+        )
+        if log.isEnabledFor(logging.DEBUG):
+            for r in response.rejected:
+                p = r.placement
+                log.debug(
+                    "rejected task %s of job %s on node %d: %s",
+                    p.task.task_id,
+                    p.task.job_id,
+                    p.node,
+                    r.reason,
+                    extra=_placement_ids(p),
+                )
+            for p in response.accepted:
+                if p.repartition:
+                    log.debug(
+                        "task %s of job %s on node %d by repartition",
+                        p.task.task_id,
+                        p.task.job_id,
+                        p.node,
+                        extra=_placement_ids(p),
+                    )
 
     async def preempt(self, req: PreemptRequest, term: int = 0) -> PreemptResponse:
         """Verify and carry out a GM's preemption request; the victims' agents stop them before the waiting task
@@ -267,17 +317,20 @@ class LMService:
                     node = self.core.preempting[task_id].placement.node
                     by_url.setdefault(self._node_worker[node], []).append(task_id)
         response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, PreemptResponse))
+        t = req.task
+        about = ids(job=t.job_id, task=t.task_id, attempt=t.attempt, gm=req.gm, lm=req.lm, user=t.user)
         if response.placement is not None:
             log.info(
                 "GM %d: %s (user %s) on node %d after preempting %s",
                 req.gm,
-                req.task.task_id,
-                req.task.user,
+                t.task_id,
+                t.user,
                 response.placement.node,
                 response.preempted,
+                extra=about | {"node": response.placement.node},
             )
         else:
-            log.info("GM %d: refused to preempt for %s: %s", req.gm, req.task.task_id, response.reason)
+            log.info("GM %d: refused to preempt for %s: %s", req.gm, t.task_id, response.reason, extra=about)
         rest = [o for o in outputs if o.msg is not response and not isinstance(o.msg, WorkerPreempt)]
         if by_url:
             self._spawn(self._stop_then_dispatch(by_url, rest))
@@ -302,7 +355,13 @@ class LMService:
                         by_url.setdefault(self._node_worker[node], []).append(task_id)
                         stopped.append(task_id)
         if stopped:
-            log.info("GM %d: stopping %d runs of cancelled jobs: %s", req.gm, len(stopped), stopped[:20])
+            log.info(
+                "GM %d: stopping %d runs of cancelled jobs: %s",
+                req.gm,
+                len(stopped),
+                stopped[:20],
+                extra=ids(task=stopped, gm=req.gm, lm=req.lm),
+            )
         rest = [o for o in outputs if not isinstance(o.msg, WorkerPreempt)]
         self._spawn(self._stop_then_dispatch(by_url, rest))
         return stopped
@@ -355,6 +414,16 @@ class LMService:
                 if (alloc := core.running.get(item.task_id) or core.preempting.get(item.task_id)) is not None
             }
             outputs = core.handle(report, time.time())
+        for item in report.finished:
+            if item.error and not item.lost and not item.preempted and (p := placed.get(item.task_id)) is not None:
+                log.warning(
+                    "task %s of job %s failed on node %d: %s",
+                    item.task_id,
+                    p.task.job_id,
+                    p.node,
+                    item.error,
+                    extra=_placement_ids(p) | ids(worker=self._worker_of(p.node)),
+                )
         self._dispatch(outputs)
         await self._publish_events(outputs, placed, measured)
 
@@ -467,17 +536,32 @@ class LMService:
                 refused = True
                 if r.status == 422:  # nothing of it could ever run there: sending it again cannot help
                     break
-            log.warning("launch of %d tasks on %s failed (attempt %d): %s", len(placements), url, attempt + 1, failure)
+            log.warning(
+                "launch of %d tasks on %s failed (attempt %d of 3): %s; tasks %s",
+                len(placements),
+                url,
+                attempt + 1,
+                failure,
+                [p.task.task_id for p in placements[:20]],
+                extra=_batch_ids(placements) | ids(lm=launch.lm, worker=self._worker_of(placements[0].node)),
+            )
             await asyncio.sleep(0.2 * (attempt + 1))
-        await self._lose_unlaunched(placements, reason)
+        await self._lose_unlaunched(placements, reason, self._worker_of(placements[0].node))
         if not refused:  # the agent may have started them after all (a call that timed out): they must not run on
             self._spawn(self._stop_on(url, [p.task.task_id for p in placements]))
 
-    async def _lose_unlaunched(self, placements: list[Placement], reason: str) -> None:
-        """Free the resources of tasks no agent could take and report them lost: their GM places them again as
-        their next attempt (never silently dropped)."""
+    async def _lose_unlaunched(self, placements: list[Placement], reason: str, worker: str | None) -> None:
+        """Free the resources of tasks no agent (`worker`) could take and report them lost: their GM places them
+        again as their next attempt (never silently dropped)."""
         self.failed_launches += len(placements)
-        log.error("%d tasks could not be launched (their GMs place them again): %s", len(placements), reason)
+        log.error(
+            "%d tasks could not be launched on worker agent %s (their GMs place them again): %s; tasks %s",
+            len(placements),
+            worker,
+            reason,
+            [p.task.task_id for p in placements[:20]],
+            extra=_batch_ids(placements) | ids(lm=self.settings.lm_id, worker=worker),
+        )
         report = WorkerReport(
             self.settings.lm_id,
             [FinishedTask(p.task.task_id, p.node, error=reason, attempt=p.task.attempt, lost=True) for p in placements],
@@ -518,10 +602,15 @@ class LMService:
             outputs = self.core.take_down(list(nodes), reason, time.time())
         self.liveness.taken_down(worker_id, [p.task.task_id for p in lost])
         log.error(
-            "%s: its %d nodes are out of service; %d tasks lost (their GMs run them again)",
+            "%s: worker agent %s taken out of service with its nodes %d..%d; %d tasks lost (their GMs run them "
+            "again): %s",
             reason,
-            len(nodes),
+            worker_id,
+            nodes.start,
+            nodes.stop - 1,
             len(lost),
+            [p.task.task_id for p in lost[:20]],
+            extra=_batch_ids(lost) | ids(lm=self.settings.lm_id, worker=worker_id, node=list(nodes)),
         )
         self._dispatch(outputs)
         await self._publish_events(outputs, {p.task.task_id: p for p in lost}, {})
@@ -541,7 +630,13 @@ class LMService:
         """Ask an agent that was found silent and is heard from again to stop the tasks reported failed then."""
         url = self._agent_nodes[worker_id][0]
         task_ids = self.liveness.lost.get(worker_id, [])
-        log.warning("worker agent %s is back with tasks running; stopping the %d it lost", worker_id, len(task_ids))
+        log.warning(
+            "worker agent %s is back with tasks running; stopping the %d it lost: %s",
+            worker_id,
+            len(task_ids),
+            task_ids[:20],
+            extra=ids(lm=self.settings.lm_id, worker=worker_id, task=task_ids),
+        )
         await self._stop_on(url, task_ids)
         self.liveness.asked_to_stop(worker_id)  # the next heartbeat still showing tasks asks again
 
@@ -551,8 +646,21 @@ class LMService:
         async with self._lock:
             outputs = self.core.bring_up(list(nodes), time.time())
         self.liveness.brought_back(worker_id)
-        log.info("worker agent %s is back with nothing running: its %d nodes are in service", worker_id, len(nodes))
+        log.info(
+            "worker agent %s is back with nothing running: its nodes %d..%d are in service",
+            worker_id,
+            nodes.start,
+            nodes.stop - 1,
+            extra=ids(lm=self.settings.lm_id, worker=worker_id, node=list(nodes)),
+        )
         self._dispatch(outputs)
+
+    def _worker_of(self, node: int) -> str | None:
+        """The id of the agent that holds `node` (None if none registered it); for log lines, off the hot path."""
+        for worker_id, (_, nodes) in self._agent_nodes.items():
+            if node in nodes:
+                return worker_id
+        return None
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         spawn(self._tasks, coro)
@@ -592,3 +700,19 @@ class LMService:
             "down_nodes": {str(n): why for n, why in core.down.items()} if core else {},
             "lost_workers": {w: len(ids) for w, ids in self.liveness.lost.items()},
         }
+
+
+def _placement_ids(p: Placement) -> dict[str, object]:
+    """The log ids of one run: its job, task, attempt, GM, LM and node."""
+    t = p.task
+    return ids(job=t.job_id, task=t.task_id, attempt=t.attempt, gm=p.gm, lm=p.lm, node=p.node, user=t.user)
+
+
+def _batch_ids(placements: list[Placement]) -> dict[str, object]:
+    """The log ids of several runs: lists of their jobs, tasks, GMs and nodes."""
+    return ids(
+        job=sorted({p.task.job_id for p in placements}),
+        task=[p.task.task_id for p in placements],
+        gm=sorted({p.gm for p in placements}),
+        node=sorted({p.node for p in placements}),
+    )

@@ -24,7 +24,7 @@ from megha.common.models import (
 )
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, lm_key, run_background
-from megha.services.http import CallError, ServiceClient
+from megha.services.http import CallError, ServiceClient, ids
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 from megha.services.worker.ledger import NodeLedger
 
@@ -229,8 +229,24 @@ class WorkerAgent:
     async def preempt(self, task_ids: list[str]) -> list[str]:
         """Stop these tasks' processes (each is reported preempted); returns those that were running. A task
         already finished was reported finished; one not started yet here is not known and is left alone."""
+        placed = {task_id: self._placements.get(task_id) for task_id in task_ids}
         stopped = await asyncio.gather(*(self.executor.kill(task_id) for task_id in task_ids))
         killed = {task_id for task_id, was in zip(task_ids, stopped) if was}
+        if killed:
+            runs = [p for task_id, p in placed.items() if task_id in killed and p is not None]
+            log.info(
+                "stopped %d tasks at the LM's request (a preemption, a cancelled job or a lost run): %s",
+                len(killed),
+                sorted(killed)[:20],
+                extra=ids(
+                    job=sorted({p.task.job_id for p in runs}),
+                    task=sorted(killed),
+                    gm=sorted({p.gm for p in runs}),
+                    lm=self.registered.lm if self.registered is not None else None,
+                    node=sorted({p.node for p in runs}),
+                    worker=self.settings.worker_id,
+                ),
+            )
         # A preempted task is launched again as the same attempt: that launch is not a repeat of this one.
         for run in [run for run in self._done if run[0] in killed] if killed else []:
             del self._done[run]
@@ -254,6 +270,25 @@ class WorkerAgent:
     def _report(self, placement: Placement, result: ExecutionResult) -> None:
         """Report the end of a task to the LM (which frees its resources) and to whoever watches task events."""
         self._placements.pop(result.task_id, None)
+        if result.error and not result.preempted:
+            task = placement.task
+            log.warning(
+                "task %s of job %s failed on node %d: %s",
+                task.task_id,
+                task.job_id,
+                placement.node,
+                result.error,
+                extra=ids(
+                    job=task.job_id,
+                    task=task.task_id,
+                    attempt=task.attempt,
+                    gm=placement.gm,
+                    lm=placement.lm,
+                    node=placement.node,
+                    worker=self.settings.worker_id,
+                    user=task.user,
+                ),
+            )
         self.ledger.release(result.task_id)
         self._done[(result.task_id, placement.task.attempt)] = None
         if len(self._done) > REMEMBER_FINISHED:

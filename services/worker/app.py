@@ -26,6 +26,7 @@ from megha.services.http import (
     document_bodies,
     error,
     errors,
+    ids,
     install_error_handlers,
     json_body,
     json_response,
@@ -79,29 +80,52 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     )
     async def launch(request: Request) -> Response:
         body = await read_body(request, WorkerLaunchModel)
+
+        def refuse(status: int, message: str, *field: str) -> Response:
+            """Answer an error (naming `field`) and log the refused launch with its tasks' ids: the LM reports
+            them lost, and their GMs place them again."""
+            launches = body.launches
+            log.warning(
+                "refused a launch of %d tasks from LM %d (%d): %s; tasks %s",
+                len(launches),
+                body.lm,
+                status,
+                message,
+                [p.task.task_id for p in launches[:20]],
+                extra=ids(
+                    job=sorted({p.task.job_id for p in launches}),
+                    task=[p.task.task_id for p in launches],
+                    gm=sorted({p.gm for p in launches}),
+                    lm=body.lm,
+                    node=sorted({p.node for p in launches}),
+                    worker=settings.worker_id,
+                ),
+            )
+            return error(status, message, *field)
+
         registered = agent.registered
         if registered is None:
-            return error(503, "not registered with an LM yet")
+            return refuse(503, "not registered with an LM yet")
         if body.lm != registered.lm:
-            return error(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
+            return refuse(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
         mine = range(registered.first_node, registered.first_node + registered.nodes)
         stray = [p.node for p in body.launches if p.node not in mine]
         if stray:
-            return error(422, f"nodes {stray} are not this agent's ({mine.start}..{mine.stop - 1})", "launches")
+            return refuse(422, f"nodes {stray} are not this agent's ({mine.start}..{mine.stop - 1})", "launches")
         for i, p in enumerate(body.launches):
             if p.lm != registered.lm:  # its completion would be reported to the wrong LM
-                return error(422, f"placement for LM {p.lm} in a launch from LM {registered.lm}", f"launches.{i}.lm")
+                return refuse(422, f"placement for LM {p.lm} in a launch from LM {registered.lm}", f"launches.{i}.lm")
             if len(p.task.request) != len(DEFAULT_RESOURCE_NAMES):
                 names = list(DEFAULT_RESOURCE_NAMES)
-                return error(422, f"request {p.task.request} is not aligned to {names}", f"launches.{i}.task.request")
+                return refuse(422, f"request {p.task.request} is not aligned to {names}", f"launches.{i}.task.request")
             if 0 in p.task.request:  # negative amounts the model refuses
                 k = p.task.request.index(0)
                 message = f"request {p.task.request} asks no {DEFAULT_RESOURCE_NAMES[k]}: every amount must be > 0"
-                return error(422, message, f"launches.{i}.task.request.{k}")
+                return refuse(422, message, f"launches.{i}.task.request.{k}")
         try:
             accepted = agent.launch(body.to_core().launches)
         except LaunchRefused as refused:
-            return error(refused.status, str(refused), refused.field)
+            return refuse(refused.status, str(refused), refused.field)
         await asyncio.sleep(0)  # the tasks start (simulated ones all of them) before the LM is answered
         return json_response(to_json({"accepted": accepted}), 202)
 
