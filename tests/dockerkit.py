@@ -23,6 +23,7 @@ BUILD_TIMEOUT = 1800.0
 class Images:
     base: str
     rabbitmq: str
+    prometheus: str
     megha: str
     sizes: dict[str, int]  # image -> MB, as build.sh reported them
 
@@ -32,6 +33,7 @@ class Images:
             **os.environ,
             "MEGHA_BASE_IMAGE": self.base,
             "MEGHA_RABBITMQ_IMAGE": self.rabbitmq,
+            "MEGHA_PROMETHEUS_IMAGE": self.prometheus,
             "MEGHA_IMAGE": self.megha,
         }
 
@@ -51,11 +53,12 @@ def _text(data: str | bytes) -> str:
 
 @functools.cache
 def build_images() -> Images:
-    """Run deploy/images/build.sh: the base and RabbitMQ images are reused when present, Megha's image follows the
-    working tree (Docker's layer cache makes that quick when nothing changed)."""
+    """Run deploy/images/build.sh: the base, RabbitMQ and Prometheus images are reused when present, Megha's image
+    follows the working tree (Docker's layer cache makes that quick when nothing changed)."""
     names = {
         "base": os.environ.get("MEGHA_BASE_IMAGE", "megha-base:bookworm"),
         "rabbitmq": os.environ.get("MEGHA_RABBITMQ_IMAGE", "megha-rabbitmq:bookworm"),
+        "prometheus": os.environ.get("MEGHA_PROMETHEUS_IMAGE", "megha-prometheus:bookworm"),
         "megha": os.environ.get("MEGHA_IMAGE", "megha:latest"),
     }
     result = run([str(BUILD_SCRIPT)], BUILD_TIMEOUT, cwd=ROOT)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
@@ -309,9 +310,174 @@ def test_docker_compose_accepts_the_files(files: str) -> None:
 def test_images_can_be_chosen_by_environment_variables(compose: dict[str, dict[str, Any]]) -> None:
     """Where no registry answers, deploy/images/build.sh's local images replace the defaults without an edit."""
     text = COMPOSE_FILE.read_text()
-    for variable in ("MEGHA_IMAGE", "MEGHA_BASE_IMAGE", "MEGHA_RABBITMQ_IMAGE"):
+    for variable in (
+        "MEGHA_IMAGE",
+        "MEGHA_BASE_IMAGE",
+        "MEGHA_RABBITMQ_IMAGE",
+        "MEGHA_PROMETHEUS_IMAGE",
+        "MEGHA_GRAFANA_IMAGE",
+    ):
         assert f"${{{variable}:-" in text, f"docker-compose.yml should read {variable}"
     assert any(str(svc.get("image", "")).startswith("rabbitmq:") for svc in compose.values()), "default broker"
+
+
+# ------------------------------------------------------------------------------------------------ monitoring
+
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+GRAFANA_DIR = ROOT / "deploy" / "grafana"
+DATASOURCES = GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml"
+DASHBOARD_PROVIDERS = GRAFANA_DIR / "provisioning" / "dashboards" / "megha.yml"
+DASHBOARD = GRAFANA_DIR / "dashboards" / "megha.json"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+PROMETHEUS_SERIES = {"up"}
+"""Series Prometheus writes itself for each target (not served by Megha, so not in docs/metrics.md)."""
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool"}
+PROMQL_WORDS |= {"offset", "inf", "nan"}
+
+
+def _yaml(path: Path) -> Any:
+    yaml = pytest.importorskip("yaml", reason="PyYAML (the test extra `pyyaml`) parses the provisioning files")
+    return yaml.safe_load(path.read_text())
+
+
+def _published(service: dict[str, Any]) -> set[str]:
+    """`host_ip:host_port:container_port`, without the protocol `docker-compose config` adds."""
+    return {str(p).removesuffix("/tcp") for p in service.get("ports", [])}
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> the host path of a bind mount (relative paths from the repository root)."""
+    found = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        found[target] = (ROOT / source).resolve()
+    return found
+
+
+def _prometheus_config(prometheus: dict[str, Any]) -> Path:
+    """The repository's file behind Prometheus's --config.file, through the service's bind mount."""
+    flags = dict(arg.split("=", 1) for arg in prometheus["command"] if "=" in arg)
+    path = PurePosixPath(flags["--config.file"])
+    for target, source in _mounts(prometheus).items():
+        if path.is_relative_to(target):
+            return source / path.relative_to(target)
+    pytest.fail(f"Prometheus reads {path}, which no volume of the service mounts")
+
+
+def _seconds(duration: str) -> float:
+    """A Prometheus duration of one unit (2s, 1m)."""
+    number, unit = re.fullmatch(r"(\d+)(ms|s|m)", duration).groups()  # type: ignore[union-attr]
+    return int(number) * {"ms": 0.001, "s": 1, "m": 60}[unit]
+
+
+def test_prometheus_scrapes_every_gm_lm_and_agent_every_few_seconds(
+    compose: dict[str, dict[str, Any]], megha: dict[str, ServiceSettings]
+) -> None:
+    prometheus = compose["prometheus"]
+    assert "127.0.0.1:9090:9090" in _published(prometheus), prometheus.get("ports")
+    path = _prometheus_config(prometheus)
+    assert path.parent == PROMETHEUS_DIR and path.is_file(), path
+    config = _yaml(path)
+    servers = sorted(f"{name}:{s.port}" for name, s in megha.items() if isinstance(s, SERVERS))
+    jobs = config["scrape_configs"]
+    targets = sorted(t for job in jobs for static in job.get("static_configs", []) for t in static["targets"])
+    assert targets == servers, f"{path.name} scrapes {targets}; the compose files run {servers}"
+    for job in jobs:
+        interval = _seconds(job.get("scrape_interval", config["global"]["scrape_interval"]))
+        assert 2 <= interval <= 5, f"{path.name}: job {job['job_name']} scrapes every {interval} s"
+        assert job.get("metrics_path", "/metrics") == "/metrics"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus package) is not installed")
+def test_promtool_accepts_the_prometheus_configurations() -> None:
+    files = sorted(PROMETHEUS_DIR.glob("*.yml"))
+    result = subprocess.run(
+        ["promtool", "check", "config", *map(str, files)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_runs_on_request_with_the_compose_prometheus_and_the_dashboard(
+    compose: dict[str, dict[str, Any]],
+) -> None:
+    grafana = compose["grafana"]
+    assert grafana.get("profiles") == ["grafana"], "Grafana starts only with --profile grafana"
+    assert "127.0.0.1:3000:3000" in _published(grafana), grafana.get("ports")
+    assert _depends_on(grafana).get("prometheus") == "service_started"
+    mounts = _mounts(grafana)
+    assert mounts["/etc/grafana/provisioning/datasources"] == DATASOURCES.parent
+    assert mounts["/etc/grafana/provisioning/dashboards"] == DASHBOARD_PROVIDERS.parent
+    (datasource,) = _yaml(DATASOURCES)["datasources"]
+    url = urlsplit(datasource["url"])
+    assert datasource["type"] == "prometheus" and url.hostname == "prometheus", datasource
+    assert f"127.0.0.1:{url.port}:{url.port}" in _published(compose["prometheus"]), "the data source's port"
+    (provider,) = _yaml(DASHBOARD_PROVIDERS)["providers"]
+    assert mounts[provider["options"]["path"]] == DASHBOARD.parent, "the dashboards' directory is mounted there"
+    home = _environment(grafana)["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert mounts[str(PurePosixPath(home).parent)] / PurePosixPath(home).name == DASHBOARD
+    uids = {t["datasource"]["uid"] for p in _panels() for t in [p, *p["targets"]]}
+    assert uids == {datasource["uid"]}, f"the dashboard names the data sources {uids}"
+
+
+def _panels() -> list[dict[str, Any]]:
+    return json.loads(DASHBOARD.read_text())["panels"]
+
+
+def dashboard_expressions() -> list[str]:
+    """Every PromQL expression of the dashboard's panels."""
+    return [target["expr"] for panel in _panels() for target in panel["targets"]]
+
+
+def documented_metrics() -> set[str]:
+    """Every series name docs/metrics.md lists (a histogram's as its _bucket, _count and _sum)."""
+    found = set()
+    for name, kind in re.findall(r"^\| `(megha_\w+)` \| (\w+) \|", METRICS_DOC.read_text(), re.M):
+        found |= {f"{name}{suffix}" for suffix in ("_bucket", "_count", "_sum")} if kind == "histogram" else {name}
+    return found
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names an expression reads: its identifiers once strings, label matchers, ranges, grouping clauses,
+    function calls and keywords are left out."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    names = re.findall(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()", text)
+    return {name for name in names if name.lower() not in PROMQL_WORDS}
+
+
+def test_promql_metric_names_are_found() -> None:
+    expr = 'histogram_quantile(0.9, sum by (le) (rate(a_bucket{x="y"}[$__rate_interval]))) / on (gm) b or vector(0)'
+    assert promql_metric_names(expr) == {"a_bucket", "b"}
+
+
+def test_dashboard_panels_query_documented_metrics() -> None:
+    documented = documented_metrics()
+    assert "megha_allocation_time_seconds_bucket" in documented and "megha_lm_nodes" in documented
+    panels = _panels()
+    assert len({p["id"] for p in panels}) == len(panels), "panel ids must be unique"
+    used: set[str] = set()
+    for panel in panels:
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        for target in panel["targets"]:
+            names = promql_metric_names(target["expr"])
+            unknown = names - documented - PROMETHEUS_SERIES
+            assert names and not unknown, f"{panel['title']!r}: {target['expr']} reads {unknown or 'no metric'}"
+            used |= names
+    wanted = {
+        "megha_gm_pending_tasks",
+        "megha_allocation_time_seconds_bucket",
+        "megha_lm_free_resources",
+        "megha_lm_nodes",
+        "megha_inconsistencies_total",
+        "megha_repartitions_total",
+        "megha_preemptions_total",
+        "megha_broker_publish_failures_total",
+    }
+    assert wanted <= used, f"the dashboard lacks {sorted(wanted - used)}"
+    assert any(
+        "histogram_quantile(" in e and "megha_allocation_time_seconds_bucket" in e for e in dashboard_expressions()
+    )
 
 
 # ------------------------------------------------------------------------------------------------ Dockerfile

@@ -1,26 +1,39 @@
 """The compose demo for real: docker-compose.yml on the images deploy/images/build.sh makes, replayed to the end.
 
-The load generator must exit 0 with every task finished exactly once and its report written; `down -v` must then
-leave no container, network or volume of the project behind. The demo's own file is used as a laptop user runs it;
-a small override only moves the report from ./out to a temporary directory.
+The load generator must exit 0 with every task finished exactly once and its report written, and the project's
+Prometheus must have scraped every GM, LM and agent: started again after the run (as a user does to look back at
+it), it answers what the run did, and every expression of the Grafana dashboard runs on it and has data. `down -v`
+must then leave no container, network or volume of the project behind. The demo's own file is used as a laptop user
+runs it; a small override only moves the report from ./out to a temporary directory.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import yaml
 
 from dockerkit import ROOT, build_images, compose_command, project_resources, run
+from servicekit import wait_until
 
 pytestmark = pytest.mark.docker
 
 UP_TIMEOUT = 480.0
 """Seconds for `up`: the broker and services start in about 20 s and the replay takes about 90 s."""
 REPORT = ("tasks.csv", "jobs.csv", "summary.json", "utilization.csv", "cdf.png")
+PROMETHEUS = "http://127.0.0.1:9090"
+"""The compose Prometheus, as docker-compose.yml publishes it."""
+RUN = "1h"
+"""A range that holds the whole run, for queries asked after it."""
+RATE_INTERVAL = "10s"
+"""What Grafana makes of $__rate_interval with the 2 s scrape interval (4 scrapes) and a 5 s step."""
 
 
 def _anonymous_volumes(project: str) -> list[str]:
@@ -31,6 +44,43 @@ def _anonymous_volumes(project: str) -> list[str]:
     mounts = run(["docker", "inspect", "--format", "{{json .Mounts}}", *ids], 60)
     assert mounts.returncode == 0, mounts.stderr
     return [m["Name"] for line in mounts.stdout.splitlines() for m in json.loads(line) if m["Type"] == "volume"]
+
+
+def _prometheus(path: str, **params: str | float) -> Any:
+    """The data of a successful answer of Prometheus's HTTP API."""
+    response = httpx.get(f"{PROMETHEUS}{path}", params=params, timeout=10.0)
+    body = response.json()
+    assert response.status_code == 200 and body["status"] == "success", f"{path} {params}: {body}"
+    return body["data"]
+
+
+def _ready() -> bool:
+    try:
+        return httpx.get(f"{PROMETHEUS}/-/ready", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _value(promql: str) -> float:
+    (sample,) = _prometheus("/api/v1/query", query=promql)["result"]
+    return float(sample["value"][1])
+
+
+def _check_prometheus_saw_the_run(tasks: int) -> None:
+    """Prometheus, started again after the run, holds the run's samples: every target was up, the LMs launched each
+    task once, the GMs observed an allocation time for each, and every dashboard expression has data."""
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] for static in job["static_configs"] for t in static["targets"]}
+    up = _prometheus("/api/v1/query", query=f"max_over_time(up[{RUN}])")["result"]
+    assert {s["metric"]["instance"]: s["value"][1] for s in up} == dict.fromkeys(targets, "1"), up
+    assert _value(f"sum(max_over_time(megha_lm_launched_tasks_total[{RUN}]))") == tasks
+    assert _value(f"sum(max_over_time(megha_allocation_time_seconds_count[{RUN}]))") >= tasks
+    end = time.time()
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "megha.json").read_text())
+    for expr in (target["expr"] for panel in dashboard["panels"] for target in panel["targets"]):
+        query = expr.replace("$__rate_interval", RATE_INTERVAL)
+        answer = _prometheus("/api/v1/query_range", query=query, start=end - 900, end=end, step=5)
+        assert answer["result"], f"the dashboard's {expr} has no data for the run"
 
 
 def test_compose_demo_replays_every_task_exactly_once_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -63,6 +113,13 @@ def test_compose_demo_replays_every_task_exactly_once_and_leaves_nothing_behind(
         with (out / "tasks.csv").open() as handle:
             completions = [int(row["completions"]) for row in csv.DictReader(handle)]
         assert len(completions) == counts["tasks"] and set(completions) == {1}, "a task did not finish exactly once"
+
+        started = run([*compose, "start", "prometheus"], 120, cwd=ROOT, env=env)
+        assert started.returncode == 0, started.stderr
+        wait_until(
+            _ready, 60, lambda: run([*compose, "logs", "--tail", "20", "prometheus"], 60, cwd=ROOT, env=env).stdout
+        )
+        _check_prometheus_saw_the_run(counts["tasks"])
     except BaseException:
         print(run([*compose, "logs", "--no-color", "--tail", "200"], 120, cwd=ROOT, env=env).stdout)
         raise

@@ -46,7 +46,7 @@ def _wait_health(container: str, want: str, timeout: float) -> str:
 
 
 def test_build_script_reports_the_image_sizes(images: Images, capsys: pytest.CaptureFixture[str]) -> None:
-    for image in (images.base, images.rabbitmq, images.megha):
+    for image in (images.base, images.rabbitmq, images.prometheus, images.megha):
         assert 10 < images.sizes[image] < 2000, f"{image}: {images.sizes[image]} MB"
     with capsys.disabled():
         print("\nimage sizes: " + ", ".join(f"{name} {mb} MB" for name, mb in images.sizes.items()))

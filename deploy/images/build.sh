@@ -15,18 +15,22 @@ Builds, on a machine that cannot pull images from a registry (Debian's package m
   2. megha-rabbitmq:bookworm  RabbitMQ from Debian's rabbitmq-server package on that base, run in the foreground,
                               open to other containers (user/password: RABBITMQ_DEFAULT_USER/PASS, default
                               guest/guest), management UI on 15672, healthy once AMQP clients can connect;
-  3. megha:latest             the repository's Dockerfile with --build-arg BASE_IMAGE=megha-base:bookworm.
+  3. megha-prometheus:bookworm  Prometheus from Debian's prometheus package on that base, run like the official
+                              prom/prometheus image (its arguments are Prometheus's flags, data in /prometheus);
+  4. megha:latest             the repository's Dockerfile with --build-arg BASE_IMAGE=megha-base:bookworm.
 
-Steps 1 and 2 are skipped when their image is present and was made by the same recipe (a digest of the options,
-files and base, kept in a label), so they run once per machine; step 3 always runs and reuses Docker's layer
+Steps 1 to 3 are skipped when their image is present and was made by the same recipe (a digest of the options,
+files and base, kept in a label), so they run once per machine; step 4 always runs and reuses Docker's layer
 cache, so the image follows the working tree. Then run the compose demo on them:
 
   mkdir -p out && chmod a+w out
   MEGHA_BASE_IMAGE=megha-base:bookworm MEGHA_RABBITMQ_IMAGE=megha-rabbitmq:bookworm \
+  MEGHA_PROMETHEUS_IMAGE=megha-prometheus:bookworm \
       docker-compose up --exit-code-from loadgen            # or: docker compose up ...
 
 Options:
-  --rebuild        build every image again, even when present (the base and RabbitMQ images are made afresh)
+  --rebuild        build every image again, even when present (the base, RabbitMQ and Prometheus images are
+                   made afresh)
   --ca-file FILE   PEM bundle whose certificates missing from Debian's bundle the base image trusts too
                    (default: $SSL_CERT_FILE, else /etc/ssl/certs/ca-certificates.crt; `none`: Debian's only)
   --help           print this help
@@ -34,14 +38,15 @@ Options:
 Environment:
   MEGHA_BASE_IMAGE       tag of the base image          (default megha-base:bookworm)
   MEGHA_RABBITMQ_IMAGE   tag of the RabbitMQ image      (default megha-rabbitmq:bookworm)
+  MEGHA_PROMETHEUS_IMAGE tag of the Prometheus image    (default megha-prometheus:bookworm)
   MEGHA_IMAGE            tag of Megha's image           (default megha:latest)
   DEBIAN_MIRROR          Debian mirror for the base     (default http://deb.debian.org/debian)
   DEBIAN_SECURITY        Debian security mirror         (default http://deb.debian.org/debian-security)
 
 Needs Docker and, for step 1 only, root (or sudo) and mmdebstrap, which is installed with apt-get when missing.
-On a 2-core VM the steps took 23 s, 30 s and 104 s the first time (step 3 downloads wheels from PyPI); step 3
-takes about 30 s when only the sources changed and a second when nothing did. The images hold 124, 180 and
-341 MB. `docker image prune` drops the cached dependency layers, and step 3 then downloads them again.
+On a 2-core VM the steps took 23 s, 30 s, 30 s and 104 s the first time (step 4 downloads wheels from PyPI);
+step 4 takes about 30 s when only the sources changed and a second when nothing did. The images hold 124, 180,
+234 and 341 MB. `docker image prune` drops the cached dependency layers, and step 4 then downloads them again.
 EOF
 }
 
@@ -62,6 +67,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BASE_IMAGE=${MEGHA_BASE_IMAGE:-megha-base:bookworm}
 RABBITMQ_IMAGE=${MEGHA_RABBITMQ_IMAGE:-megha-rabbitmq:bookworm}
+PROMETHEUS_IMAGE=${MEGHA_PROMETHEUS_IMAGE:-megha-prometheus:bookworm}
 MEGHA_IMAGE=${MEGHA_IMAGE:-megha:latest}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY=${DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
@@ -162,19 +168,24 @@ else
   say "built $BASE_IMAGE in ${SECONDS} s"
 fi
 
-# ---------------------------------------------------------------------------------------------- 2. RabbitMQ
-rabbitmq_recipe=$({ docker image inspect --format '{{.Id}}' "$BASE_IMAGE"; cat "$HERE"/rabbitmq/*; } | digest)
-SECONDS=0
-if current "$RABBITMQ_IMAGE" "$rabbitmq_recipe"; then
-  say "$RABBITMQ_IMAGE is present (--rebuild makes it again)"
-else
-  say "building $RABBITMQ_IMAGE from Debian's rabbitmq-server on $BASE_IMAGE"
-  docker_build --build-arg BASE_IMAGE="$BASE_IMAGE" --label "$LABEL=$rabbitmq_recipe" -t "$RABBITMQ_IMAGE" \
-    "$HERE/rabbitmq"
-  say "built $RABBITMQ_IMAGE in ${SECONDS} s"
-fi
+# ------------------------------------------------------------------------------- 2. RabbitMQ, 3. Prometheus
+# Each is the Dockerfile of deploy/images/<dir> on the base image, installing one of Debian's packages.
+on_base() { # image, its directory here, the Debian package
+  local recipe
+  recipe=$({ docker image inspect --format '{{.Id}}' "$BASE_IMAGE"; cat "$HERE/$2"/*; } | digest)
+  SECONDS=0
+  if current "$1" "$recipe"; then
+    say "$1 is present (--rebuild makes it again)"
+  else
+    say "building $1 from Debian's $3 on $BASE_IMAGE"
+    docker_build --build-arg BASE_IMAGE="$BASE_IMAGE" --label "$LABEL=$recipe" -t "$1" "$HERE/$2"
+    say "built $1 in ${SECONDS} s"
+  fi
+}
+on_base "$RABBITMQ_IMAGE" rabbitmq rabbitmq-server
+on_base "$PROMETHEUS_IMAGE" prometheus prometheus
 
-# ---------------------------------------------------------------------------------------------- 3. Megha
+# ---------------------------------------------------------------------------------------------- 4. Megha
 SECONDS=0
 say "building $MEGHA_IMAGE on $BASE_IMAGE (layers cached from earlier builds are reused)"
 extra=()
@@ -182,6 +193,6 @@ extra=()
 docker_build "${extra[@]}" --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$MEGHA_IMAGE" "$ROOT"
 say "built $MEGHA_IMAGE in ${SECONDS} s"
 
-for image in "$BASE_IMAGE" "$RABBITMQ_IMAGE" "$MEGHA_IMAGE"; do
+for image in "$BASE_IMAGE" "$RABBITMQ_IMAGE" "$PROMETHEUS_IMAGE" "$MEGHA_IMAGE"; do
   printf '%-28s %4d MB\n' "$image" $(($(docker image inspect --format '{{.Size}}' "$image") / 1000000))
 done
