@@ -63,8 +63,13 @@ def test_a_fault_that_fails_to_clear_ends_the_replay_at_once(monkeypatch: pytest
     assert time.monotonic() - began < 10 and cancelled == [True]
 
 
+CI_FAULTS = [name for name in PROCESS_FAULTS if name != "gm-down"]
+"""Every fault the reliability issue names. `gm-down` (a minute's wait for the stand-in) is left to `megha chaos`:
+tests/test_gm_takeover.py covers the same path (a GM killed and kept down, its next GM standing in) in CI."""
+
+
 @needs_rabbitmq
-@pytest.mark.parametrize("name", list(PROCESS_FAULTS))
+@pytest.mark.parametrize("name", CI_FAULTS)
 def test_one_trial_of_each_fault_loses_nothing_and_recovers_in_time(name: str, tmp_path: Path) -> None:
     config = ChaosConfig(out=tmp_path)
     trial = run_trial(config, name, 1, print)
