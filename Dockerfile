@@ -53,7 +53,8 @@ RUN if ! command -v tini >/dev/null; then \
         && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
-    && useradd --create-home --uid 1000 --user-group megha
+    && useradd --create-home --uid 1000 --user-group megha \
+    && install -d -o megha -g megha -m 0750 /secrets
 
 COPY --from=deps-runtime /opt/megha /opt/megha
 COPY --from=build /stage/ /
@@ -62,6 +63,7 @@ ENV PATH=/opt/megha/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
+# /secrets (above): where the compose demo mounts its secrets volume, which takes the folder's owner and mode.
 # Run from the home directory: the image holds no source tree, only the virtual environment in /opt/megha.
 USER megha
 WORKDIR /home/megha

@@ -37,16 +37,15 @@ def measure(deployment: LocalDeployment, rate: float, seconds: float, tasks_per_
     jobs = max(2, round(rate * seconds / tasks_per_job))
     interval = tasks_per_job / rate  # syn traces: one job a second, so time_scale = interval
     settings = LoadgenSettings(
-        gm_urls=deployment.gm_urls,
-        run_id=deployment.run_id,
         trace=f"syn:{tasks_per_job}:{jobs}",
         time_scale=interval,
         mode="slot",
         node_cpu_millicores=1000,
         node_memory_mb=1024,
         timeout=60.0,
+        auth="off",  # replaced by the deployment's own
     )
-    run = asyncio.run(replay_services(settings))
+    run = asyncio.run(replay_services(deployment.loadgen(settings)))
     starts = sorted(r.started_at for r in run.tasks.values() if not math.isnan(r.started_at))
     span = starts[-1] - starts[0] if len(starts) > 1 else math.nan
     m = run.metrics

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import to_json
+from pydantic_core import InitErrorDetails, PydanticCustomError, to_json
 
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_mask, iter_bits
 from megha.common.core.messages import (
@@ -52,11 +52,11 @@ from megha.common.core.messages import (
     WorkerReport,
 )
 from megha.common.core.resources import CPU, MEMORY, Resources
-from megha.common.core.task import TaskSpec
+from megha.common.core.task import DRIVERS, RunSpec, TaskSpec
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
-"""Largest request body a service accepts (413 above it). A maximal `JobSubmission` (10,000 tasks, every
-constraint, 64-character users) is about 2.3 MB of compact JSON, 3.5 MB indented."""
+"""Largest request body a service accepts (413 above it). A maximal `JobSubmission` of burn tasks (10,000 tasks,
+every constraint, 64-character users) is about 2.3 MB of compact JSON, 3.5 MB indented."""
 
 MAX_TASKS_PER_JOB = 10_000
 MAX_NODES_PER_WORKER = 100_000
@@ -68,6 +68,12 @@ def _unique(ids: list[int]) -> list[int]:
         duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise ValueError(f"duplicate constraint ids {duplicates}")
     return ids
+
+
+def _distinct(drivers: list[str]) -> list[str]:
+    if len(set(drivers)) != len(drivers):
+        raise ValueError(f"drivers {drivers} name one twice")
+    return drivers
 
 
 def _ids(mask: int) -> list[int]:
@@ -94,6 +100,64 @@ ConstraintIds = Annotated[list[ConstraintId], Field(max_length=NUM_CONSTRAINTS),
 Amounts = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 """A resource vector aligned to the data centre's resource names."""
 ResourceName = Annotated[str, Field(min_length=1, max_length=64)]
+Driver = Literal["burn", "exec", "container"]
+"""A task driver (`megha.common.core.task.DRIVERS`)."""
+
+MAX_ARGS = 256
+MAX_ARG_CHARS = 16_384
+MAX_ENV = 128
+MAX_RUN_CHARS = 65_536
+"""Most characters of one task's command, environment and working directory together: a launch batch of many
+such tasks must stay well under MAX_BODY_BYTES."""
+Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")]
+"""One argument or environment value: any text without NUL (which an exec cannot pass)."""
+Argv = Annotated[list[Arg], Field(max_length=MAX_ARGS)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+Env = Annotated[dict[EnvName, Arg], Field(max_length=MAX_ENV)]
+Image = Annotated[
+    str,
+    Field(
+        max_length=255,
+        pattern=r"^(|([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
+        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?)$",
+    ),
+]
+"""A Docker image reference (`name[:tag][@digest]`, an optional registry host first), or "" for none."""
+Workdir = Annotated[str, Field(max_length=4096, pattern=r"^(|/[^\x00]*)$")]
+"""An absolute path, or "" for the driver's default."""
+
+
+def _field_error(field: str, value: object, message: str) -> ValidationError:
+    """A validation error at `field` of the model being validated (a model validator cannot name one otherwise;
+    pydantic prefixes the path of the model, say "tasks.3")."""
+    error = PydanticCustomError("driver_mismatch", message)
+    return ValidationError.from_exception_data("driver", [InitErrorDetails(type=error, loc=(field,), input=value)])
+
+
+def _check_run(driver: str, command: list[str], image: str, env: dict[str, str], workdir: str) -> None:
+    """Raise a ValidationError naming the field that does not go with `driver`."""
+    if driver == "burn":
+        for field, value in (("command", command), ("image", image), ("env", env), ("workdir", workdir)):
+            if value:
+                raise _field_error(field, value, f"{field} is for the exec and container drivers, not burn")
+        return
+    if driver == "exec":
+        if not command:
+            raise _field_error("command", command, "the exec driver needs a command (argv, at least the program)")
+        if not command[0]:
+            raise _field_error("command", command, "the program (command[0]) is empty")
+        if image:
+            raise _field_error("image", image, "image is for the container driver, not exec")
+    elif not image:
+        raise _field_error("image", image, "the container driver needs an image")
+    argv_size = sum(map(len, command))
+    env_size = sum(len(k) + len(v) for k, v in env.items())
+    if argv_size + env_size + len(workdir) > MAX_RUN_CHARS:
+        field, value = ("env", env) if env_size > argv_size else ("command", command)
+        message = (
+            f"command, env and workdir hold {argv_size + env_size + len(workdir)} characters; at most {MAX_RUN_CHARS}"
+        )
+        raise _field_error(field, value, message)
 
 
 class WireModel(BaseModel):
@@ -107,13 +171,37 @@ class WireModel(BaseModel):
 
 class TaskRequest(WireModel):
     """One task of a submitted job. `user` defaults to the job's user. A duration of 0 is allowed: traces hold
-    tasks that last 0 s."""
+    tasks that last 0 s.
 
-    duration: Seconds
+    `driver` says what the task runs (Nomad's task drivers): `burn` (the default) burns `cpu_millicores` of CPU
+    for `duration` CPU-seconds and holds `memory_mb`; `exec` runs `command` (argv) with `env` in `workdir` as an
+    unprivileged user; `container` runs `image` (with `command` instead of the image's own, if given) through the
+    Docker engine. For exec and container `duration` is optional: a time limit in seconds (0 or none: no limit);
+    CPU and memory are enforced as limits. Exit code 0 is `finished`, any other `failed`."""
+
+    duration: Seconds | None = None
     cpu_millicores: Annotated[int, Field(gt=0)]
     memory_mb: Annotated[int, Field(gt=0)]
     constraints: ConstraintIds = []
     user: User | None = None
+    driver: Driver = "burn"
+    command: Argv = []
+    image: Image = ""
+    env: Env = {}
+    workdir: Workdir = ""
+
+    @model_validator(mode="after")
+    def _driver_fields(self) -> Self:
+        if self.driver == "burn" and self.duration is None:
+            raise _field_error("duration", None, "the burn driver needs a duration (CPU-seconds to burn)")
+        _check_run(self.driver, self.command, self.image, self.env, self.workdir)
+        return self
+
+    def run(self) -> RunSpec | None:
+        """What the task runs instead of burning (None for burn)."""
+        if self.driver == "burn":
+            return None
+        return RunSpec(self.driver, tuple(self.command), self.image, tuple(self.env.items()), self.workdir)
 
     def request(self, resource_names: Sequence[str]) -> Resources:
         """The request aligned to `resource_names`: 0 for resources the API cannot ask for (say, GPUs)."""
@@ -146,9 +234,10 @@ class JobSubmission(WireModel):
                 f"{job_id}.{i}",
                 job_id,
                 t.user or self.user,
-                t.duration,
+                t.duration or 0.0,
                 align(t.cpu_millicores, t.memory_mb),
                 _mask(t.constraints),
+                run=t.run(),
             )
             for i, t in enumerate(self.tasks)
         )
@@ -299,6 +388,34 @@ class CoreMirror(WireModel):
         raise NotImplementedError
 
 
+class RunSpecModel(CoreMirror):
+    """Mirror of `RunSpec`: what an exec or container task runs, checked as in `TaskRequest`."""
+
+    driver: Literal["exec", "container"]
+    command: Argv = []
+    image: Image = ""
+    env: Env = {}
+    workdir: Workdir = ""
+
+    @model_validator(mode="after")
+    def _driver_fields(self) -> Self:
+        _check_run(self.driver, self.command, self.image, self.env, self.workdir)
+        return self
+
+    @classmethod
+    def plain(cls, obj: RunSpec) -> dict[str, Any]:
+        return {
+            "driver": obj.driver,
+            "command": list(obj.command),
+            "image": obj.image,
+            "env": dict(obj.env),
+            "workdir": obj.workdir,
+        }
+
+    def to_core(self) -> RunSpec:
+        return RunSpec(self.driver, tuple(self.command), self.image, tuple(self.env.items()), self.workdir)
+
+
 class TaskSpecModel(CoreMirror):
     """Mirror of `TaskSpec`."""
 
@@ -309,6 +426,7 @@ class TaskSpecModel(CoreMirror):
     request: Amounts
     constraints: ConstraintIds
     attempt: Annotated[int, Field(ge=1)] = 1
+    run: RunSpecModel | None = None
 
     @classmethod
     def plain(cls, obj: TaskSpec) -> dict[str, Any]:
@@ -320,6 +438,7 @@ class TaskSpecModel(CoreMirror):
             "request": list(obj.request),
             "constraints": _ids(obj.constraints),
             "attempt": obj.attempt,
+            "run": None if obj.run is None else RunSpecModel.plain(obj.run),
         }
 
     def to_core(self) -> TaskSpec:
@@ -331,6 +450,7 @@ class TaskSpecModel(CoreMirror):
             tuple(self.request),
             _mask(self.constraints),
             self.attempt,
+            None if self.run is None else self.run.to_core(),
         )
 
 
@@ -770,6 +890,7 @@ _ENVELOPE_FIELDS: dict[type, tuple[str, type[CoreMirror]]] = {
 }
 
 CORE_MIRRORS: dict[type, type[CoreMirror]] = {
+    RunSpec: RunSpecModel,
     TaskSpec: TaskSpecModel,
     Placement: PlacementModel,
     LaunchBatch: LaunchBatchModel,
@@ -828,13 +949,15 @@ class WorkerRegistration(WireModel):
     """Body of LM `POST /v1/workers`: an agent reachable at `url` offers `nodes`.
 
     An agent registers again whenever its LM is a new incarnation (it restarted): it then claims the node numbers
-    it had (`first_node`) and reports the tasks it runs (`running`), from which the LM rebuilds its state."""
+    it had (`first_node`) and reports the tasks it runs (`running`), from which the LM rebuilds its state.
+    `drivers` are the task drivers the agent offers on every one of its nodes (MEGHA_DRIVERS; absent: burn only)."""
 
     worker_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)]
     nodes: Annotated[list[WorkerNode], Field(min_length=1, max_length=MAX_NODES_PER_WORKER)]
     first_node: Index | None = None
     running: list[PlacementModel] = []
+    drivers: Annotated[list[Driver], Field(min_length=1, max_length=len(DRIVERS)), AfterValidator(_distinct)] = ["burn"]
 
 
 class WorkerRegistered(WireModel):

@@ -5,17 +5,58 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 
 from __future__ import annotations
 
+import os
+import ssl
 import sys
-from typing import TYPE_CHECKING, Annotated, Literal, Self, TypeVar
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from megha.common.auth import MIN_SECRET_CHARS, Signer, Verifier, parse_api_tokens
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
+from megha.common.core.task import DRIVERS
 
 if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
+
+
+SECRET_SETTINGS = ("amqp_url", "cluster_secret", "api_tokens", "api_token")
+"""Settings that may instead be read from a file named by MEGHA_<NAME>_FILE (a Docker secret, say), so that the
+secret is in no environment listing."""
+
+
+class SecretFileError(ValueError):
+    """A MEGHA_<NAME>_FILE that cannot be used."""
+
+
+class FileSecrets(PydanticBaseSettingsSource):
+    """MEGHA_<NAME>_FILE for each of `SECRET_SETTINGS`: the file's content, without surrounding white space."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads every secret at once
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name in SECRET_SETTINGS:
+            if name not in self.settings_cls.model_fields:
+                continue
+            variable = f"MEGHA_{name.upper()}"
+            path = os.environ.get(f"{variable}_FILE")
+            if not path:
+                continue
+            if os.environ.get(variable):
+                raise SecretFileError(f"{variable} and {variable}_FILE are both set: set one")
+            try:
+                values[name] = Path(path).read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SecretFileError(f"{variable}_FILE: cannot read {path}: {exc}") from None
+        return values
 
 
 class ServiceSettings(BaseSettings):
@@ -23,7 +64,32 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MEGHA_", extra="ignore")
 
-    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ connection URL")
+    signs_as: ClassVar[Literal["gm", "lm", "worker"] | None] = None
+    """The role this service's signed tokens name (None: a client, not a service: it holds no cluster secret)."""
+    broker_role: ClassVar[str | None] = None
+    """The role this service connects to RabbitMQ as (megha.common.transport.rabbit.ROLE_EXCHANGES: the exchanges
+    it declares); None: every exchange of the run."""
+
+    auth: Literal["on", "off"] = Field(
+        "on",
+        description="on: every route but /healthz, /metrics, /docs and the dashboard's page needs a credential "
+        "(users an API token, services a token signed with MEGHA_CLUSTER_SECRET); off: none is checked and anyone "
+        "who reaches a port can submit, launch, preempt and cancel: for a development run only, logged as a warning "
+        "at start-up (docs/security.md)",
+    )
+    cluster_secret: SecretStr = Field(
+        SecretStr(""),
+        description=f"the deployment's shared secret (at least {MIN_SECRET_CHARS} characters) with which GMs, LMs "
+        "and worker agents sign the tokens of their calls to each other; required while MEGHA_AUTH=on; "
+        "MEGHA_CLUSTER_SECRET_FILE names a file holding it instead (a Docker secret)",
+    )
+
+    amqp_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description="RabbitMQ connection URL (amqps:// for TLS, verified with MEGHA_TLS_CA); the default, RabbitMQ's "
+        "guest account on this machine, is for a development run only: a deployment gives each role its own user "
+        "(docs/security.md); MEGHA_AMQP_URL_FILE names a file holding it instead (a Docker secret)",
+    )
     host: str = Field("127.0.0.1", description="address the HTTP server binds")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     public_url: str = Field("", description="URL other services use to reach this one (default http://host:port)")
@@ -55,14 +121,137 @@ class ServiceSettings(BaseSettings):
         "(docs/reliability.md)",
     )
 
+    tls_cert: str = Field(
+        "",
+        description="PEM certificate (chain) this service serves HTTPS with, with MEGHA_TLS_KEY; its default public "
+        "URL is then https:// (docs/security.md, TLS); empty: plain HTTP",
+    )
+    tls_key: str = Field("", description="PEM private key (unencrypted) of MEGHA_TLS_CERT")
+    tls_ca: str = Field(
+        "",
+        description="PEM bundle of the certificate authorities that verify the HTTPS services this one calls and an "
+        "amqps:// broker; empty: the system's",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, FileSecrets(settings_cls), dotenv_settings, file_secret_settings
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> Self:
+        if self.auth == "on" and self.signs_as is not None:
+            if not self.cluster_secret.get_secret_value():
+                raise ValueError(
+                    "MEGHA_CLUSTER_SECRET (or MEGHA_CLUSTER_SECRET_FILE) is not set: services sign their calls "
+                    "with it; `megha local` and the compose demo make one (docs/security.md); MEGHA_AUTH=off runs "
+                    "without authentication, for development only"
+                )
+            if len(self.cluster_secret.get_secret_value()) < MIN_SECRET_CHARS:
+                raise ValueError(f"MEGHA_CLUSTER_SECRET needs at least {MIN_SECRET_CHARS} characters")
+        return self
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("MEGHA_TLS_CERT and MEGHA_TLS_KEY go together: set both (HTTPS) or neither (plain HTTP)")
+        try:
+            if self.tls_cert:
+                what = f"MEGHA_TLS_CERT={self.tls_cert} with MEGHA_TLS_KEY={self.tls_key}"
+                ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.tls_cert, self.tls_key, password="")
+            if self.tls_ca:
+                what = f"MEGHA_TLS_CA={self.tls_ca}"
+                ssl.create_default_context(cafile=self.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"{what}: {exc.strerror or exc}") from None
+        return self
+
+    def signer(self) -> Signer | None:
+        """This service's token signer (None with MEGHA_AUTH=off, or for a client)."""
+        if self.auth == "off" or self.signs_as is None:
+            return None
+        return Signer(self.cluster_secret.get_secret_value(), self.signs_as, self.ident())
+
+    def ident(self) -> str:
+        """This service's id in the tokens it signs."""
+        return "-"
+
+    def credentials(self) -> Callable[[], str] | None:
+        """The `Authorization` header value of this process's calls to other services, made afresh as needed
+        (None: no header, with MEGHA_AUTH=off)."""
+        signer = self.signer()
+        return None if signer is None else signer.header
+
+    def verifier(self) -> Verifier | None:
+        """Checks the credentials of requests to this service (None with MEGHA_AUTH=off)."""
+        if self.auth == "off":
+            return None
+        return Verifier(self.cluster_secret.get_secret_value())
+
     def url(self) -> str:
-        return self.public_url or f"http://{self.host}:{self.port}"
+        return self.public_url or f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
+
+    def public(self) -> dict[str, Any]:
+        """These settings as JSON for a report, without a secret: secret settings left out, and the broker URL's
+        password masked."""
+        shown = self.model_dump(mode="json", exclude=set(SECRET_SETTINGS) - {"amqp_url"})
+        parts = urlsplit(self.amqp_url)
+        if parts.password:
+            shown["amqp_url"] = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+        return shown
 
     def broker(self) -> Broker:
         """This service's connection to RabbitMQ, configured from these settings."""
         from megha.common.transport.rabbit import Broker
 
-        return Broker(self.amqp_url, self.run_id, outbox_bytes=self.outbox_bytes, connect_timeout=self.broker_timeout)
+        return Broker(
+            self.amqp_url,
+            self.run_id,
+            outbox_bytes=self.outbox_bytes,
+            connect_timeout=self.broker_timeout,
+            role=self.broker_role,
+            tls_ca=self.tls_ca or None,
+        )
+
+
+class UserTokens(ServiceSettings):
+    """Users' API tokens, which the GMs check on every submission and an operator's token on the LMs and agents
+    too (`megha nodes`, the state routes)."""
+
+    api_tokens: SecretStr = Field(
+        SecretStr(""),
+        description="users' API tokens as user=token entries, separated by commas or new lines (a token may be "
+        "given as user=sha256:<hex of its SHA-256>); required on GMs while MEGHA_AUTH=on, optional on LMs and "
+        "agents (for operators); MEGHA_API_TOKENS_FILE names a file holding them instead (a Docker secret)",
+    )
+    operators: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["operator"],
+        description="users who act for every user: submit to any queue, see and cancel every job, read the "
+        "state of GMs, LMs and agents (the load generator's token is an operator's)",
+    )
+
+    @field_validator("operators", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _tokens(cls, value: SecretStr) -> SecretStr:
+        parse_api_tokens(value.get_secret_value())
+        return value
+
+    def verifier(self) -> Verifier | None:
+        if self.auth == "off":
+            return None
+        tokens = parse_api_tokens(self.api_tokens.get_secret_value())
+        return Verifier(self.cluster_secret.get_secret_value(), tokens, frozenset(self.operators))
 
 
 class FairSettings(ServiceSettings):
@@ -88,8 +277,11 @@ class FairSettings(ServiceSettings):
         return parse_queues(self.queues, self.share_policy) if self.queues else None
 
 
-class GMSettings(FairSettings):
+class GMSettings(FairSettings, UserTokens):
     """A Global Master."""
+
+    signs_as = "gm"
+    broker_role = "gm"
 
     gm_id: int = Field(0, ge=0, description="this GM's id, 0..G-1")
     lm_urls: Annotated[list[str], NoDecode] = Field(
@@ -148,7 +340,15 @@ class GMSettings(FairSettings):
     def _check_peers(self) -> Self:
         if self.gm_urls and self.gm_id >= len(self.gm_urls):
             raise ValueError(f"MEGHA_GM_ID={self.gm_id} has no URL in MEGHA_GM_URLS ({len(self.gm_urls)} listed)")
+        if self.auth == "on" and not parse_api_tokens(self.api_tokens.get_secret_value()):
+            raise ValueError(
+                "MEGHA_API_TOKENS (or MEGHA_API_TOKENS_FILE) names no user token while MEGHA_AUTH=on: nobody could "
+                "submit (docs/security.md)"
+            )
         return self
+
+    def ident(self) -> str:
+        return str(self.gm_id)
 
     def peer(self, step: int) -> int | None:
         """The GM `step` places after this one in the ring of MEGHA_GM_URLS (None without peers)."""
@@ -156,8 +356,11 @@ class GMSettings(FairSettings):
         return (self.gm_id + step) % n if n > 1 else None
 
 
-class LMSettings(FairSettings):
+class LMSettings(FairSettings, UserTokens):
     """A Local Master."""
+
+    signs_as = "lm"
+    broker_role = "lm"
 
     port: int = Field(8100, ge=1, le=65535)
     lm_id: int = Field(0, ge=0, description="this LM's id, 0..L-1")
@@ -172,9 +375,15 @@ class LMSettings(FairSettings):
         "and its tasks are reported failed",
     )
 
+    def ident(self) -> str:
+        return str(self.lm_id)
 
-class WorkerSettings(ServiceSettings):
+
+class WorkerSettings(UserTokens):
     """A worker agent: one node, or many in simulated-execution mode."""
+
+    signs_as = "worker"
+    broker_role = "worker"
 
     port: int = Field(8200, ge=1, le=65535)
     worker_id: str = Field(
@@ -194,11 +403,46 @@ class WorkerSettings(ServiceSettings):
     constraint_seed: int | None = Field(
         None, description="draw each node's constraints with the published machine fractions instead"
     )
+    drivers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["burn", "exec"],
+        description="task drivers this agent offers (comma-separated: burn, exec, container); container needs a "
+        "Docker engine that answers at start-up (DOCKER_HOST); a simulated agent offers only burn (docs/drivers.md)",
+    )
+    task_user: str = Field(
+        "nobody", description="user exec tasks run as when the agent runs as root (otherwise: the agent's own user)"
+    )
+    task_log_dir: str = Field(
+        "",
+        description="folder of the kept stdout and stderr of exec and container tasks (empty: megha-<run id>-<worker "
+        "id>-task-logs in the system's temp folder)",
+    )
+    task_log_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="bytes kept per stream of one task run before it is rotated (once: at most twice this is kept)",
+    )
+    task_logs_kept: int = Field(1000, ge=1, description="task folders of kept output; the oldest beyond are deleted")
 
     @field_validator("constraints", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         return [int(c) for c in value.split(",") if c.strip()] if isinstance(value, str) else value
+
+    @field_validator("drivers", mode="before")
+    @classmethod
+    def _split_drivers(cls, value: object) -> object:
+        return [d.strip() for d in value.split(",") if d.strip()] if isinstance(value, str) else value
+
+    @field_validator("drivers")
+    @classmethod
+    def _known_drivers(cls, value: list[str]) -> list[str]:
+        unknown = [d for d in value if d not in DRIVERS]
+        if unknown or not value:
+            raise ValueError(f"{','.join(unknown) or 'nothing'} is not a driver: list some of {', '.join(DRIVERS)}")
+        return list(dict.fromkeys(value))
+
+    def ident(self) -> str:
+        return self.worker_id
 
     @field_validator("constraints")
     @classmethod
@@ -212,10 +456,16 @@ class WorkerSettings(ServiceSettings):
 class LoadgenSettings(FairSettings):
     """The request generator: replays a trace against the GM services in open loop and reports."""
 
+    broker_role = "loadgen"
+
     gm_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["http://127.0.0.1:8000"], description="every GM's URL (JSON list or comma-separated)"
     )
-    trace: str = Field("demo", description="a .tr file, 'demo' or syn:<tasks>:<jobs>")
+    trace: str = Field(
+        "demo",
+        description="a .tr file, 'demo' (100 jobs of the Google sub-trace, shipped), or syn:<tasks>:<jobs> (one job "
+        "a second of <tasks> 1-second tasks)",
+    )
     first_jobs: int | None = Field(None, ge=1, description="replay only the first N jobs (all when unset)")
     time_scale: float = Field(1.0, gt=0, description="multiplies arrival times and durations")
     mode: Literal["slot", "scaled"] = Field(
@@ -228,6 +478,27 @@ class LoadgenSettings(FairSettings):
     mem_scale: int = Field(50, ge=1, description="scaled mode: divide the drawn memory request by this")
     out: str = Field("out/services", description="directory for the report files")
     timeout: float = Field(600.0, gt=0, description="seconds to wait for every task to finish after the last submit")
+    api_token: SecretStr = Field(
+        SecretStr(""),
+        description="the API token the load generator submits with: an operator's (MEGHA_OPERATORS on the GMs), "
+        "since a trace has many users; required while MEGHA_AUTH=on; MEGHA_API_TOKEN_FILE names a file holding it",
+    )
+
+    @model_validator(mode="after")
+    def _check_token(self) -> Self:
+        if self.auth == "on" and not self.api_token.get_secret_value():
+            raise ValueError(
+                "MEGHA_API_TOKEN (or MEGHA_API_TOKEN_FILE) is not set: the GMs ask every submission for a token "
+                "(docs/security.md); MEGHA_AUTH=off if they run without authentication"
+            )
+        return self
+
+    def credentials(self) -> Callable[[], str] | None:
+        """The Authorization header of the load generator's calls: its operator's API token."""
+        if self.auth == "off":
+            return None
+        header = f"Bearer {self.api_token.get_secret_value()}"
+        return lambda: header
 
     @field_validator("gm_urls", mode="before")
     @classmethod
@@ -242,6 +513,9 @@ def load_settings(model: type[S], command: str) -> S:
     """`model` from the MEGHA_* environment, or one line naming each bad variable and exit status 2."""
     try:
         return model()
+    except SecretFileError as exc:
+        print(f"{command}: bad settings: {exc}", file=sys.stderr)
+        sys.exit(2)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():

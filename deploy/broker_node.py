@@ -30,9 +30,10 @@ def port_open(port: int) -> bool:
 
 
 class BrokerNode:
-    """One RabbitMQ node on 127.0.0.1:`port` (guest/guest, loopback only), its data under `base`."""
+    """One RabbitMQ node on 127.0.0.1:`port` (guest/guest, loopback only), its data under `base`. Given `tls` (PEM
+    files: certificate, key, CA bundle), it also listens for AMQPS on `tls_port` (`tls_url`) with that certificate."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[Path, Path, Path] | None = None) -> None:
         if shutil.which(SERVER) is None:
             raise RuntimeError(f"{SERVER} is not installed (Debian: apt-get install -y rabbitmq-server)")
         # In the system's temporary folder: the Debian wrapper runs the node as the rabbitmq user, who must reach it.
@@ -44,6 +45,21 @@ class BrokerNode:
         # above the range services take their ports from (free_port), so neither can take a restarted one's port.
         self.dist_port = free_port(40_000, 50_000)
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        self.tls_port = free_port() if tls else None
+        self.tls_url = f"amqps://guest:guest@127.0.0.1:{self.tls_port}/" if tls else None
+        self.config: Path | None = None
+        if tls:
+            names = ("certfile", "keyfile", "cacertfile")
+            for name, source in zip(names, tls):  # where the node, run as the rabbitmq user, can read them
+                (self.base / f"{name}.pem").write_bytes(source.read_bytes())
+                (self.base / f"{name}.pem").chmod(0o644)
+            self.config = self.base / "tls.conf"
+            self.config.write_text(
+                f"listeners.ssl.default = {self.tls_port}\n"
+                + "".join(f"ssl_options.{name} = {self.base / name}.pem\n" for name in names)
+                + "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n"
+            )
+            self.config.chmod(0o644)
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -60,6 +76,8 @@ class BrokerNode:
                 "RABBITMQ_ENABLED_PLUGINS": "",
             }
         )
+        if self.config is not None:
+            env["RABBITMQ_CONFIG_FILE"] = str(self.config)
         return env
 
     def start(self, timeout: float = 60.0) -> None:

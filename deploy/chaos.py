@@ -57,6 +57,12 @@ class Target(Protocol):
     @property
     def amqp_url(self) -> str: ...
 
+    @property
+    def operator_token(self) -> str: ...
+
+    @property
+    def headers(self) -> dict[str, str]: ...
+
 
 T = TypeVar("T", bound=Target)
 
@@ -100,6 +106,14 @@ class Processes:
     @property
     def amqp_url(self) -> str:
         return self.node.url
+
+    @property
+    def operator_token(self) -> str:
+        return self.deployment.operator_token
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.deployment.headers
 
 
 @contextlib.contextmanager
@@ -351,6 +365,8 @@ def run_trial(config: ChaosConfig, fault_name: str, trial: int, say: Callable[[s
             run_id=target.run_id,
             amqp_url=target.amqp_url,
             timeout=300.0,
+            auth="on",  # both backends make their secrets
+            api_token=target.operator_token,
         )
         injector = threading.Thread(target=inject)
         injector.start()
@@ -417,7 +433,7 @@ def _wait(condition: Callable[[], bool], timeout: float) -> float | None:
 
 
 def _backlog(target: Target) -> int:
-    states = [httpx.get(f"{url}/v1/state", timeout=2.0).json() for url in target.gm_urls]
+    states = [httpx.get(f"{url}/v1/state", headers=target.headers, timeout=2.0).json() for url in target.gm_urls]
     return sum(int(s["queued"]) + int(s["waiting"]) for s in states)
 
 
@@ -425,7 +441,7 @@ def _all_usable(target: Target) -> bool:
     for url in target.gm_urls:
         if not httpx.get(f"{url}/healthz", timeout=2.0).json()["ready"]:
             return False
-    states = [httpx.get(f"{url}/v1/state", timeout=5.0).json() for url in target.lm_urls]
+    states = [httpx.get(f"{url}/v1/state", headers=target.headers, timeout=5.0).json() for url in target.lm_urls]
     return all(s["ready"] and not s["down_nodes"] for s in states)
 
 

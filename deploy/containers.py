@@ -24,7 +24,8 @@ from types import FrameType, TracebackType
 
 import httpx
 
-from megha.deploy.local import ALL_CONSTRAINTS, free_port
+from megha.common.auth import new_secret
+from megha.deploy.local import ALL_CONSTRAINTS, OPERATOR, free_port
 
 LABEL = "org.megha.deployment"
 """Label on every container and the network of a deployment; its value is the deployment's name."""
@@ -115,15 +116,23 @@ class ContainerDeployment:
     log_dir: Path = Path("out/containers/logs")
     name: str = field(default_factory=lambda: f"megha-{uuid.uuid4().hex[:8]}")
     containers: dict[str, Container] = field(default_factory=dict)
+    cluster_secret: str = field(default_factory=new_secret, repr=False)  # made afresh for each deployment
+    operator_token: str = field(default_factory=new_secret, repr=False)  # API token of the user `operator`
+    broker_password: str = field(default_factory=new_secret, repr=False)  # of the broker's user `megha`
 
     @property
     def run_id(self) -> str:
         return self.name
 
     @property
+    def headers(self) -> dict[str, str]:
+        """The operator's Authorization header, for calls to this deployment's services."""
+        return {"Authorization": f"Bearer {self.operator_token}"}
+
+    @property
     def amqp_url(self) -> str:
         """The broker as this host reaches it."""
-        return f"amqp://guest:guest@127.0.0.1:{self.containers[BROKER].host_port}/"
+        return f"amqp://megha:{self.broker_password}@127.0.0.1:{self.containers[BROKER].host_port}/"
 
     @property
     def gm_urls(self) -> list[str]:
@@ -150,7 +159,8 @@ class ContainerDeployment:
                 free_port(*PUBLISHED_PORTS) if published else None,
             )
         lm_urls = [self.containers[f"lm-{lm}"].inner_url for lm in range(self.lms)]
-        self._megha_run(BROKER, [self.rabbitmq_image])
+        broker_user = ["--env=RABBITMQ_DEFAULT_USER=megha", f"--env=RABBITMQ_DEFAULT_PASS={self.broker_password}"]
+        self._megha_run(BROKER, [*broker_user, self.rabbitmq_image])
         for lm in range(self.lms):
             self._service(
                 f"lm-{lm}",
@@ -187,12 +197,15 @@ class ContainerDeployment:
     def _service(self, service: str, module: str, **values: object) -> None:
         container = self.containers[service]
         env: dict[str, object] = {
-            "MEGHA_AMQP_URL": f"amqp://guest:guest@{self.containers[BROKER].ip}:{AMQP_PORT}/",
+            "MEGHA_AMQP_URL": f"amqp://megha:{self.broker_password}@{self.containers[BROKER].ip}:{AMQP_PORT}/",
             "MEGHA_HOST": "0.0.0.0",
             "MEGHA_PORT": container.port,
             "MEGHA_PUBLIC_URL": container.inner_url,
             "MEGHA_RUN_ID": self.run_id,
             "MEGHA_LOG_LEVEL": "info",
+            "MEGHA_CLUSTER_SECRET": self.cluster_secret,
+            "MEGHA_API_TOKENS": f"{OPERATOR}={self.operator_token}",
+            "MEGHA_OPERATORS": OPERATOR,
             **{f"MEGHA_{k.upper()}": v for k, v in values.items()},
         }
         self._megha_run(service, [*(f"--env={k}={v}" for k, v in env.items()), self.image, "python", "-m", module])

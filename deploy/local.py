@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -18,7 +19,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 import httpx
+from pydantic import SecretStr
 
+from megha.common.auth import new_secret
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker, gm_key, lm_key
@@ -26,6 +29,8 @@ from megha.loadgen.progress import Progress
 from megha.loadgen.services import ServicesRun, replay_services
 
 ALL_CONSTRAINTS = ",".join(str(c) for c in range(NUM_CONSTRAINTS))
+OPERATOR = "operator"
+"""The user whose API token `megha local` makes: it acts for every user (MEGHA_OPERATORS)."""
 
 
 def _ephemeral_low() -> int:
@@ -84,19 +89,77 @@ class LocalDeployment:
     queues: str = ""  # fair scheduling: user:share:gm,... (empty: off), given to every GM and LM
     share_policy: str = "share"
     takeover_after: float = 45.0  # a GM down this long is stood in for by the next GM (0: never)
+    amqp_urls: dict[str, str] = field(default_factory=dict)  # role (gm, lm, worker, loadgen) -> its broker URL
+    tls_cert: str = ""  # with tls_key: every service serves HTTPS with this certificate (for 127.0.0.1)
+    tls_key: str = ""
+    tls_ca: str = ""  # CA bundle verifying the services and an amqps:// broker (empty: the system's)
+    auth: bool = True  # False: MEGHA_AUTH=off, no credential checked (development only)
+    cluster_secret: str = field(default_factory=new_secret, repr=False)  # made afresh for each deployment
+    operator_token: str = field(default_factory=new_secret, repr=False)  # API token of the user `operator`
+    user_tokens: dict[str, str] = field(default_factory=dict, repr=False)  # more users' API tokens, by user
+    # agent ("worker-<lm>-<w>") -> its further settings, MEGHA_ names without the prefix: {"drivers": "burn,exec"}
+    worker_settings: dict[str, dict[str, object]] = field(default_factory=dict)
     processes: list[Process] = field(default_factory=list)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The operator's Authorization header, for calls to this deployment's services ({} without auth)."""
+        return {"Authorization": f"Bearer {self.operator_token}"} if self.auth else {}
+
+    def loadgen(self, settings: LoadgenSettings) -> LoadgenSettings:
+        """`settings` of a load generator pointed at this running deployment, with its operator's token."""
+        return settings.model_copy(
+            update={
+                "gm_urls": self.gm_urls,
+                "run_id": self.run_id,
+                "amqp_url": self.amqp_urls.get("loadgen", self.amqp_url),
+                "tls_ca": self.tls_ca,
+                "queues": self.queues,
+                "share_policy": self.share_policy,
+                "auth": "on" if self.auth else "off",
+                "api_token": SecretStr(self.operator_token),
+            }
+        )
+
+    def client(self, timeout: float = 10.0) -> httpx.Client:
+        """An HTTP client for this deployment's services, sending the operator's credential."""
+        return httpx.Client(headers=self.headers, timeout=timeout, verify=self.verify)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """How httpx verifies this deployment's services: with `tls_ca` when given."""
+        return ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else True
 
     def _env(self, **values: object) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"MEGHA_AMQP_URL": self.amqp_url, "MEGHA_RUN_ID": self.run_id, "MEGHA_LOG_LEVEL": "info"})
+        env["MEGHA_AUTH"] = "on" if self.auth else "off"
+        if self.auth:  # secrets in the services' environment, readable only by this user (and root)
+            env.update(
+                {
+                    "MEGHA_CLUSTER_SECRET": self.cluster_secret,
+                    "MEGHA_API_TOKENS": ",".join(
+                        f"{user}={token}" for user, token in {OPERATOR: self.operator_token, **self.user_tokens}.items()
+                    ),
+                    "MEGHA_OPERATORS": OPERATOR,
+                }
+            )
+            for name in ("MEGHA_CLUSTER_SECRET_FILE", "MEGHA_API_TOKENS_FILE"):
+                env.pop(name, None)
+        env.update({"MEGHA_TLS_CERT": self.tls_cert, "MEGHA_TLS_KEY": self.tls_key, "MEGHA_TLS_CA": self.tls_ca})
         env.update({f"MEGHA_{k.upper()}": str(v) for k, v in values.items()})
         return env
 
     def _spawn(self, name: str, module: str, port: int, **values: object) -> str:
-        url = f"http://127.0.0.1:{port}"
+        url = f"{self.scheme}://127.0.0.1:{port}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
-        command, env = [sys.executable, "-m", module], self._env(port=port, public_url=url, **values)
+        amqp_url = self.amqp_urls.get(module.rsplit(".", 1)[-1], self.amqp_url)  # the role's user, if it has one
+        command, env = [sys.executable, "-m", module], self._env(port=port, public_url=url, amqp_url=amqp_url, **values)
         self.processes.append(Process(name, url, _popen(command, env, log), log, command, env))
         return url
 
@@ -161,14 +224,14 @@ class LocalDeployment:
                     node_cpu_millicores=self.node_cpu_millicores,
                     node_memory_mb=self.node_memory_mb,
                     heartbeat_interval=self.heartbeat_interval,
-                    **extra,
+                    **extra | self.worker_settings.get(f"worker-{lm}-{w}", {}),
                 )
         ports: list[int] = []
         while len(ports) < self.gms:  # known before any GM starts: each GM is told its peers
             port = free_port()
             if port not in ports:
                 ports.append(port)
-        gm_urls = [f"http://127.0.0.1:{port}" for port in ports]
+        gm_urls = [f"{self.scheme}://127.0.0.1:{port}" for port in ports]
         self.gm_urls = [
             self._spawn(
                 f"gm-{gm}",
@@ -198,7 +261,7 @@ class LocalDeployment:
                         + proc.log.read_text()[-2000:]
                     )
                 try:
-                    body = httpx.get(f"{proc.url}/healthz", timeout=1.0).json()
+                    body = httpx.get(f"{proc.url}/healthz", timeout=1.0, verify=self.verify).json()
                 except httpx.HTTPError:
                     continue
                 if body.get("ready", body.get("registered", True)):
@@ -208,7 +271,8 @@ class LocalDeployment:
             time.sleep(0.1)
 
     def lm_states(self) -> list[dict[str, object]]:
-        return [httpx.get(f"{url}/v1/state", timeout=5.0).json() for url in self.lm_urls]
+        with self.client(5.0) as http:
+            return [http.get(f"{url}/v1/state").json() for url in self.lm_urls]
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every process group, then SIGKILL what is left after `grace` seconds: no orphans."""
@@ -227,7 +291,7 @@ class LocalDeployment:
 
     async def _delete_run(self) -> None:
         """Remove the run's queues and exchanges from the broker: a finished run leaves nothing behind."""
-        broker = Broker(self.amqp_url, self.run_id, connect_timeout=3.0)
+        broker = Broker(self.amqp_url, self.run_id, connect_timeout=3.0, tls_ca=self.tls_ca or None)
         await broker.connect()
         try:
             keys = [gm_key(g) for g in range(self.gms)] + [lm_key(lm) for lm in range(self.lms)]
@@ -291,15 +355,7 @@ def run_local(
     """Start the deployment, replay, and return the run and every LM's final state; `progress` says what runs and,
     on a terminal, shows a bar of the tasks ended with the time left."""
     with deployment:
-        settings = settings.model_copy(
-            update={
-                "gm_urls": deployment.gm_urls,
-                "run_id": deployment.run_id,
-                "amqp_url": deployment.amqp_url,
-                "queues": deployment.queues,
-                "share_policy": deployment.share_policy,
-            }
-        )
+        settings = deployment.loadgen(settings)
         run = asyncio.run(replay_services(settings, progress))
         time.sleep(0.2)  # let the last worker reports reach the LMs
         states = deployment.lm_states()

@@ -41,7 +41,7 @@ from megha.common.core.messages import (
     WorkerReport,
     gm_address,
 )
-from megha.common.core.observer import CoreObserver
+from megha.common.core.observer import CoreObserver, observe
 from megha.common.core.recovery import LMReport, RunsHeld, lm_report, plan_recovery, runs_held, runs_lost
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.core.worker import SimulatedExecution
@@ -56,32 +56,23 @@ LMAction = Callable[[LocalMaster, float], list[Output]]
 ENDED_RUNS_KEPT = 100_000
 """Ended runs each LM remembers when GMs may crash (a restarting GM learns which of its runs ended)."""
 
-_EVENTS = tuple(name for name in vars(CoreObserver) if not name.startswith("_"))
-
 
 class GMJournal(CoreObserver):
     """A GM's durable records, as the services' journal keeps them: the tasks of the jobs it accepted, in arrival
-    order, and the ids of those that ended (finished or failed). Every event goes on to `observer`."""
+    order, and the ids of those that ended (finished or failed). It observes its GM beside the run's recorder."""
 
-    def __init__(self, observer: CoreObserver) -> None:
+    def __init__(self) -> None:
         self.accepted: dict[str, TaskSpec] = {}
         self.ended: set[str] = set()
-        self.observer = observer
-        for name in _EVENTS:  # events this class does not record go straight to the observer
-            if name not in GMJournal.__dict__:
-                setattr(self, name, getattr(observer, name))
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         self.accepted.update((t.task_id, t) for t in job.tasks)
-        self.observer.job_arrived(job, gm, now)
 
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
         self.ended.add(task.task_id)
-        self.observer.task_completed(task, error, now, forwarded)
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
         self.ended.add(task.task_id)
-        self.observer.task_failed(task, reason, now)
 
 
 class AgentMemory:
@@ -184,7 +175,7 @@ class Outages:
         self.lm_back_at = [0.0] * lms
         self.gm_inbox: list[list[object]] = [[] for _ in range(gms)]
         self.lm_inbox: list[list[object]] = [[] for _ in range(lms)]
-        self.journals = [GMJournal(system.observer) for _ in range(gms)] if faults.of("gm") else None
+        self.journals = [GMJournal() for _ in range(gms)] if faults.of("gm") else None
         self.ended_runs_kept = ENDED_RUNS_KEPT if faults.of("gm") else 0
         self.agents: dict[int, AgentMemory] | None = None
         self._gm_handlers: dict[int, Handler] = {}
@@ -193,8 +184,10 @@ class Outages:
     # ------------------------------------------------------------ endpoints
 
     def gm_observer(self, gm: int) -> CoreObserver:
-        """GM `gm`'s observer: its journal when GMs may crash."""
-        return self.journals[gm] if self.journals is not None else self.system.observer
+        """GM `gm`'s observer: the run's, and its journal's when GMs may crash."""
+        if self.journals is None:
+            return self.system.observer
+        return observe(self.journals[gm], self.system.observer)
 
     def gm_endpoint(self, g: int, inner: Handler) -> Handler:
         """GM `g`'s endpoint: `inner` while it is up; otherwise messages wait (answers to a crashed GM's calls are

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
-from megha.loadgen.records import JobRecord, TaskRecord
+from megha.loadgen.records import JobRecord, TaskRecord, record_finished, record_preempted
 
 
 class Recorder(CoreObserver):
@@ -87,15 +87,7 @@ class Recorder(CoreObserver):
             tasks[p.task.task_id].started_at = now
 
     def finished(self, task_ids: Sequence[str], now: float) -> None:
-        tasks, jobs = self.tasks, self.jobs
-        for task_id in task_ids:
-            rec = tasks[task_id]
-            rec.completions += 1
-            rec.finished_at = now
-            job = jobs[rec.job_id]
-            job.finished_tasks += 1
-            if job.finished_tasks == job.num_tasks:
-                job.finished_at = now
+        record_finished(self.tasks, self.jobs, task_ids, now)
         self.finished_count += len(task_ids)
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
@@ -118,8 +110,7 @@ class Recorder(CoreObserver):
         tasks = self.tasks
         for task_id in task_ids:
             rec = tasks[task_id]
-            rec.preemptions += 1
-            rec.lost_cpu_seconds += (now - rec.started_at) * rec.request[0] / 1000
+            record_preempted(rec, now)
             self.preempted_runs.append((task_id, rec.started_at, now))
 
     def mark_stranded(self, task_ids: Sequence[str], reason: str) -> None:

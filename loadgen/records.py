@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 NAN = math.nan
@@ -86,3 +87,29 @@ class JobRecord:
     @property
     def jrt_delay(self) -> float:
         return self.jrt - self.ideal_jrt
+
+
+# The steps of a task's lifecycle that both the replay's recorder (core events) and the services' load generator
+# (task events from RabbitMQ) record: one definition of what each does to the records.
+
+
+def record_finished(
+    tasks: Mapping[str, TaskRecord], jobs: Mapping[str, JobRecord], task_ids: Iterable[str], at: float
+) -> None:
+    """Runs of these tasks finished at `at`: one completion each; a job finishes with its last task. (A batch at a
+    time: the simulator's recorder calls it for every batch of finished tasks.)"""
+    for task_id in task_ids:
+        rec = tasks[task_id]
+        rec.completions += 1
+        rec.finished_at = at
+        job = jobs[rec.job_id]
+        job.finished_tasks += 1
+        if job.finished_tasks == job.num_tasks:
+            job.finished_at = at
+
+
+def record_preempted(rec: TaskRecord, at: float) -> None:
+    """The task's run was stopped at `at` for another user's task: the CPU-seconds it had run are lost."""
+    rec.preemptions += 1
+    if not math.isnan(rec.started_at):
+        rec.lost_cpu_seconds += rec.request[0] / 1000 * max(0.0, at - rec.started_at)

@@ -26,13 +26,13 @@ from megha.common.core.task import JobSpec
 from megha.common.models import JobStatus, TaskEvent, TaskEvents
 from megha.common.settings import LoadgenSettings, load_settings
 from megha.common.transport.inmemory import fewer_gc_pauses
-from megha.common.transport.rabbit import Broker
+from megha.common.transport.rabbit import Broker, loadgen_queue
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.progress import Progress
-from megha.loadgen.records import JobRecord, TaskRecord
+from megha.loadgen.records import JobRecord, TaskRecord, record_finished, record_preempted
 from megha.loadgen.trace import demo_trace_path, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload
-from megha.services.http import CallError, ServiceClient, configure_logging
+from megha.services.http import CallError, ServiceClient, configure_logging, use_tls_ca
 
 log = logging.getLogger("megha.loadgen")
 
@@ -69,17 +69,11 @@ def apply_event(run: ServicesRun, rec: TaskRecord, event: TaskEvent, at: float) 
         rec.retries += 1
         return False
     if event.kind == "preempted":
-        rec.preemptions += 1
-        if not math.isnan(rec.started_at):
-            rec.lost_cpu_seconds += rec.request[0] / 1000 * max(0.0, at - rec.started_at)
+        record_preempted(rec, at)
         return False
     rec.finished_at = at
     if event.kind == "finished":
-        rec.completions += 1
-        job = run.jobs[rec.job_id]
-        job.finished_tasks += 1
-        if job.finished_tasks == job.num_tasks:
-            job.finished_at = at
+        record_finished(run.tasks, run.jobs, (rec.task_id,), at)
     elif not rec.failed_reason:  # the first reason given is the cause; later ones are its echoes
         rec.failed_reason = f"{event.kind}: {event.error}"
     return True
@@ -140,7 +134,7 @@ async def _replay(settings: LoadgenSettings, progress: Progress | None, broker: 
     broker = broker or settings.broker()
     if own_broker:
         await broker.connect()
-    queue = f"{settings.run_id}.events.loadgen-{uuid.uuid4().hex[:8]}"
+    queue = loadgen_queue(settings.run_id)
     start = time.time()
     pending: set[str] = set()  # accepted tasks not yet ended
     ended: set[str] = set()  # tasks whose end event arrived (possibly before their job's 201)
@@ -170,7 +164,8 @@ async def _replay(settings: LoadgenSettings, progress: Progress | None, broker: 
     submitted_all = False
     await broker.consume("events", "", on_events, queue=queue)
     say(f"replaying {len(workload)} jobs ({len(run.tasks)} tasks) against {len(settings.gm_urls)} GMs")
-    http = ServiceClient(timeout=30.0)
+    use_tls_ca(settings.tls_ca)  # the GMs' certificates are verified with MEGHA_TLS_CA
+    http = ServiceClient(timeout=30.0, authorization=settings.credentials())
     submits: list[asyncio.Task[None]] = []
     try:
         async with _showing(progress, run, ended, submits, len(workload)):
@@ -363,7 +358,7 @@ def main() -> int:
         list(run.jobs.values()),
         Path(settings.out),
         title,
-        {"settings": settings.model_dump()},
+        {"settings": settings.public()},
     )
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 1 if run.metrics.not_exactly_once or run.timed_out else 0

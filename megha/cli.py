@@ -1,19 +1,26 @@
-"""The `megha` command line: `megha replay` replays a trace through the embedded system and prints the report."""
+"""The `megha` command line, one click group: `megha replay` replays a trace through the embedded system and prints
+the report, `megha local` does so through a deployment of separate processes, `megha gm|lm|worker|loadgen` run the
+services, and megha/ctl.py's `megha job|queues|nodes|top` operate a running deployment.
+
+An option that is also a setting is generated from the settings model's field (megha/options.py), so the command
+lines and the MEGHA_* variables share one definition of its type, bounds, choices and meaning."""
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
-from importlib.metadata import version
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-from megha.common.argtypes import non_negative_float, positive_float, positive_int
+import click
+from pydantic_settings import BaseSettings
+
 from megha.common.core.fairness.config import parse_queues
-from megha.common.core.fairness.policy import SHARE_POLICIES
-from megha.common.core.placement.choice import CHOICE_POLICIES
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
 from megha.embedded.faults import parse_faults
+from megha.loadgen.replay import ReplayConfig
+from megha.options import Bounded, Decorator, GroupedCommand, OneOf, option, options, positive, setting, usage_line
 from megha.sim.system import SCHEDULERS
 
 REPLAY_OUT = Path("out/replay")  # each run's report folder is a new <date>-<time> under it unless --out names one
@@ -34,12 +41,7 @@ output:
 exit status: 0 every task of an accepted job ended exactly once; 1 some task did not; 2 bad usage or input;
   3 most tasks failed or most jobs were rejected (a WARNING on stderr names the reasons)
 """
-CTL_COMMANDS = {  # megha/ctl.py (click): they operate a running deployment; each has its own --help
-    "job": "submit, show, list and cancel jobs at running GMs (megha job --help)",
-    "queues": "each user queue of running GMs: share, usage, pending and running tasks",
-    "nodes": "each partition of running LMs: nodes in and out of service, free and used resources",
-    "top": "a live view of running GMs and LMs: tasks, jobs by state, free resources",
-}
+CTL_COMMANDS = ("job", "queues", "nodes", "top")  # megha/ctl.py: they operate a running deployment
 LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
@@ -53,261 +55,270 @@ exit status: 0 every task of an accepted job ended exactly once and every LM is 
 """
 
 
-def _queues_arg(text: str) -> str:
-    if not text:
-        return text
-    try:
-        parse_queues(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+WORKLOAD = "workload"
+DATA_CENTRE = "data centre"
+SCHEDULER = "scheduler"
+FAIRNESS = "fair scheduling (off unless --queues is given)"
+FAILURES = "failures (simulated on the virtual clock; off unless --fail is given)"
+DEPLOYMENT = "deployment"
+SERVICES = "services"
+OUTPUT = "output"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="megha", description="Megha: a federated scheduler for data centres.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('megha')}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser(
-        "replay",
-        help="replay a trace through GMs, LMs and workers in one process (no broker, no network)",
-        description="Replay a job trace through the embedded Megha system (GMs, LMs and simulated workers joined "
-        "by an in-memory transport on a virtual clock) and report allocation time, JRT delay and utilization.",
-        epilog=REPLAY_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+REPLAY = ReplayConfig()
+"""`megha replay`'s defaults: the replay's own."""
+
+
+def _verbatim(text: str) -> str:
+    """`text` shown as written in --help (click rewraps paragraphs not marked with \\b)."""
+    return "\n\n".join(f"\b\n{paragraph}" for paragraph in text.strip("\n").split("\n\n"))
+
+
+def _workload(trace: str, first_jobs: int | None, time_scale: float, mode: str, time_help: str = "") -> Decorator:
+    """The workload options of `replay` and `local` (the load generator's settings), with each command's defaults."""
+    return options(
+        setting(LoadgenSettings, "trace", default=trace, group=WORKLOAD),
+        setting(LoadgenSettings, "first_jobs", default=first_jobs, group=WORKLOAD),
+        setting(LoadgenSettings, "time_scale", default=time_scale, group=WORKLOAD, help=time_help or None),
+        setting(LoadgenSettings, "mode", default=mode, group=WORKLOAD),
     )
-    w = r.add_argument_group("workload")
-    w.add_argument(
-        "--trace",
-        default="syn:250:200",
-        help="a .tr file, 'demo' (100 jobs of the Google sub-trace, shipped), or syn:<tasks>:<jobs> "
-        "(one job a second of <tasks> 1-second tasks) (default: %(default)s)",
+
+
+def _size(what: str, default: int, help: str) -> Decorator:
+    return option(f"--{what}", type=positive(int), default=default, help=help, group=DATA_CENTRE)
+
+
+def _node(default_cpu: int, default_mem: int) -> Decorator:
+    """Each node's capacity (a worker agent's settings)."""
+    return options(
+        setting(
+            WorkerSettings, "node_cpu_millicores", "--node-cpu", dest="node_cpu", default=default_cpu, group=DATA_CENTRE
+        ),
+        setting(
+            WorkerSettings, "node_memory_mb", "--node-mem", dest="node_mem", default=default_mem, group=DATA_CENTRE
+        ),
     )
-    w.add_argument("--first-jobs", type=positive_int, default=None, help="replay only the first N jobs")
-    w.add_argument(
-        "--time-scale",
-        type=positive_float,
-        default=1.0,
-        help="multiply arrival times and durations by this factor (default: %(default)s)",
+
+
+def _fairness(queues_help: str = "") -> Decorator:
+    """Fair scheduling, as every GM, LM and the load generator read it (FairSettings)."""
+    return options(
+        setting(LoadgenSettings, "queues", check=parse_queues, group=FAIRNESS, help=queues_help or None),
+        setting(LoadgenSettings, "share_policy", group=FAIRNESS),
     )
-    w.add_argument(
-        "--mode",
-        choices=("slot", "scaled"),
-        default="slot",
-        help="slot: each task holds a whole worker (constraint-aware study); scaled: Google-like "
-        "requests scaled down 400x CPU / 50x memory (Megha prototype) (default: %(default)s)",
+
+
+def _output(folder: Path, files: str) -> Decorator:
+    """Where the report goes, and what stderr shows."""
+    return options(
+        option(
+            "--out",
+            type=click.Path(path_type=Path),
+            default=None,
+            group=OUTPUT,
+            help=f"folder for {files} (default: a new folder {folder}/<date>-<time>); one that already holds a "
+            "report is refused unless --overwrite",
+        ),
+        option("--overwrite", is_flag=True, group=OUTPUT, help="replace the report already in the --out folder"),
+        option(
+            "--quiet", is_flag=True, group=OUTPUT, help="nothing on stderr but errors and warnings (no progress bar)"
+        ),
     )
-    w.add_argument("--users", type=positive_int, default=1, help="users jobs are spread over (default: %(default)s)")
-    w.add_argument(
-        "--no-constraints",
-        action="store_true",
-        help="give tasks no placement constraints (small data centres reject many constrained jobs)",
+
+
+class _Megha(click.Group):
+    """`megha`: the commands of this module, and those of megha/ctl.py, imported when they are used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *CTL_COMMANDS])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in CTL_COMMANDS:
+            from megha.ctl import cli as ctl
+
+            return ctl.commands[name]
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Megha, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+@click.version_option(package_name="megha", prog_name="megha", message="%(prog)s %(version)s")
+def megha() -> None:
+    """Megha: a federated scheduler for data centres."""
+
+
+@megha.command(
+    cls=GroupedCommand,
+    short_help="replay a trace through GMs, LMs and workers in one process (no broker, no network)",
+    epilog=_verbatim(REPLAY_EXAMPLES),
+)
+@_workload(REPLAY.trace, REPLAY.first_jobs, REPLAY.time_scale, REPLAY.mode)
+@option("--users", type=positive(int), default=REPLAY.users, group=WORKLOAD, help="users jobs are spread over")
+@option(
+    "--no-constraints",
+    is_flag=True,
+    group=WORKLOAD,
+    help="give tasks no placement constraints (small data centres reject many constrained jobs)",
+)
+@option(
+    "--cluster",
+    default=REPLAY.cluster,
+    group=DATA_CENTRE,
+    help="'generate', 'reference' (../shared's published 10,000-node cluster) or a cluster JSON file",
+)
+@_size("lms", REPLAY.lms, "LMs when generating")
+@_size("gms", REPLAY.gms, "GMs when generating")
+@_size("workers-per-partition", REPLAY.workers_per_partition, "workers in each LM partition when generating")
+@_node(REPLAY.node_cpu_millicores, REPLAY.node_memory_mb)
+@option(
+    "--scheduler",
+    type=OneOf(sorted(SCHEDULERS)),
+    default=REPLAY.scheduler,
+    group=SCHEDULER,
+    help="Megha, or a baseline to compare with: centralized (one GM, one LM), pigeonc (distributors and masters of "
+    "fixed groups), pigeonc-published (PigeonC with the authors' simulator's worker count, which reproduces the "
+    "published figures), sparrow (batch sampling, late binding)",
+)
+@setting(GMSettings, "matching", default=REPLAY.matching, group=SCHEDULER)
+@option(
+    "--hop-delay",
+    type=Bounded(float, ge=0),
+    default=REPLAY.hop_delay,
+    group=SCHEDULER,
+    help="network delay per message hop, seconds",
+)
+@setting(LMSettings, "delta_interval", default=REPLAY.delta_interval, group=SCHEDULER)
+@setting(GMSettings, "seed", default=REPLAY.seed, group=SCHEDULER, help="seed for cluster, constraints and choices")
+@option(
+    "--realtime",
+    is_flag=True,
+    group=SCHEDULER,
+    help="run on the wall clock instead of the virtual clock: each event waits for its time, and the report's times "
+    "are wall-clock times",
+)
+@_fairness(
+    "user queues as user:share:gm,... e.g. q1:10%:0,q2:25%:1,q3:15%:1,q4:50%:2; jobs go to the queues round-robin; "
+    "a user below its share preempts users above theirs under contention"
+)
+@option(
+    "--fail",
+    multiple=True,
+    metavar="SPEC",
+    group=FAILURES,
+    help="worker:rate=R crashes worker nodes at random, R per node per hour; worker:at=T,lm=L,node=N[,down=D] "
+    "crashes one at time T; lm:rate=R, lm:at=T,lm=L[,down=D], gm:rate=R and gm:at=T,gm=G[,down=D] crash LMs and "
+    "GMs (they restart D seconds later, default --fail-repair); partition:at=T,lm=L[,down=D] and "
+    "partition:at=T,gm=G[,down=D] hold the messages to and from one for D seconds (repeatable)",
+)
+@setting(
+    LMSettings,
+    "worker_timeout",
+    "--fail-detect",
+    dest="fail_detect",
+    group=FAILURES,
+    help="seconds until an LM notices a crashed worker (MEGHA_WORKER_TIMEOUT)",
+)
+@option(
+    "--fail-repair",
+    type=positive(float),
+    default=60.0,
+    group=FAILURES,
+    help="seconds after a crash until the node is back in service, or the LM or GM restarts",
+)
+@setting(GMSettings, "max_attempts", default=REPLAY.max_attempts, group=FAILURES)
+@_output(REPLAY_OUT, "tasks.csv, jobs.csv, summary.json, utilization.csv, cdf.png")
+@option("--no-files", is_flag=True, group=OUTPUT, help="print the report only")
+def replay(**args: Any) -> int:
+    """Replay a job trace through the embedded Megha system (GMs, LMs and simulated workers joined by an
+    in-memory transport on a virtual clock) and report allocation time, JRT delay and utilization."""
+    return _replay(SimpleNamespace(**args))
+
+
+@megha.command(
+    cls=GroupedCommand,
+    short_help="start GMs, LMs and worker agents as local processes, replay a trace through them, report, stop",
+    epilog=_verbatim(LOCAL_EPILOG),
+)
+@_size("gms", 2, "GMs")
+@_size("lms", 2, "LMs")
+@_size("workers-per-lm", 2, "worker agents per LM")
+@setting(
+    WorkerSettings,
+    "nodes",
+    "--nodes-per-worker",
+    dest="nodes_per_worker",
+    group=DATA_CENTRE,
+    help="nodes each agent stands for; more than 1 needs --execution simulated",
+)
+@setting(WorkerSettings, "execution", group=DATA_CENTRE)
+@_node(2000, 4096)
+@setting(
+    WorkerSettings,
+    "constraint_seed",
+    group=DATA_CENTRE,
+    help="draw node constraints with the published fractions (default: nodes satisfy all)",
+)
+@_workload("demo", 20, 0.0002, "scaled", "multiply arrivals and durations; the demo's tasks last hours")
+@setting(LoadgenSettings, "cpu_scale", group=WORKLOAD)
+@setting(
+    LoadgenSettings,
+    "mem_scale",
+    default=1000,
+    group=WORKLOAD,
+    help="scaled mode memory divisor; 1000 keeps a laptop's memory safe",
+)
+@setting(LoadgenSettings, "seed", group=WORKLOAD)
+@_fairness()
+@setting(LMSettings, "delta_interval", group=SERVICES)
+@setting(WorkerSettings, "heartbeat_interval", group=SERVICES)
+@setting(LMSettings, "worker_timeout", group=SERVICES)
+@setting(LoadgenSettings, "amqp_url", group=SERVICES)
+@setting(
+    LoadgenSettings, "run_id", default=None, group=SERVICES, help="prefix of this deployment's queues (default: random)"
+)
+@_output(LOCAL_OUT, "the report files and service logs")
+def local(**args: Any) -> int:
+    """Start a whole deployment on this host (separate processes, real RabbitMQ), replay a trace through the GMs'
+    REST API, print the report, and shut everything down (also on Ctrl-C)."""
+    return _local(SimpleNamespace(**args))
+
+
+def _service(name: str, what: str, model: type[BaseSettings]) -> None:
+    """`megha gm|lm|worker|loadgen`: a service, configured by MEGHA_* variables, which its --help lists."""
+
+    @megha.command(
+        name,
+        short_help=f"run {what}, configured by MEGHA_* environment variables (see docs/deploy.md)",
+        help=f"Run {what}, configured by MEGHA_* environment variables (docs/deploy.md).",
+        epilog=_verbatim(settings_help(model)),
     )
-    c = r.add_argument_group("data centre")
-    c.add_argument(
-        "--cluster",
-        default="generate",
-        help="'generate', 'reference' (../shared's published 10,000-node cluster) or a cluster JSON "
-        "file (default: %(default)s)",
-    )
-    c.add_argument("--lms", type=positive_int, default=5, help="LMs when generating (default: %(default)s)")
-    c.add_argument("--gms", type=positive_int, default=5, help="GMs when generating (default: %(default)s)")
-    c.add_argument(
-        "--workers-per-partition",
-        type=positive_int,
-        default=400,
-        help="workers in each LM partition when generating (default: %(default)s)",
-    )
-    c.add_argument("--node-cpu", type=positive_int, default=64000, help="node CPU, millicores (default: %(default)s)")
-    c.add_argument("--node-mem", type=positive_int, default=16384, help="node memory, MB (default: %(default)s)")
-    s = r.add_argument_group("scheduler")
-    s.add_argument(
-        "--scheduler",
-        choices=sorted(SCHEDULERS),
-        default="megha",
-        help="Megha, or a baseline to compare with: centralized (one GM, one LM), pigeonc (distributors and "
-        "masters of fixed groups), pigeonc-published (PigeonC with the authors' simulator's worker count, "
-        "which reproduces the published figures), sparrow (batch sampling, late binding) (default: %(default)s)",
-    )
-    s.add_argument(
-        "--matching",
-        choices=sorted(CHOICE_POLICIES),
-        default="random",
-        help="how a GM picks among suitable nodes (default: %(default)s)",
-    )
-    s.add_argument(
-        "--hop-delay",
-        type=non_negative_float,
-        default=0.0005,
-        help="network delay per message hop, seconds (default: %(default)s)",
-    )
-    s.add_argument(
-        "--delta-interval",
-        type=positive_float,
-        default=1.0,
-        help="period of LM delta updates to each GM, seconds (default: %(default)s)",
-    )
-    s.add_argument("--seed", type=int, default=0, help="seed for cluster, constraints and choices (default: 0)")
-    s.add_argument(
-        "--realtime",
-        action="store_true",
-        help="run on the wall clock instead of the virtual clock: each event waits for its time, and the report's "
-        "times are wall-clock times",
-    )
-    f = r.add_argument_group("fair scheduling (off unless --queues is given)")
-    f.add_argument(
-        "--queues",
-        type=_queues_arg,
-        default="",
-        help="user queues as user:share:gm,... e.g. q1:10%%:0,q2:25%%:1,q3:15%%:1,q4:50%%:2; jobs go to the "
-        "queues round-robin; a user below its share preempts users above theirs under contention",
-    )
-    f.add_argument(
-        "--share-policy",
-        choices=sorted(SHARE_POLICIES),
-        default="share",
-        help="share: the Megha paper's (round-robin queues); drf: Dominant Resource Fairness; demand, "
-        "demand-drf: Tromino's demand-aware orderings (default: %(default)s)",
-    )
-    w = r.add_argument_group("failures (simulated on the virtual clock; off unless --fail is given)")
-    w.add_argument(
-        "--fail",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="worker:rate=R crashes worker nodes at random, R per node per hour; worker:at=T,lm=L,node=N[,down=D] "
-        "crashes one at time T; lm:rate=R, lm:at=T,lm=L[,down=D], gm:rate=R and gm:at=T,gm=G[,down=D] crash "
-        "LMs and GMs (they restart D seconds later, default --fail-repair); partition:at=T,lm=L[,down=D] and "
-        "partition:at=T,gm=G[,down=D] hold the messages to and from one for D seconds (repeatable)",
-    )
-    w.add_argument(
-        "--fail-detect",
-        type=positive_float,
-        default=30.0,
-        help="seconds until an LM notices a crashed worker (MEGHA_WORKER_TIMEOUT) (default: %(default)s)",
-    )
-    w.add_argument(
-        "--fail-repair",
-        type=positive_float,
-        default=60.0,
-        help="seconds after a crash until the node is back in service, or the LM or GM restarts (default: %(default)s)",
-    )
-    w.add_argument(
-        "--max-attempts",
-        type=positive_int,
-        default=3,
-        help="executions of a task whose worker is lost before it fails (MEGHA_MAX_ATTEMPTS) (default: 3)",
-    )
-    o = r.add_argument_group("output")
-    o.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="folder for tasks.csv, jobs.csv, summary.json, utilization.csv, cdf.png (default: a new folder "
-        f"{REPLAY_OUT}/<date>-<time>); one that already holds a report is refused unless --overwrite",
-    )
-    o.add_argument("--overwrite", action="store_true", help="replace the report already in the --out folder")
-    o.add_argument("--no-files", action="store_true", help="print the report only")
-    o.add_argument("--quiet", action="store_true", help="nothing on stderr but errors and warnings (no progress bar)")
-    for name, what, model in (
-        ("gm", "a Global Master", GMSettings),
-        ("lm", "a Local Master", LMSettings),
-        ("worker", "a worker agent", WorkerSettings),
-        ("loadgen", "the request generator against running GMs", LoadgenSettings),
-    ):
-        sub.add_parser(
-            name,
-            help=f"run {what}, configured by MEGHA_* environment variables (see docs/deploy.md)",
-            description=f"Run {what}, configured by MEGHA_* environment variables (docs/deploy.md).",
-            epilog=settings_help(model),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    sub.add_parser(
-        "chaos",
-        add_help=False,
-        help="the chaos matrix: kill, stall or cut off each component mid-replay and count what was lost "
-        "(megha chaos --help)",
-    )
-    loc = sub.add_parser(
-        "local",
-        help="start GMs, LMs and worker agents as local processes, replay a trace through them, report, stop",
-        description="Start a whole deployment on this host (separate processes, real RabbitMQ), replay a trace "
-        "through the GMs' REST API, print the report, and shut everything down (also on Ctrl-C).",
-        epilog=LOCAL_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    loc.add_argument("--gms", type=positive_int, default=2, help="GMs (default: %(default)s)")
-    loc.add_argument("--lms", type=positive_int, default=2, help="LMs (default: %(default)s)")
-    loc.add_argument("--workers-per-lm", type=positive_int, default=2, help="worker agents per LM (default: 2)")
-    loc.add_argument(
-        "--nodes-per-worker",
-        type=positive_int,
-        default=1,
-        help="nodes each agent stands for; more than 1 needs --execution simulated (default: 1)",
-    )
-    loc.add_argument(
-        "--execution",
-        choices=("real", "simulated"),
-        default="real",
-        help="real: tasks burn their CPU and memory; simulated: no burn (default: %(default)s)",
-    )
-    loc.add_argument("--node-cpu", type=positive_int, default=2000, help="node CPU, millicores (default: 2000)")
-    loc.add_argument("--node-mem", type=positive_int, default=4096, help="node memory, MB (default: 4096)")
-    loc.add_argument(
-        "--constraint-seed",
-        type=int,
-        default=None,
-        help="draw node constraints with the published fractions (default: nodes satisfy all)",
-    )
-    loc.add_argument("--trace", default="demo", help="a .tr file, 'demo' or syn:<tasks>:<jobs> (default: demo)")
-    loc.add_argument("--first-jobs", type=positive_int, default=20, help="jobs to replay (default: 20)")
-    loc.add_argument(
-        "--time-scale",
-        type=positive_float,
-        default=0.0002,
-        help="multiply arrivals and durations; the demo's tasks last hours (default: %(default)s)",
-    )
-    loc.add_argument("--mode", choices=("slot", "scaled"), default="scaled", help="request mode (default: scaled)")
-    loc.add_argument("--cpu-scale", type=positive_int, default=400, help="scaled mode CPU divisor (default: 400)")
-    loc.add_argument(
-        "--mem-scale",
-        type=positive_int,
-        default=1000,
-        help="scaled mode memory divisor; 1000 keeps a laptop's memory safe (default: 1000)",
-    )
-    loc.add_argument("--seed", type=int, default=0)
-    loc.add_argument(
-        "--queues",
-        type=_queues_arg,
-        default="",
-        help="fair scheduling: user queues as user:share:gm,... given to every GM, LM and the load generator",
-    )
-    loc.add_argument("--share-policy", choices=sorted(SHARE_POLICIES), default="share", help="(default: share)")
-    loc.add_argument(
-        "--delta-interval", type=positive_float, default=1.0, help="seconds between LM delta updates (default: 1)"
-    )
-    loc.add_argument(
-        "--heartbeat-interval", type=positive_float, default=5.0, help="seconds between agent heartbeats (default: 5)"
-    )
-    loc.add_argument(
-        "--worker-timeout",
-        type=positive_float,
-        default=30.0,
-        help="seconds of heartbeat silence after which an LM fails a dead agent's tasks (default: 30)",
-    )
-    loc.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    loc.add_argument("--run-id", default=None, help="prefix of this deployment's queues (default: random)")
-    loc.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help=f"folder for the report files and service logs (default: a new folder {LOCAL_OUT}/<date>-<time>); one "
-        "that already holds a report is refused unless --overwrite",
-    )
-    loc.add_argument("--overwrite", action="store_true", help="replace the report already in the --out folder")
-    loc.add_argument("--quiet", action="store_true", help="nothing on stderr but errors and warnings (no progress bar)")
-    for name, what in CTL_COMMANDS.items():
-        sub.add_parser(name, add_help=False, help=what)
-    return parser
+    def serve() -> int:
+        if name == "loadgen":
+            from megha.loadgen.services import main as loadgen_main
+
+            return loadgen_main()
+        from megha.services import run
+
+        getattr(run, f"serve_{name}")()
+        return 0
+
+
+_service("gm", "a Global Master", GMSettings)
+_service("lm", "a Local Master", LMSettings)
+_service("worker", "a worker agent", WorkerSettings)
+_service("loadgen", "the request generator against running GMs", LoadgenSettings)
+
+
+@megha.command(
+    short_help="the chaos matrix: kill, stall or cut off each component mid-replay and count what was lost "
+    "(megha chaos --help)",
+    add_help_option=False,
+    context_settings={"ignore_unknown_options": True, "help_option_names": []},
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def chaos(args: tuple[str, ...]) -> int:
+    from megha.deploy.chaos import main as chaos_main
+
+    return chaos_main(list(args))
 
 
 def _warn(command: str, warnings: list[str]) -> None:
@@ -315,7 +326,7 @@ def _warn(command: str, warnings: list[str]) -> None:
         print(f"megha {command}: WARNING: {warning}", file=sys.stderr)
 
 
-def _local(args: argparse.Namespace) -> int:
+def _local(args: SimpleNamespace) -> int:
     from megha.common.settings import LoadgenSettings
     from megha.deploy.local import LocalDeployment, run_local
     from megha.loadgen.progress import Progress
@@ -349,6 +360,8 @@ def _local(args: argparse.Namespace) -> int:
         mem_scale=args.mem_scale,
         seed=args.seed,
         out=str(out),
+        auth="on" if deployment.auth else "off",  # the deployment made the secrets and the operator's token
+        api_token=deployment.operator_token,
     )
     try:
         run, states = run_local(deployment, settings, None if args.quiet else Progress())
@@ -379,7 +392,7 @@ def _local(args: argparse.Namespace) -> int:
     return 3 if warnings else 0
 
 
-def _replay(args: argparse.Namespace) -> int:
+def _replay(args: SimpleNamespace) -> int:
     from megha.loadgen.progress import Progress
     from megha.loadgen.replay import ReplayConfig, config_dict, replay
     from megha.loadgen.report import format_counters, format_table, report_dir, run_warnings, write_outputs
@@ -440,34 +453,30 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["chaos"]:  # its own options: `megha chaos --help`
-        from megha.deploy.chaos import main as chaos_main
-
-        return chaos_main(argv[1:])
-    if argv[:1] and argv[0] in CTL_COMMANDS:
-        from megha.ctl import main as ctl_main
-
-        return ctl_main(argv)
-    args = build_parser().parse_args(argv)
+    """Run `megha <argv>`; its exit status. A usage error is one line on stderr and SystemExit(2); --help and
+    --version exit with SystemExit(0) (as argparse did, so callers and tests see the same)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        if args.command == "replay":
-            return _replay(args)
-        if args.command == "local":
-            return _local(args)
-        if args.command in ("gm", "lm", "worker"):
-            from megha.services import run
-
-            getattr(run, f"serve_{args.command}")()
-            return 0
-        if args.command == "loadgen":
-            from megha.loadgen.services import main as loadgen_main
-
-            return loadgen_main()
+        with megha.make_context("megha", argv) as ctx:
+            return megha.invoke(ctx) or 0
+    except click.exceptions.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        raise SystemExit(2) from None
+    except click.UsageError as exc:
+        if exc.ctx is not None:
+            where = exc.ctx.command_path
+        else:  # an error of the option parser, which knows no command
+            where = f"megha {argv[0]}" if argv and argv[0] in megha.list_commands(click.Context(megha)) else "megha"
+        print(f"{where}: error: {usage_line(exc)} (see {where} --help)", file=sys.stderr)
+        raise SystemExit(2) from None
+    except click.ClickException as exc:  # megha job|queues|nodes|top: a service refused or could not be reached
+        exc.show()
+        return exc.exit_code
     except (ValueError, FileNotFoundError) as exc:
-        print(f"megha {args.command}: error: {exc}", file=sys.stderr)
+        print(f"megha {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
-    return 2
 
 
 if __name__ == "__main__":

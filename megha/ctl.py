@@ -12,12 +12,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, get_args
 from urllib.parse import quote
 
@@ -61,7 +63,8 @@ class Refused(CtlError):
     """A service answered with an error status."""
 
     def __init__(self, service: Service, response: httpx.Response) -> None:
-        super().__init__(f"{service} answered {response.status_code}: {_reason(response)}", REFUSED)
+        hint = " (give your API token with --token or $MEGHA_API_TOKEN)" if response.status_code == 401 else ""
+        super().__init__(f"{service} answered {response.status_code}: {_reason(response)}{hint}", REFUSED)
 
 
 class Unreachable(CtlError):
@@ -93,8 +96,11 @@ class Service:
 class Api:
     """One keep-alive HTTP client for every call of a command (thread-safe: `megha top` calls in parallel)."""
 
-    def __init__(self, timeout: float) -> None:
-        self.http = httpx.Client(timeout=timeout)
+    def __init__(self, timeout: float, token: str | None = None, ca: str | None = None) -> None:
+        """`ca`: a PEM bundle of the certificate authorities that verify https:// services (None: the system's)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        verify = ssl.create_default_context(cafile=ca) if ca else True
+        self.http = httpx.Client(timeout=timeout, headers=headers, verify=verify)
 
     def call(self, service: Service, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -150,16 +156,35 @@ class Ctl:
         self.console.print(*renderables)
 
 
+def _token_file() -> str | None:
+    """The token in the file MEGHA_API_TOKEN_FILE names (a Docker secret, say), if it names one."""
+    path = os.environ.get("MEGHA_API_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise CtlError(f"MEGHA_API_TOKEN_FILE: cannot read {path}: {exc.strerror}", USAGE) from None
+
+
 def _options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """The options every command shares (`--gm`, `--json`, `--timeout`; `--lm` when `lms`), passed as a `Ctl`."""
 
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(command)
-        def run(gm: tuple[str, ...], lm: tuple[str, ...] = (), as_json: bool = False, timeout: float = 10.0, **kw: Any):
+        def run(
+            gm: tuple[str, ...],
+            lm: tuple[str, ...] = (),
+            as_json: bool = False,
+            timeout: float = 10.0,
+            token: str | None = None,
+            ca: str | None = None,
+            **kw: Any,
+        ) -> None:
             ctl = Ctl(
                 [Service("GM", u) for u in _urls(gm, ("MEGHA_GM_URL", "MEGHA_GM_URLS"), DEFAULT_GM_URL)],
                 [Service("LM", u) for u in _urls(lm, ("MEGHA_LM_URLS",), None)],
-                Api(timeout),
+                Api(timeout, token or _token_file(), ca),
                 as_json,
             )
             try:
@@ -176,6 +201,21 @@ def _options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[...,
                 f"$MEGHA_GM_URLS, else {DEFAULT_GM_URL})",
             ),
             click.option("--json", "as_json", is_flag=True, help="print the API's JSON instead of a table"),
+            click.option(
+                "--token",
+                envvar="MEGHA_API_TOKEN",
+                metavar="TOKEN",
+                help="your API token (default: $MEGHA_API_TOKEN, else the file $MEGHA_API_TOKEN_FILE names); "
+                "none is sent without one (a deployment with MEGHA_AUTH=off)",
+            ),
+            click.option(
+                "--ca",
+                envvar="MEGHA_TLS_CA",
+                metavar="FILE",
+                type=click.Path(exists=True, dir_okay=False),
+                help="PEM bundle of the certificate authorities that verify https:// GMs and LMs (default: "
+                "$MEGHA_TLS_CA, else the system's)",
+            ),
             click.option(
                 "--timeout",
                 type=click.FloatRange(min=0, min_open=True),
@@ -471,6 +511,56 @@ def cancel(ctl: Ctl, job_id: str) -> None:
     states = _counts(Counter(t["state"] for t in status["tasks"]))
     line = f"job {status['job_id']} cancelled at GM {status['gm']} ({gm.url}): {states}"
     ctl.print(line + (f"; {stopping} placed tasks end cancelled once their LM stops them" if stopping else ""))
+
+
+@job.command(short_help="print what a job's tasks wrote to stdout or stderr")
+@click.argument("job_id")
+@click.option("--task", "task_id", help="only this task: its id, or its number in the job (default: every task)")
+@click.option("--stream", type=click.Choice(["stdout", "stderr"]), default="stdout", show_default=True)
+@click.option("--attempt", type=click.IntRange(min=1), help="which attempt of the task (default: its latest)")
+@_options()
+def logs(ctl: Ctl, job_id: str, task_id: str | None, stream: str, attempt: int | None) -> None:
+    """Print what a job's tasks wrote (GM GET /v1/jobs/ID/tasks/TASK/logs): the output the agent that ran each
+    kept, bounded and rotated (the newest part). Without --task every task's, each headed by its id; a task with
+    no output (not run yet, or a burn task) says why. Exec and container tasks keep output; burn tasks do not."""
+    gm, response = _find(ctl, "GET", job_id)
+    if response.status_code != 200:
+        raise Refused(gm, response)
+    tasks = body(gm, response)["tasks"]
+    if task_id is not None:
+        chosen = [t for t in tasks if t["task_id"] in (task_id, f"{job_id}.{task_id}")]
+        if not chosen:
+            raise CtlError(f"job {job_id} has no task {task_id} (its tasks: {tasks[0]['task_id']} ..)", REFUSED)
+        tasks = chosen
+    params = {"stream": stream} | ({"attempt": attempt} if attempt is not None else {})
+    found: list[dict[str, Any]] = []
+    failures: list[CtlError] = []
+    for t in tasks:
+        path = f"/v1/jobs/{quote(job_id, safe='')}/tasks/{quote(t['task_id'], safe='')}/logs"
+        answer = ctl.api.call(gm, "GET", path, params=params)
+        entry: dict[str, Any] = {"task_id": t["task_id"], "state": t["state"]}
+        if answer.status_code == 200:
+            entry["text"] = answer.text
+        elif answer.status_code == 404 and task_id is None:
+            entry["error"] = _reason(answer)  # a task that has not run, or keeps no output: the others still print
+        else:
+            failures.append(Refused(gm, answer))
+            entry["error"] = failures[-1].message
+        found.append(entry)
+    if ctl.as_json:
+        ctl.emit(found)
+    elif task_id is not None and "text" in found[0]:
+        click.echo(found[0]["text"], nl=False)
+    else:
+        for entry in found:
+            click.echo(f"==> {entry['task_id']} ({entry['state']}) {stream} <==")
+            text = entry.get("text")
+            if text is None:
+                click.echo(f"(no output: {entry['error']})")
+            elif text:
+                click.echo(text, nl=not text.endswith("\n"))
+    if failures:
+        raise failures[0]
 
 
 def _jobs(ctl: Ctl, gm: Service, params: dict[str, object], offset: int, count: int | None) -> dict[str, Any]:
@@ -835,12 +925,3 @@ def top(ctl: Ctl, interval: float, iterations: int) -> None:
         pool.shutdown(wait=False, cancel_futures=True)
     if frame is not None and frame.errors:
         raise frame.errors[0]
-
-
-def main(argv: list[str]) -> int:
-    """Run `megha <argv>` for the commands of this module; the exit status."""
-    try:
-        cli.main(args=argv, prog_name="megha")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    return 0

@@ -63,6 +63,7 @@ ERRORS = {
     413: f"Body larger than {MAX_BODY_BYTES} bytes",
     422: "Invalid input, each offending field named",
     429: "Too many requests: try again later (Retry-After)",
+    502: "A service this one relays to could not be reached, or answered badly",
     503: "Not ready, or changing hands: try again",
 }
 """The error statuses a route may answer, each with an `ErrorBody`; a 500 is a bug, never documented."""
@@ -218,6 +219,15 @@ class Reply(NamedTuple):
 
 _Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
+_tls_ca: str | None = None
+
+
+def use_tls_ca(path: str | None) -> None:
+    """The PEM bundle of certificate authorities with which this process's `ServiceClient`s made from now on verify
+    https:// services (MEGHA_TLS_CA; None or empty: the system's)."""
+    global _tls_ca
+    _tls_ca = path or None
+
 
 class ServiceClient:
     """HTTP/1.1 calls with JSON bodies between the services (GM -> LM -> worker agent), over kept-alive connections.
@@ -232,10 +242,12 @@ class ServiceClient:
     request is sent again once on a new connection, unless the caller says it must not be (`resend=False`, for a
     call that is not idempotent, such as a preemption: the server may have acted on it before closing)."""
 
-    def __init__(self, timeout: float, keep_idle: int = 256) -> None:
+    def __init__(self, timeout: float, keep_idle: int = 256, authorization: Callable[[], str] | None = None) -> None:
         """`timeout`: seconds for a whole call, connecting included. `keep_idle`: how many idle connections are
-        kept open, over all the services called (an LM may call hundreds of agents)."""
+        kept open, over all the services called (an LM may call hundreds of agents). `authorization`: the
+        `Authorization` header value of each call (a service's `Signer.header`; None: no header)."""
         self.timeout = timeout
+        self._authorization = authorization
         self.keep_idle = keep_idle
         self._idle: dict[str, list[_Connection]] = {}
         self._idle_count = 0
@@ -253,6 +265,8 @@ class ServiceClient:
         origin, target = self._split(url)
         host, port, tls, host_header = self._origins[origin]
         head = [f"{method} {target} HTTP/1.1\r\n".encode(), b"host: ", host_header, b"\r\n"]
+        if self._authorization is not None:
+            head.append(b"authorization: %s\r\n" % self._authorization().encode())
         if body is not None:
             head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
         message = b"".join([*head, b"\r\n", body or b""])
@@ -287,8 +301,9 @@ class ServiceClient:
         return origin, slash + path if slash else "/"
 
     def _tls_context(self) -> ssl.SSLContext:
+        """Verifies https:// services with the certificate authorities `use_tls_ca` named (the system's if none)."""
         if self._tls is None:
-            self._tls = ssl.create_default_context()
+            self._tls = ssl.create_default_context(cafile=_tls_ca)
         return self._tls
 
     def _take(self, origin: str) -> _Connection | None:

@@ -22,7 +22,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from megha.common.core.messages import Placement, Rejection
+from megha.common.core.observer import CoreObserver
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
+from megha.common.core.task import JobSpec, TaskSpec
 
 if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
@@ -46,8 +49,8 @@ FAIR_SHARE = "fair_share"
 
 
 class TaskMeter:
-    """What a GM's job table counts for /metrics beside its per-task records: scheduling attempts and the
-    allocation-time histogram. Plain counts, cheap to update; the collector turns them into metrics."""
+    """What a GM counts for /metrics beside its core's counters: scheduling attempts and the allocation-time
+    histogram. Plain counts, cheap to update; the collector turns them into metrics."""
 
     __slots__ = ("attempts", "buckets", "count", "sum")
 
@@ -66,6 +69,79 @@ class TaskMeter:
         self.buckets[bisect_left(ALLOCATION_TIME_BUCKETS, seconds)] += 1
         self.count += 1
         self.sum += seconds
+
+
+class GMMeter(CoreObserver):
+    """A GM core's observer that fills its `TaskMeter` (`allocation`), beside the job table (`observe` hands the
+    core's events to both). It holds each open task's arrival and scheduling attempts, and forgets a task when it
+    ends at this GM (finished, failed or cancelled)."""
+
+    def __init__(self) -> None:
+        self.allocation = TaskMeter()
+        self._open: dict[str, tuple[float, int]] = {}  # task id -> (arrival, scheduling attempts)
+
+    def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
+        """A task arrives when its job's request reached the GM (`submitted_at`), so allocation time includes
+        reading and validating the submission."""
+        arrival = job.submitted_at
+        self._open.update((t.task_id, (arrival, 0)) for t in job.tasks)
+
+    def attempt(self, task: TaskSpec, now: float) -> None:
+        self.allocation.attempts += 1
+        if (rec := self._open.get(task.task_id)) is not None:
+            self._open[task.task_id] = (rec[0], rec[1] + 1)
+
+    def decided(self, placements: Sequence[Placement], now: float) -> None:
+        allocation, tasks = self.allocation, self._open
+        for p in placements:
+            if (rec := tasks.get(p.task.task_id)) is not None:
+                allocation.decided(*rec, now)
+
+    def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
+        self.ended(task.task_id)
+
+    def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
+        self.ended(task.task_id)
+
+    def task_cancelled(self, task: TaskSpec, now: float) -> None:
+        self.ended(task.task_id)
+
+    def ended(self, task_id: str) -> None:
+        """The task ended (also when a restarted GM learns so from its journal or an LM): forget it."""
+        self._open.pop(task_id, None)
+
+
+class LMMeter(CoreObserver):
+    """What an LM core decides, counted from its observer events for /metrics and GET /v1/state: tasks launched
+    (and of those, by repartition), placements rejected (inconsistencies, malformed requests), preemptions
+    granted and refused, runs stopped for cancelled jobs."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+        self.repartitions = 0
+        self.inconsistencies = 0
+        self.malformed = 0
+        self.preemptions = 0
+        self.preemption_refusals = 0
+        self.stops = 0
+
+    def launched(self, placements: Sequence[Placement], now: float) -> None:
+        self.launches += len(placements)
+        self.repartitions += sum(p.repartition for p in placements)
+
+    def rejected(self, rejections: Sequence[Rejection], now: float) -> None:
+        inconsistencies = sum(r.inconsistency for r in rejections)
+        self.inconsistencies += inconsistencies
+        self.malformed += len(rejections) - inconsistencies
+
+    def preempting(self, task_ids: Sequence[str], now: float) -> None:
+        self.preemptions += len(task_ids)
+
+    def preemption_refused(self, task: TaskSpec, reason: str, now: float) -> None:
+        self.preemption_refusals += 1
+
+    def stopping(self, task_ids: Sequence[str], now: float) -> None:
+        self.stops += len(task_ids)
 
 
 class _Family:
@@ -202,7 +278,7 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
     term.add(service.term)
     yield term.family
 
-    meter = service.jobs.meter
+    meter = service.meter.allocation
     histogram = HistogramMetricFamily(
         "megha_allocation_time_seconds",
         "Time from a task's arrival at the GM to each placement decision for it.",
@@ -339,20 +415,36 @@ class LMCollector(Collector):
         logical = me.gauge("megha_lm_logical_nodes", "Logical nodes carved out by repartitions and still held.")
         logical.add(len(core.logical_nodes))
         yield logical.family
+        decided = service.meter  # counted from the core's observer events
         yield from me.counters(
             (
                 (
                     "megha_inconsistencies_total",
                     "Placements this LM rejected because the GM's view was stale (no resources, or node out of "
                     "service).",
-                    core.inconsistencies,
+                    decided.inconsistencies,
                 ),
-                ("megha_repartitions_total", "Repartitions this LM carried out.", core.repartitions),
-                ("megha_lm_launched_tasks_total", "Tasks this LM validated and launched on a worker.", core.launched),
+                (
+                    "megha_lm_malformed_placements_total",
+                    "Placements this LM rejected as malformed (no such node, constraints unmet, already running, "
+                    "wrong repartition flag).",
+                    decided.malformed,
+                ),
+                ("megha_repartitions_total", "Repartitions this LM carried out.", decided.repartitions),
+                (
+                    "megha_lm_launched_tasks_total",
+                    "Tasks this LM validated and launched on a worker.",
+                    decided.launches,
+                ),
                 (
                     "megha_lm_preemption_refusals_total",
                     "Preemption requests this LM refused (no victim passed verification).",
-                    core.preemption_refusals,
+                    decided.preemption_refusals,
+                ),
+                (
+                    "megha_lm_stopped_tasks_total",
+                    "Runs this LM stopped at their GM's request (their job was cancelled).",
+                    decided.stops,
                 ),
                 (
                     "megha_lm_failed_launches_total",
@@ -362,7 +454,7 @@ class LMCollector(Collector):
             )
         )
         preemptions = me.counter("megha_preemptions_total", "Tasks this LM stopped for another task.", ["reason"])
-        preemptions.add(core.preemptions, FAIR_SHARE)
+        preemptions.add(decided.preemptions, FAIR_SHARE)
         yield preemptions.family
 
 

@@ -39,17 +39,19 @@ class _Server(uvicorn.Server):
 
 def _load(model: type[S], command: str) -> S:
     """The service's settings; its log lines take their format from them before its app is created."""
-    from megha.services.http import use_log_format
+    from megha.services.http import use_log_format, use_tls_ca
 
     settings = load_settings(model, command)
     use_log_format(settings.log_format)
+    use_tls_ca(settings.tls_ca)
     return settings
 
 
 def _serve(app: object, settings: ServiceSettings) -> None:
     """Serve `app`. uvicorn gets no logging configuration of its own (`log_config=None`): its loggers' lines go to
     the handler `configure_logging` put on the root logger, in the service's format. Its access log (a line per
-    request, on the path of every launch) is on at log level debug only."""
+    request, on the path of every launch) is on at log level debug only. With MEGHA_TLS_CERT and MEGHA_TLS_KEY it
+    serves HTTPS only."""
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=settings.host,
@@ -57,6 +59,8 @@ def _serve(app: object, settings: ServiceSettings) -> None:
         log_level=settings.log_level,
         log_config=None,
         access_log=settings.log_level == "debug",
+        ssl_certfile=settings.tls_cert or None,
+        ssl_keyfile=settings.tls_key or None,
     )
     _Server(config).run()
 

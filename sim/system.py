@@ -50,6 +50,7 @@ def centralized_cluster(cluster: ClusterSpec) -> ClusterSpec:
         0,
         tuple(cap for p in parts for cap in p.capacities),
         tuple(mask for p in parts for mask in p.constraint_masks),
+        tuple(d for p in parts for d in p.node_drivers()) if any(p.drivers for p in parts) else (),
     )
     return ClusterSpec(((merged,),), cluster.resource_names)
 

@@ -15,6 +15,11 @@ import pytest
 
 SKIP_DOCKER = "MEGHA_SKIP_DOCKER"
 
+# Services and apps a test builds in this process, or starts with this environment, check no credential unless the
+# test turns authentication on. Deployments (`LocalDeployment`, `ContainerDeployment`, the compose demo, the swarm
+# stack) make their own secrets and run with MEGHA_AUTH=on, as they do for users; tests/test_auth.py covers it.
+os.environ.setdefault("MEGHA_AUTH", "off")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get(SKIP_DOCKER, "").lower() not in ("1", "true", "yes"):

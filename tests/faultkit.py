@@ -15,6 +15,8 @@ from megha.deploy.local import LocalDeployment
 from megha.loadgen.progress import Progress
 from megha.loadgen.services import ServicesRun, replay_services
 
+from servicekit import api
+
 TRACE = LoadgenSettings(trace="demo", first_jobs=20, time_scale=0.0002, mode="scaled", mem_scale=1000, timeout=240)
 
 
@@ -39,9 +41,7 @@ def backlog_deployment(log_dir: Path, **settings: object) -> LocalDeployment:
 def replay_with_fault(
     deployment: LocalDeployment, fault: Callable[[], None], trace: LoadgenSettings = TRACE
 ) -> ServicesRun:
-    settings = trace.model_copy(
-        update={"gm_urls": deployment.gm_urls, "run_id": deployment.run_id, "amqp_url": deployment.amqp_url}
-    )
+    settings = deployment.loadgen(trace)
     errors: list[BaseException] = []
 
     def guarded() -> None:
@@ -71,6 +71,6 @@ def assert_nothing_lost(run: ServicesRun, tasks: int = 434) -> None:
 def service_state(url: str) -> dict[str, object]:
     """A GM's or an LM's GET /v1/state, or why it did not answer."""
     try:
-        return httpx.get(f"{url}/v1/state", timeout=2.0).json()
+        return api.get(f"{url}/v1/state", timeout=2.0).json()
     except httpx.HTTPError as exc:
         return {"unreachable": str(exc)}

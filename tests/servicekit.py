@@ -6,7 +6,9 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
+import httpx
 import pytest
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672/"
@@ -52,3 +54,27 @@ def wait_until(
     while not condition():
         deadline.check()
         time.sleep(every)
+
+
+class Operator:
+    """httpx's get, post and delete with the operator's credential of the deployment last given to `use` (each
+    deployment makes its own secrets: tests/test_auth.py checks what happens without them)."""
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+
+    def use(self, deployment: object) -> None:
+        self.headers = dict(deployment.headers)  # type: ignore[attr-defined]
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.get(url, headers=self.headers, **kwargs)
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.post(url, headers=self.headers, **kwargs)
+
+    def delete(self, url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.delete(url, headers=self.headers, **kwargs)
+
+
+api = Operator()
+"""The operator of the deployment a test runs: `api.use(deployment)` once it is up, then `api.get(url)` ..."""

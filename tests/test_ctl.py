@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from click.testing import CliRunner, Result
 
 from megha.ctl import cli
 from megha.deploy.local import LocalDeployment, free_port
 
-from servicekit import needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "job.yaml"
@@ -34,9 +33,14 @@ ENDED = ("finished", "failed", "cancelled")
 
 
 def megha(*args: str, code: int = 0) -> Result:
-    result = CliRunner().invoke(cli, list(args), env=WIDE)
+    result = CliRunner().invoke(cli, list(args), env={**WIDE, "MEGHA_API_TOKEN": _token()})
     assert result.exit_code == code, (args, result.output, result.exception)
     return result
+
+
+def _token() -> str:
+    """The API token of the running deployment's operator."""
+    return api.headers.get("Authorization", "").removeprefix("Bearer ")
 
 
 def as_json(*args: str) -> Any:
@@ -47,6 +51,7 @@ def as_json(*args: str) -> Any:
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     logs = tmp_path_factory.mktemp("ctl") / "logs"
     with LocalDeployment(gms=1, lms=1, workers_per_lm=1, execution="simulated", log_dir=logs) as deployment:
+        api.use(deployment)
         yield deployment
 
 
@@ -92,7 +97,7 @@ def test_submit_the_example_then_status_and_list_with_filters_and_pages(deployme
         lambda: as_json("job", "status", job, *gm)["state"] in ENDED, 60, lambda: as_json("job", "status", job, *gm)
     )
     status = as_json("job", "status", job, *gm)
-    assert status == httpx.get(f"{deployment.gm_urls[0]}/v1/jobs/{job}", timeout=5).json()  # the API's JSON
+    assert status == api.get(f"{deployment.gm_urls[0]}/v1/jobs/{job}", timeout=5).json()  # the API's JSON
     assert status["state"] == "finished" and status["user"] == "alice"
     table = megha("job", "status", job, *gm).stdout
     assert f"job {job}" in table and "finished: 3 finished" in table and f"{job}.2" in table
@@ -120,11 +125,11 @@ def test_cancel_a_long_job_and_a_finished_one_is_refused_in_one_line(deployment:
     whole_node = ("--cpu-millicores", "2000", "--memory-mb", "4096")
     job = as_json("job", "submit", "--job-id", "long", "--tasks", "2", "--duration", "600", *whole_node, "--gm", gm)
     assert job["job_id"] == "long"
-    wait_until(lambda: httpx.get(f"{lm}/v1/state", timeout=5).json()["running"] == 1, 30)
+    wait_until(lambda: api.get(f"{lm}/v1/state", timeout=5).json()["running"] == 1, 30)
     line = megha("job", "cancel", "long", "--gm", gm).stdout
     assert line.startswith("job long cancelled at GM 0") and line.count("\n") == 1, line
     wait_until(lambda: as_json("job", "status", "long", "--gm", gm)["state"] == "cancelled", 30)
-    wait_until(lambda: httpx.get(f"{lm}/v1/state", timeout=5).json()["running"] == 0, 30)
+    wait_until(lambda: api.get(f"{lm}/v1/state", timeout=5).json()["running"] == 0, 30)
 
     assert "2 cancelled" in megha("job", "cancel", "long", "--gm", gm).stdout  # a repeat answers the status
 
@@ -148,17 +153,17 @@ def _numbers(text: str) -> str:
 def test_queues_and_nodes_show_what_the_gm_and_lm_report(deployment: LocalDeployment) -> None:
     gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
     assert as_json("job", "submit", "--tasks", "1", "--duration", "600", "--cpu-millicores", "500", "--gm", gm)
-    wait_until(lambda: httpx.get(f"{lm}/v1/state", timeout=5).json()["running"] == 1, 30)
+    wait_until(lambda: api.get(f"{lm}/v1/state", timeout=5).json()["running"] == 1, 30)
 
     queues = as_json("queues", "--gm", gm)
-    assert queues[0]["queues"] == httpx.get(f"{gm}/v1/queues", timeout=5).json()
+    assert queues[0]["queues"] == api.get(f"{gm}/v1/queues", timeout=5).json()
     assert queues[0]["tasks"] == {"default": {"pending": 0, "running": 1}}
     table = _numbers(megha("queues", "--gm", gm).stdout)
     assert "default 0 - - - - 0 1 -" in table, table
 
     nodes = as_json("nodes", "--lm", lm)
-    assert nodes[0]["cluster"] == httpx.get(f"{lm}/v1/cluster", timeout=5).json()
-    state = httpx.get(f"{lm}/v1/state", timeout=5).json()
+    assert nodes[0]["cluster"] == api.get(f"{lm}/v1/cluster", timeout=5).json()
+    state = api.get(f"{lm}/v1/state", timeout=5).json()
     (free,), (capacity,) = state["free"], state["capacity"]
     assert free == [capacity[0] - 500, capacity[1] - 1024]
     table = _numbers(megha("nodes", "--lm", lm).stdout)
@@ -172,7 +177,7 @@ def test_queues_and_nodes_show_what_the_gm_and_lm_report(deployment: LocalDeploy
 def _pty_run(args: list[str], seconds: float) -> tuple[int, str]:
     """Run `args` on a pseudo-terminal for `seconds`, then press Ctrl-C: its exit status and its screen text."""
     master, slave = pty.openpty()
-    env = {**os.environ, **WIDE, "LINES": "60", "TERM": "xterm"}
+    env = {**os.environ, **WIDE, "LINES": "60", "TERM": "xterm", "MEGHA_API_TOKEN": _token()}
     proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env)
     os.close(slave)
     out = b""
@@ -202,7 +207,7 @@ def test_top_shows_job_counts_live_and_ctrl_c_exits_0(deployment: LocalDeploymen
 
     frame = json.loads(megha("top", "--iterations", "1", "--json", "--gm", gm, "--lm", lm).stdout)
     assert {s: frame["gms"][0]["jobs"][s] for s in ENDED} == counts
-    assert frame["lms"][0]["running"] == httpx.get(f"{lm}/v1/state", timeout=5).json()["running"]
+    assert frame["lms"][0]["running"] == api.get(f"{lm}/v1/state", timeout=5).json()["running"]
 
     code, screen = _pty_run([MEGHA, "top", "--gm", gm, "--lm", lm, "--interval", "0.5"], 2.5)
     assert code == 0 and "Traceback" not in screen, screen
@@ -212,7 +217,7 @@ def test_top_shows_job_counts_live_and_ctrl_c_exits_0(deployment: LocalDeploymen
 
 
 def _running_jobs(gm: str) -> int:
-    return httpx.get(f"{gm}/v1/jobs", params={"state": "running"}, timeout=5).json()["total"]
+    return api.get(f"{gm}/v1/jobs", params={"state": "running"}, timeout=5).json()["total"]
 
 
 @needs_rabbitmq
@@ -223,6 +228,7 @@ def test_several_gms_submit_to_the_queues_gm_and_merge_lists(tmp_path: Path) -> 
         gms=2, lms=1, workers_per_lm=1, execution="simulated", queues="alice:40%:0,bob:60%:1", log_dir=tmp_path
     )
     with deployment:
+        api.use(deployment)
         gms = ("--gm", ",".join(deployment.gm_urls))
         bob = as_json("job", "submit", "--user", "bob", "--duration", "0.1", *gms)
         alice = as_json("job", "submit", "--user", "alice", "--duration", "0.1", *gms)

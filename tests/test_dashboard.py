@@ -11,12 +11,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 
 from megha.deploy.local import LocalDeployment
 
-from servicekit import needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, wait_until
 
 pytestmark = needs_rabbitmq
 
@@ -69,24 +68,30 @@ def test_the_dashboard_shows_what_the_api_says(tmp_path: Path) -> None:
     _chromium()
     deployment = LocalDeployment(gms=1, lms=2, workers_per_lm=1, execution="simulated", log_dir=tmp_path / "logs")
     with deployment:
+        api.use(deployment)
         gm = deployment.gm_urls[0]
 
         def states(job_id: str) -> list[str]:
-            return [t["state"] for t in httpx.get(f"{gm}/v1/jobs/{job_id}", timeout=5).json()["tasks"]]
+            return [t["state"] for t in api.get(f"{gm}/v1/jobs/{job_id}", timeout=5).json()["tasks"]]
 
-        assert httpx.post(f"{gm}/v1/jobs", json=_job("short", 1, 0.1), timeout=10).status_code == 201
+        assert api.post(f"{gm}/v1/jobs", json=_job("short", 1, 0.1), timeout=10).status_code == 201
         wait_until(lambda: states("short") == ["finished"], 30)
-        assert httpx.post(f"{gm}/v1/jobs", json=_job("long", 2, 600.0), timeout=10).status_code == 201
+        assert api.post(f"{gm}/v1/jobs", json=_job("long", 2, 600.0), timeout=10).status_code == 201
         wait_until(lambda: states("long") == ["launched", "launched"], 30)
-        assert httpx.post(f"{gm}/v1/jobs", json=_job("waits", 1, 1.0), timeout=10).status_code == 201
-        assert httpx.post(f"{gm}/v1/jobs", json=_job("gone", 1, 1.0), timeout=10).status_code == 201
-        assert httpx.delete(f"{gm}/v1/jobs/gone", timeout=10).status_code == 202
+        assert api.post(f"{gm}/v1/jobs", json=_job("waits", 1, 1.0), timeout=10).status_code == 201
+        assert api.post(f"{gm}/v1/jobs", json=_job("gone", 1, 1.0), timeout=10).status_code == 201
+        assert api.delete(f"{gm}/v1/jobs/gone", timeout=10).status_code == 202
         wait_until(
-            lambda: all(p["used_fraction"] == 1.0 for p in httpx.get(f"{gm}/v1/overview").json()["partitions"]), 30
+            lambda: all(p["used_fraction"] == 1.0 for p in api.get(f"{gm}/v1/overview").json()["partitions"]), 30
         )
 
-        dom = _browse(f"{gm}/dashboard", tmp_path)
-        view = httpx.get(f"{gm}/v1/overview", timeout=5).json()
+        locked = _browse(f"{gm}/dashboard", tmp_path)  # no token: the page asks for one and shows no data
+        dom = _browse(f"{gm}/dashboard#token={deployment.operator_token}", tmp_path)
+        view = api.get(f"{gm}/v1/overview", timeout=5).json()
+
+    assert "needs an operator's API token" in locked and 'data-testid="token-form" hidden' not in locked
+    assert 'data-testid="partition-' not in locked
+    assert 'data-testid="token-form" hidden' in dom
 
     assert "cannot read the GM" not in dom and "GM 0" in dom
     for p in view["partitions"]:
@@ -115,15 +120,16 @@ def test_every_service_s_api_docs_render_offline(tmp_path: Path) -> None:
     _chromium()
     deployment = LocalDeployment(gms=1, lms=1, workers_per_lm=1, execution="simulated", log_dir=tmp_path / "logs")
     with deployment:
+        api.use(deployment)
         urls = {
             "gm": deployment.gm_urls[0],
             "lm": deployment.lm_urls[0],
             "worker": deployment.process("worker-0-0").url,
         }
         for role, url in urls.items():
-            page = httpx.get(f"{url}/docs", timeout=5).text
+            page = api.get(f"{url}/docs", timeout=5).text
             assert "cdn." not in page and "/docs/assets/swagger-ui-bundle.js" in page, page
             dom = _browse(f"{url}/docs", tmp_path)
             route = {"gm": "/v1/jobs", "lm": "/v1/launch", "worker": "/v1/tasks"}[role]
             assert 'class="swagger-ui' in dom and route in dom, f"{role}: Swagger UI did not render {route}"
-            assert httpx.get(f"{url}/redoc", timeout=5).status_code == 404
+            assert api.get(f"{url}/redoc", timeout=5).status_code == 404

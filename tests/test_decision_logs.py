@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from megha.common.auth import Signer
 from megha.common.core.messages import Placement
 from megha.common.core.task import JobSpec
 from megha.deploy.local import LocalDeployment
@@ -21,7 +22,7 @@ from megha.services.gm.jobs import JobTable
 from megha.services.http import JsonFormatter, ids
 
 from corekit import task
-from servicekit import needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, wait_until
 
 NODE = {"cpu_millicores": 2000, "memory_mb": 4096}  # the whole node of LocalDeployment's agents
 
@@ -96,7 +97,7 @@ def _job(job_id: str, tasks: int, duration: float) -> dict[str, object]:
 
 
 def _status(gm: str, job_id: str) -> dict[str, object]:
-    return httpx.get(f"{gm}/v1/jobs/{job_id}", timeout=5.0).json()
+    return api.get(f"{gm}/v1/jobs/{job_id}", timeout=5.0).json()
 
 
 @needs_rabbitmq
@@ -116,12 +117,13 @@ def test_the_services_log_refusals_losses_retries_and_stops_with_ids(
         takeover_after=0,
     )
     with deployment:
+        api.use(deployment)
         gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
         gm_log, lm_log = logs / "gm-0.log", logs / "lm-0.log"
 
         # A refused submission: a resent job id (409).
-        assert httpx.post(f"{gm}/v1/jobs", json=_job("long", 2, 600.0), timeout=10.0).status_code == 201
-        assert httpx.post(f"{gm}/v1/jobs", json=_job("long", 2, 600.0), timeout=10.0).status_code == 409
+        assert api.post(f"{gm}/v1/jobs", json=_job("long", 2, 600.0), timeout=10.0).status_code == 201
+        assert api.post(f"{gm}/v1/jobs", json=_job("long", 2, 600.0), timeout=10.0).status_code == 409
         refused = _find(gm_log, lambda r: r.get("job") == "long" and r["level"] == "WARNING")
         wait_until(refused, 10, gm_log.read_text)
         assert refused()[0].items() >= {"job": "long", "user": "alice", "gm": 0, "service": "gm-0"}.items()
@@ -130,7 +132,7 @@ def test_the_services_log_refusals_losses_retries_and_stops_with_ids(
         # Both tasks run, one on each agent's node.
         wait_until(lambda: [t["state"] for t in _status(gm, "long")["tasks"]] == ["launched"] * 2, 30)  # type: ignore[index]
         victim = deployment.process("worker-0-0").url
-        on_victim = httpx.get(f"{victim}/v1/state", timeout=5.0).json()["running"]
+        on_victim = api.get(f"{victim}/v1/state", timeout=5.0).json()["running"]
         assert len(on_victim) == 1, on_victim
         (lost_task,) = on_victim
         node = next(t["node"] for t in _status(gm, "long")["tasks"] if t["task_id"] == lost_task)  # type: ignore[union-attr]
@@ -149,13 +151,16 @@ def test_the_services_log_refusals_losses_retries_and_stops_with_ids(
         # A refused launch at the LM (sent to the wrong LM) and at the surviving agent (from the wrong LM).
         placement = {"task": {"task_id": "x.0", "job_id": "x", "user": "bob", "duration": 1.0, "request": [1, 1],
                               "constraints": []}, "lm": 5, "node": 1, "repartition": False, "gm": 0}  # fmt: skip
-        r = httpx.post(f"{lm}/v1/launch", json={"gm": 0, "lm": 5, "seq": 9, "placements": [placement]}, timeout=5.0)
+        as_gm = {"Authorization": Signer(deployment.cluster_secret, "gm", "0").header()}  # past authentication
+        launch = {"gm": 0, "lm": 5, "seq": 9, "placements": [placement]}
+        r = httpx.post(f"{lm}/v1/launch", json=launch, headers=as_gm, timeout=5.0)
         assert r.status_code == 422, r.text
         lm_refusal = _find(lm_log, lambda r: r.get("task") == ["x.0"])
         wait_until(lm_refusal, 10, lm_log.read_text)
         assert lm_refusal()[0].items() >= {"level": "WARNING", "job": ["x"], "gm": 0, "lm": 5}.items()
         survivor = deployment.process("worker-0-1")
-        r = httpx.post(f"{survivor.url}/v1/tasks", json={"lm": 5, "launches": [placement]}, timeout=5.0)
+        as_lm = {"Authorization": Signer(deployment.cluster_secret, "lm", "0").header()}
+        r = httpx.post(f"{survivor.url}/v1/tasks", json={"lm": 5, "launches": [placement]}, headers=as_lm, timeout=5.0)
         assert r.status_code == 422, r.text
         agent_log = logs / "worker-0-1.log"
         agent_refusal = _find(agent_log, lambda r: r.get("task") == ["x.0"])
@@ -164,7 +169,7 @@ def test_the_services_log_refusals_losses_retries_and_stops_with_ids(
 
         # A cancelled job: the GM names its tasks, the LM and the agent the run they stop.
         running = next(t["task_id"] for t in _status(gm, "long")["tasks"] if t["task_id"] != lost_task)  # type: ignore[union-attr]
-        assert httpx.delete(f"{gm}/v1/jobs/long", timeout=10.0).status_code == 202
+        assert api.delete(f"{gm}/v1/jobs/long", timeout=10.0).status_code == 202
         cancelled = _find(gm_log, lambda r: r.get("job") == "long" and "cancelled" in str(r["message"]))
         wait_until(cancelled, 10, gm_log.read_text)
         assert sorted(cancelled()[0]["task"]) == sorted([lost_task, running])  # type: ignore[type-var]

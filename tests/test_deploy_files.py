@@ -7,7 +7,9 @@ Run this file as a script to rewrite the environment-variable table in docs/depl
 
 from __future__ import annotations
 
+import atexit
 import fnmatch
+import functools
 import importlib.util
 import json
 import os
@@ -16,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -26,7 +29,16 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from pydantic.fields import FieldInfo
 
-from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, ServiceSettings, WorkerSettings
+from megha.common.settings import (
+    SECRET_SETTINGS,
+    GMSettings,
+    LMSettings,
+    LoadgenSettings,
+    ServiceSettings,
+    WorkerSettings,
+)
+from megha.common.transport.rabbit import broker_user
+from megha.deploy.secrets import main as make_secrets_main
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -46,6 +58,9 @@ MODELS: dict[str, type[ServiceSettings]] = {
 """The module each service runs (`python -m <module>`) -> the settings model it reads."""
 
 ROLES = {GMSettings: "gm", LMSettings: "lm", WorkerSettings: "worker", LoadgenSettings: "loadgen"}
+SECRETS_MODULE = "megha.deploy.secrets"
+SECRETS_MOUNT = "/secrets"
+"""Where the compose services mount the volume the secrets service writes."""
 SERVERS = (GMSettings, LMSettings, WorkerSettings)
 """Modules that may not exist yet: their test skips (with the reason) instead of failing."""
 
@@ -73,14 +88,35 @@ def _module(service: dict[str, Any]) -> str | None:
 
 
 def _settings_from_env(model: type[ServiceSettings], env: dict[str, str]) -> ServiceSettings:
-    """The model as the service would build it in a container whose environment is exactly `env`."""
+    """The model as the service would build it in a container whose environment is exactly `env`, its secrets
+    volume holding what the compose demo's secrets service makes."""
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
             if key.upper().startswith("MEGHA_"):
                 mp.delenv(key)
         for key, value in env.items():
+            if key.endswith("_FILE") and value.startswith(f"{SECRETS_MOUNT}/"):
+                value = str(_made_secrets() / value.removeprefix(f"{SECRETS_MOUNT}/"))
             mp.setenv(key, value)
         return model()
+
+
+def _secrets_service() -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML (the test extra `pyyaml`) parses docker-compose.yml")
+    return yaml.safe_load(_with_defaults(COMPOSE_FILE.read_text()))["services"]["secrets"]
+
+
+@functools.cache
+def _made_secrets() -> Path:
+    """The compose demo's secrets, made by its secrets service's command into a folder of this test run's."""
+    service = _secrets_service()
+    argv = list(service["command"])
+    assert argv[:4] == ["python", "-m", "megha.deploy.secrets", SECRETS_MOUNT], argv
+    folder = Path(tempfile.mkdtemp(prefix="megha-compose-secrets-"))
+    atexit.register(shutil.rmtree, folder, True)
+    run_id = ["--run-id", service["environment"]["MEGHA_RUN_ID"]]
+    assert make_secrets_main([str(folder), *(a for a in argv[4:] if a != "--stay"), *run_id]) == 0
+    return folder
 
 
 def _healthcheck(service: dict[str, Any]) -> str:
@@ -152,7 +188,9 @@ def test_every_built_service_runs_a_known_module(
 ) -> None:
     for name, svc in compose.items():
         if "build" in svc:
-            assert _module(svc) in MODELS, f"{name}: command {svc.get('command')!r} runs none of {sorted(MODELS)}"
+            assert _module(svc) in {*MODELS, SECRETS_MODULE}, (
+                f"{name}: command {svc.get('command')!r} runs none of {sorted(MODELS)}"
+            )
             build = svc["build"] if isinstance(svc["build"], dict) else {"context": svc["build"]}
             context = (ROOT / build["context"]).resolve()
             assert context == ROOT and build.get("dockerfile", "Dockerfile") == "Dockerfile", (
@@ -177,7 +215,8 @@ def test_every_megha_variable_is_a_field_of_the_services_model(compose: dict[str
         module = _module(svc)
         if module not in MODELS:
             continue
-        known = _env_names(MODELS[module])
+        known = set(_env_names(MODELS[module]))
+        known |= {f"{v}_FILE" for v, name in _env_names(MODELS[module]).items() if name in SECRET_SETTINGS}
         unknown = sorted(k for k in _environment(svc) if k.upper().startswith("MEGHA_") and k.upper() not in known)
         assert not unknown, f"{name}: {unknown} are not fields of {MODELS[module].__name__}"
 
@@ -297,6 +336,46 @@ def test_every_service_uses_the_compose_broker_once_it_is_healthy(
 def test_one_run_id(megha: dict[str, ServiceSettings]) -> None:
     run_ids = {s.run_id for s in megha.values()}
     assert len(run_ids) == 1, f"services on one broker use different MEGHA_RUN_IDs: {run_ids}"
+    assert run_ids == {_secrets_service()["environment"]["MEGHA_RUN_ID"]}, "the broker users are made for another run"
+
+
+def test_secrets_come_from_the_secrets_volume_each_role_its_own_broker_user(
+    compose: dict[str, dict[str, Any]], megha: dict[str, ServiceSettings]
+) -> None:
+    for name, s in megha.items():
+        env, svc = _environment(compose[name]), compose[name]
+        assert "MEGHA_AMQP_URL" not in env, f"{name}: the broker URL (its password) must come from a secret file"
+        assert f"secrets:{SECRETS_MOUNT}:ro" in svc.get("volumes", []), f"{name}: mounts no secrets volume read-only"
+        role = ROLES[type(s)]
+        assert env["MEGHA_AMQP_URL_FILE"] == f"{SECRETS_MOUNT}/amqp-url-{role}", f"{name}: another role's user"
+        assert urlsplit(s.amqp_url).username == broker_user(s.run_id, role), name
+        assert s.auth == "on", f"{name}: MEGHA_AUTH"
+        if isinstance(s, LoadgenSettings):
+            assert env["MEGHA_API_TOKEN_FILE"] == f"{SECRETS_MOUNT}/operator-token"
+        else:
+            assert env["MEGHA_CLUSTER_SECRET_FILE"] == f"{SECRETS_MOUNT}/cluster-secret", name
+            assert env["MEGHA_API_TOKENS_FILE"] == f"{SECRETS_MOUNT}/api-tokens", name
+    broker = compose["rabbitmq"]
+    assert _depends_on(broker).get("secrets") == "service_healthy", "RabbitMQ must wait for its users' definitions"
+    assert f"secrets:{SECRETS_MOUNT}:ro" in broker["volumes"]
+    erl_args = broker["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+    assert f'-rabbit load_definitions "{SECRETS_MOUNT}/rabbitmq-definitions.json"' in erl_args, erl_args
+    writable = {f"secrets:{SECRETS_MOUNT}", f"secrets:{SECRETS_MOUNT}:rw"}
+    assert writable & set(compose["secrets"]["volumes"]), "the secrets service writes the secrets volume"
+
+
+DEPLOY_FILES = [
+    COMPOSE_FILE,
+    BIG_FILE,
+    *sorted((ROOT / "deploy" / "swarm").iterdir()),
+    *sorted(p for p in (ROOT / "deploy" / "images").rglob("*") if p.is_file()),
+]
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_deploy_file_names_the_guest_account(path: Path) -> None:
+    """RabbitMQ's guest is a development default only (MEGHA_AMQP_URL's default, on this machine's broker)."""
+    assert "guest" not in path.read_text().lower(), f"{path.relative_to(ROOT)} names guest"
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose (v1) is not installed")

@@ -22,13 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from megha.common.auth import Signer
 from megha.deploy.local import LocalDeployment
 
 from servicekit import needs_rabbitmq
 
 EXAMPLES = int(os.environ.get("MEGHA_FUZZ_EXAMPLES", "20"))
 SEED = os.environ.get("MEGHA_FUZZ_SEED")
-CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+CHECKS = (
+    "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,"
+    "ignored_auth"  # every operation that declares the bearer scheme refuses a request without it
+)
 CONFIG = """\
 [checks.not_a_server_error]
 # 503 is documented where a service answers it (not ready, or a GM identity changing hands: try again);
@@ -44,14 +48,26 @@ def _url(deployment: LocalDeployment, service: str) -> str:
     return deployment.process(prefix).url
 
 
-def _fuzz(url: str, work: Path) -> tuple[int, dict[str, object]]:
-    """Run schemathesis against the service at `url`: its exit code and its JSON report."""
+def _credential(deployment: LocalDeployment, service: str) -> str:
+    """What the fuzzer authenticates as: at the GM its operator (every user route; the peer routes then answer
+    403), at the LM a GM (every route but an agent's registration), at the agent its LM (every route). A signed
+    token is valid for 5 minutes, longer than a default run of one service."""
+    if service == "gm":
+        return deployment.headers["Authorization"]
+    role, ident = {"lm": ("gm", "0"), "worker": ("lm", "0")}[service]
+    return Signer(deployment.cluster_secret, role, ident).header()  # type: ignore[arg-type]
+
+
+def _fuzz(url: str, work: Path, authorization: str) -> tuple[int, dict[str, object]]:
+    """Run schemathesis against the service at `url`, every request with the `authorization` header: its exit code
+    and its JSON report."""
     config, report = work / "schemathesis.toml", work / "report.json"
     config.write_text(CONFIG)
     command = [
         *(sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run", f"{url}/openapi.json"),
         *("--checks", CHECKS, "--max-examples", str(EXAMPLES), "--workers", "1", "--request-timeout", "10"),
         *("--report", "json", "--report-json-path", str(report), "--no-color"),
+        *("--header", f"Authorization: {authorization}"),
         *(("--seed", SEED) if SEED else ()),
     ]
     run = subprocess.run(command, capture_output=True, text=True, cwd=work, timeout=EXAMPLES * 30 + 240)
@@ -65,7 +81,8 @@ def test_every_answer_is_documented_and_no_server_error(service: str, tmp_path: 
     # Two GMs: each keeps the other's journal copy, so the GM's peer routes get past their 404.
     deployment = LocalDeployment(gms=2, lms=1, workers_per_lm=1, execution="simulated", log_dir=tmp_path / "logs")
     with deployment:
-        code, report = _fuzz(_url(deployment, service), tmp_path)
+        assert deployment.auth  # fuzzed as deployed: authentication on
+        code, report = _fuzz(_url(deployment, service), tmp_path, _credential(deployment, service))
         exited = {p.name: p.popen.returncode for p in deployment.processes if p.popen.poll() is not None}
     cases = report["test_cases"]
     assert isinstance(cases, dict)

@@ -9,7 +9,7 @@ import time
 import httpx
 
 from faultkit import BACKLOG, assert_nothing_lost, backlog_deployment, replay_with_fault, service_state
-from servicekit import needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, wait_until
 
 pytestmark = needs_rabbitmq
 
@@ -19,7 +19,7 @@ SHORT = BACKLOG.model_copy(update={"timeout": 60.0})
 
 def _health(url: str) -> dict[str, object]:
     try:
-        return httpx.get(f"{url}/healthz", timeout=2.0).json()
+        return api.get(f"{url}/healthz", timeout=2.0).json()
     except httpx.HTTPError as exc:
         return {"unreachable": str(exc)}
 
@@ -42,6 +42,7 @@ def test_a_gm_that_stays_down_is_stood_in_for_and_takes_its_identity_back(tmp_pa
         wait_until(lambda: _health(stand_in).get("standing_in_for") == [1], 30, lambda: _health(stand_in))
 
     with deployment:
+        api.use(deployment)
         run = replay_with_fault(deployment, kill_gm_with_a_queue, BACKLOG)
         wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
         states = deployment.lm_states()
@@ -52,7 +53,7 @@ def test_a_gm_that_stays_down_is_stood_in_for_and_takes_its_identity_back(tmp_pa
         )
         after = [_health(url) for url in deployment.gm_urls]
         jobs = [j for j in run.jobs.values() if j.gm == 1]
-        statuses = [httpx.get(f"{deployment.gm_urls[1]}/v1/jobs/{j.job_id}", timeout=5.0) for j in jobs]
+        statuses = [api.get(f"{deployment.gm_urls[1]}/v1/jobs/{j.job_id}", timeout=5.0) for j in jobs]
     assert_nothing_lost(run, 78)
     before = seen["before"]
     assert isinstance(before, dict) and before["queued"] + before["waiting"] > 0  # tasks waited at the kill
@@ -87,6 +88,7 @@ def test_a_gm_stalled_past_the_takeover_time_is_fenced_and_rejoins(tmp_path) -> 
         )
 
     with deployment:
+        api.use(deployment)
         run = replay_with_fault(deployment, stall_gm_with_a_queue, SHORT)
         wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
         states = deployment.lm_states()

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from megha.common.auth import new_secret
 from megha.common.transport.rabbit import Broker, lm_key
 from megha.deploy.local import free_port
 
@@ -43,6 +44,7 @@ class _LM:
             MEGHA_PORT=str(self.port),
             MEGHA_LOG_LEVEL="debug",  # uvicorn's access log too
             MEGHA_LOG_FORMAT=log_format,
+            MEGHA_CLUSTER_SECRET=new_secret(),  # authentication on, as deployed
         )
         with log.open("wb") as out:
             self.popen = subprocess.Popen(

@@ -27,7 +27,7 @@ from megha.services.lm.app import create_app as create_lm
 from megha.services.metrics import ALLOCATION_TIME_BUCKETS, TaskMeter
 from megha.services.worker.app import create_app as create_worker
 
-from servicekit import needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, wait_until
 
 NOWHERE = "http://127.0.0.1:9"
 CLUSTER = ClusterSpec(((PartitionSpec(0, 0, ((2000, 4096), (4000, 8192)), (0, 0)),),))
@@ -119,13 +119,13 @@ def test_allocation_times_fall_in_the_bucket_of_their_upper_bound_and_recovered_
 
 
 def get(url: str) -> dict:  # type: ignore[type-arg]
-    r = httpx.get(url, timeout=5.0)
+    r = api.get(url, timeout=5.0)
     assert r.status_code == 200, (url, r.status_code, r.text[:300])
     return r.json()
 
 
 def scrape(url: str) -> dict[str, list[Sample]]:
-    r = httpx.get(f"{url}/metrics", timeout=5.0)
+    r = api.get(f"{url}/metrics", timeout=5.0)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text[:300]
     return parse(r.text)
 
@@ -194,10 +194,11 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
     )
     task = {"cpu_millicores": 1000, "memory_mb": 64}
     with deployment:
+        api.use(deployment)
         gm0, gm1 = deployment.gm_urls
         lms = deployment.lm_urls
         workers = {p.name: p.url for p in deployment.processes if p.name.startswith("worker-")}
-        r = httpx.post(f"{gm0}/v1/jobs", json={"user": "A", "job_id": "a", "tasks": [{**task, "duration": 8}] * 6})
+        r = api.post(f"{gm0}/v1/jobs", json={"user": "A", "job_id": "a", "tasks": [{**task, "duration": 8}] * 6})
         assert r.status_code == 201, r.text
 
         # While A's tasks wait: GM 0's pending and running tasks, per queue, are those of /v1/state.
@@ -224,7 +225,7 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
                     and lm_free_metrics(m, "megha_lm_capacity_resources") == free_by_partition(state, sizes, "capacity")
                 ),
             )
-        r = httpx.post(f"{gm1}/v1/jobs", json={"user": "B", "job_id": "b", "tasks": [{**task, "duration": 1}]})
+        r = api.post(f"{gm1}/v1/jobs", json={"user": "B", "job_id": "b", "tasks": [{**task, "duration": 1}]})
         assert r.status_code == 201, r.text
 
         def all_ended() -> bool:
@@ -323,6 +324,51 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
     assert deployment.processes == []
 
 
+@needs_rabbitmq
+def test_each_lm_counts_what_it_decides_through_its_core_observer_during_a_replay(tmp_path: Path) -> None:
+    # Two GMs, two LMs of four simulated nodes each. The LMs' counts come from their cores' observer events; they
+    # are checked against what the load generator and the GMs (their own cores' counters) saw.
+    deployment = LocalDeployment(
+        gms=2, lms=2, workers_per_lm=1, nodes_per_worker=4, execution="simulated", log_dir=tmp_path / "logs"
+    )
+    settings = LoadgenSettings(trace="syn:4:10", time_scale=0.3)
+    with deployment:
+        api.use(deployment)
+        gms, lms = deployment.gm_urls, deployment.lm_urls
+        run = asyncio.run(replay_services(deployment.loadgen(settings)))
+        assert run.metrics is not None and run.metrics.tasks_completed == run.metrics.tasks == 40
+        wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 20, deployment.lm_states)
+
+        def total(urls: list[str], sample: str, **labels: str) -> float:
+            return sum(value(scrape(url), sample, **labels) for url in urls)
+
+        # No faults, no fair scheduling: every task was launched exactly once, on one LM or the other.
+        assert total(lms, "megha_lm_launched_tasks_total") == 40
+        # Each placement an LM rejected as stale is one the GMs learnt of as an inconsistency, and each the LMs
+        # placed on another GM's partition one the GMs decided as a repartition.
+        assert total(lms, "megha_inconsistencies_total") == total(gms, "megha_gm_inconsistencies_total")
+        assert total(lms, "megha_repartitions_total") == total(gms, "megha_gm_repartitions_total")
+        for sample in ("megha_lm_malformed_placements_total", "megha_lm_stopped_tasks_total"):
+            assert total(lms, sample) == 0, sample
+        assert total(lms, "megha_preemptions_total", reason="fair_share") == 0
+
+        # A job cancelled while its two tasks run: their LMs stop them, and say so.
+        long = {"cpu_millicores": 1000, "memory_mb": 64, "duration": 600}
+        r = api.post(f"{gms[0]}/v1/jobs", json={"user": "u", "job_id": "long", "tasks": [long] * 2}, timeout=10.0)
+        assert r.status_code == 201, r.text
+        wait_until(lambda: total(lms, "megha_lm_running_tasks") == 2, 20, lambda: deployment.lm_states())
+        r = api.delete(f"{gms[0]}/v1/jobs/long", timeout=10.0)
+        assert r.status_code in (200, 202), r.text
+        wait_until(
+            lambda: total(lms, "megha_lm_stopped_tasks_total") == 2 and total(lms, "megha_lm_running_tasks") == 0,
+            20,
+            lambda: [scrape(url).get("megha_lm_stopped_tasks") for url in lms],
+        )
+        assert total(lms, "megha_lm_launched_tasks_total") == 42
+        assert sum(s["stopped"] for s in deployment.lm_states()) == 2  # /v1/state says the same
+    assert deployment.processes == []
+
+
 # ------------------------------------------------------------------------------------------- a real Prometheus
 
 
@@ -356,6 +402,7 @@ def test_a_real_prometheus_scrapes_every_service_during_a_replay(tmp_path: Path)
     port = free_port()
     prometheus = f"http://127.0.0.1:{port}"
     with deployment:
+        api.use(deployment)
         targets = [p.url.removeprefix("http://") for p in deployment.processes]
         config = tmp_path / "prometheus.yml"
         config.write_text(
@@ -383,10 +430,7 @@ def test_a_real_prometheus_scrapes_every_service_during_a_replay(tmp_path: Path)
                     return False
 
             wait_until(ready, 60, lambda: (tmp_path / "prometheus.log").read_text()[-2000:], every=0.2)
-            settings = settings.model_copy(
-                update={"gm_urls": deployment.gm_urls, "run_id": deployment.run_id, "amqp_url": deployment.amqp_url}
-            )
-            run = asyncio.run(replay_services(settings))
+            run = asyncio.run(replay_services(deployment.loadgen(settings)))
             assert run.metrics is not None and run.metrics.tasks_completed == run.metrics.tasks > 0
             wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 20, deployment.lm_states)
             launched = sum(s["launched"] for s in deployment.lm_states())

@@ -33,7 +33,7 @@ from megha.common.core.messages import (
     WorkerReport,
 )
 from megha.common.core.resources import CPU, MEMORY
-from megha.common.core.task import TaskSpec
+from megha.common.core.task import RunSpec, TaskSpec
 from megha.common.models import (
     MAX_BODY_BYTES,
     BrokerMessage,
@@ -58,6 +58,27 @@ index = st.integers(0, 2**40)
 seconds = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
 amounts = st.lists(st.integers(0, 2**40), min_size=1, max_size=4).map(tuple)
 
+args = st.lists(
+    st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=12), max_size=4
+).map(tuple)
+envs = st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), st.text("ab= $", max_size=8)).map(
+    lambda env: tuple(env.items())
+)
+workdirs = st.sampled_from(["", "/", "/tmp/work dir"])
+run_specs = st.builds(
+    RunSpec,
+    driver=st.just("exec"),
+    command=st.tuples(ids).flatmap(lambda program: args.map(lambda rest: program + rest)),
+    env=envs,
+    workdir=workdirs,
+) | st.builds(
+    RunSpec,
+    driver=st.just("container"),
+    command=args,
+    image=st.sampled_from(["megha:latest", "python:3.11-slim", "ghcr.io/org/app@sha256:" + "0" * 64]),
+    env=envs,
+    workdir=workdirs,
+)
 task_specs = st.builds(
     TaskSpec,
     task_id=ids,
@@ -66,6 +87,7 @@ task_specs = st.builds(
     duration=seconds,
     request=amounts,
     constraints=st.integers(0, ALL_CONSTRAINTS_MASK),
+    run=st.none() | run_specs,
 )
 placements = st.builds(Placement, task=task_specs, lm=index, node=index, repartition=st.booleans())
 node_states = st.builds(NodeState, node=index, free=amounts, version=index)
@@ -76,6 +98,7 @@ finished_tasks = st.builds(FinishedTask, task_id=ids, node=index, preempted=st.b
 victims = st.builds(Victim, user=ids, usage_elsewhere=amounts)
 
 CORE_MESSAGES: dict[type, st.SearchStrategy[Any]] = {
+    RunSpec: run_specs,
     TaskSpec: task_specs,
     Placement: placements,
     LaunchBatch: st.builds(LaunchBatch, gm=index, lm=index, seq=index, placements=st.lists(placements, max_size=4)),
@@ -152,7 +175,7 @@ def test_every_core_message_has_a_mirror() -> None:
         for obj in vars(messages).values()
         if isinstance(obj, type) and obj.__module__ == messages.__name__ and obj not in timers_and_envelopes
     }
-    assert core == set(CORE_MESSAGES) - {TaskSpec}
+    assert core == set(CORE_MESSAGES) - {TaskSpec, RunSpec}
     assert set(models.CORE_MIRRORS) == set(CORE_MESSAGES)
 
 
@@ -210,6 +233,7 @@ def test_wire_format_of_a_placement() -> None:
             "request": [1000, 512],
             "constraints": [0, 4, 20],
             "attempt": 1,
+            "run": None,
         },
         "lm": 1,
         "node": 7,
@@ -286,6 +310,40 @@ def _fields(model: type[BaseModel], body: Any) -> list[str]:
         ({"tasks": [_task()], "job_id": 7}, "job_id"),
         ("{not json", models.ROOT_FIELD),
         ("[]", models.ROOT_FIELD),
+        ({"tasks": [_task(duration=None)]}, "tasks.0.duration"),
+        ({"tasks": [{"cpu_millicores": 1, "memory_mb": 1}]}, "tasks.0.duration"),
+        ({"tasks": [_task(driver="docker")]}, "tasks.0.driver"),
+        ({"tasks": [_task(), _task(driver="exec")]}, "tasks.1.command"),
+        ({"tasks": [_task(driver="exec", command=[])]}, "tasks.0.command"),
+        ({"tasks": [_task(driver="exec", command=["", "x"])]}, "tasks.0.command"),
+        ({"tasks": [_task(driver="exec", command=["echo", "a\x00b"])]}, "tasks.0.command.1"),
+        ({"tasks": [_task(driver="exec", command=["x"] * 257)]}, "tasks.0.command"),
+        ({"tasks": [_task(driver="exec", command=["x" * 16_385])]}, "tasks.0.command.0"),
+        ({"tasks": [_task(driver="exec", command=["x" * 16_000] * 5)]}, "tasks.0.command"),
+        ({"tasks": [_task(driver="exec", command="echo hi")]}, "tasks.0.command"),
+        ({"tasks": [_task(driver="exec", command=["true"], image="megha:latest")]}, "tasks.0.image"),
+        ({"tasks": [_task(driver="exec", command=["true"], workdir="tmp")]}, "tasks.0.workdir"),
+        ({"tasks": [_task(driver="exec", command=["true"], env={"A": 1})]}, "tasks.0.env.A"),
+        (
+            {
+                "tasks": [
+                    _task(
+                        driver="exec",
+                        command=["true"],
+                        env={"A": "x" * 16_000} | {f"B{i}": "x" * 16_000 for i in range(4)},
+                    )
+                ]
+            },
+            "tasks.0.env",
+        ),
+        ({"tasks": [_task(driver="container")]}, "tasks.0.image"),
+        ({"tasks": [_task(driver="container", image="-v=/:/host")]}, "tasks.0.image"),
+        ({"tasks": [_task(driver="container", image="Megha:latest")]}, "tasks.0.image"),
+        ({"tasks": [_task(driver="container", image="a" * 256)]}, "tasks.0.image"),
+        ({"tasks": [_task(command=["true"])]}, "tasks.0.command"),
+        ({"tasks": [_task(image="megha:latest")]}, "tasks.0.image"),
+        ({"tasks": [_task(env={"A": "b"})]}, "tasks.0.env"),
+        ({"tasks": [_task(workdir="/tmp")]}, "tasks.0.workdir"),
     ],
 )
 def test_bad_submission_names_the_field(body: Any, field: str) -> None:
@@ -343,6 +401,56 @@ def test_to_tasks_builds_core_task_specs() -> None:
     )
 
 
+def test_to_tasks_carries_what_exec_and_container_tasks_run() -> None:
+    sub = JobSubmission.model_validate(
+        {
+            "tasks": [
+                _task(driver="exec", command=["sh", "-c", "echo $A"], env={"A": "1", "B": "2"}, workdir="/tmp"),
+                {"cpu_millicores": 100, "memory_mb": 64, "driver": "container", "image": "megha:latest"},
+                _task(),
+            ]
+        }
+    )
+    exec_task, container_task, burn_task = sub.to_tasks("j", (CPU, MEMORY))
+    assert exec_task.run == RunSpec("exec", ("sh", "-c", "echo $A"), "", (("A", "1"), ("B", "2")), "/tmp")
+    assert (exec_task.driver, exec_task.duration) == ("exec", 1.5)
+    assert container_task.run == RunSpec("container", image="megha:latest")
+    assert (container_task.driver, container_task.duration) == ("container", 0.0)  # no time limit
+    assert (burn_task.run, burn_task.driver) == (None, "burn")
+
+
+def test_a_journaled_submission_keeps_what_its_tasks_run() -> None:
+    """The GM journals a submission as `model_dump(mode="json", exclude_defaults=True)` and recovers it with
+    `model_validate` (services/gm/service.py): a recovered exec or container task still has its `run`."""
+    sub = JobSubmission.model_validate_json(
+        json.dumps(
+            {
+                "job_id": "j",
+                "tasks": [
+                    {
+                        "cpu_millicores": 1,
+                        "memory_mb": 2,
+                        "driver": "exec",
+                        "command": ["echo", "hi"],
+                        "env": {"A": "1"},
+                    },
+                    {
+                        "cpu_millicores": 1,
+                        "memory_mb": 2,
+                        "driver": "container",
+                        "image": "megha:latest",
+                        "duration": 9,
+                    },
+                    _task(),
+                ],
+            }
+        )
+    )
+    record = json.loads(json.dumps(sub.model_dump(mode="json", exclude_defaults=True)))
+    assert JobSubmission.model_validate(record).to_tasks("j", (CPU, MEMORY)) == sub.to_tasks("j", (CPU, MEMORY))
+    assert [t.driver for t in sub.to_tasks("j", (CPU, MEMORY))] == ["exec", "container", "burn"]
+
+
 def test_to_tasks_aligns_requests_to_the_resource_names() -> None:
     sub = JobSubmission.model_validate({"tasks": [_task()]})
     (task,) = sub.to_tasks("j", ("gpus", MEMORY, CPU))
@@ -358,7 +466,8 @@ def test_a_maximal_submission_fits_the_body_limit() -> None:
         user="u" * 64,
         job_id="j" * 64,
     )
-    assert len(sub.model_dump_json(indent=1).encode()) < MAX_BODY_BYTES
+    # As a client sends it: the fields of other drivers left out.
+    assert len(sub.model_dump_json(indent=1, exclude_defaults=True).encode()) < MAX_BODY_BYTES
 
 
 def test_job_status_round_trips_and_checks_states() -> None:
@@ -410,6 +519,8 @@ def test_worker_registration_gives_core_capacities() -> None:
         node.resources((CPU, MEMORY, "gpus"))
     with pytest.raises(ValueError, match="differ"):
         WorkerNode(capacity={CPU: 1}).resources((CPU, MEMORY))
+    assert reg.drivers == ["burn"]  # an agent that does not say offers burn only
+    assert WorkerRegistration.model_validate(_registration(drivers=["exec", "burn"])).drivers == ["exec", "burn"]
 
 
 @pytest.mark.parametrize(
@@ -421,6 +532,9 @@ def test_worker_registration_gives_core_capacities() -> None:
         ({"nodes": [{"capacity": {CPU: 1}, "constraints": [21]}]}, "nodes.0.constraints.0"),
         ({"url": "ftp://x"}, "url"),
         ({"worker_id": ""}, "worker_id"),
+        ({"drivers": []}, "drivers"),
+        ({"drivers": ["exec", "exec"]}, "drivers"),
+        ({"drivers": ["raw_exec"]}, "drivers.0"),
     ],
 )
 def test_bad_registration_names_the_field(overrides: dict[str, Any], field: str) -> None:

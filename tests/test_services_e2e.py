@@ -5,7 +5,7 @@ from __future__ import annotations
 from megha.common.settings import LoadgenSettings
 from megha.deploy.local import LocalDeployment, run_local
 
-from servicekit import needs_rabbitmq
+from servicekit import api, needs_rabbitmq
 
 CPU_TOLERANCE = 0.95  # burn stops at its target; process CPU accounting is coarse (clock ticks)
 
@@ -48,8 +48,6 @@ def test_a_killed_worker_agent_s_tasks_run_again_elsewhere_and_its_node_returns_
     import asyncio
     import threading
 
-    import httpx
-
     from megha.loadgen.progress import Progress
     from megha.loadgen.services import replay_services
 
@@ -63,7 +61,7 @@ def test_a_killed_worker_agent_s_tasks_run_again_elsewhere_and_its_node_returns_
     killed: list[str] = []
 
     def lm0() -> dict[str, object]:
-        return httpx.get(f"{deployment.lm_urls[0]}/v1/state", timeout=5.0).json()
+        return api.get(f"{deployment.lm_urls[0]}/v1/state", timeout=5.0).json()
 
     def kill_when_busy_then_restart() -> None:
         wait_until(lambda: lm0()["heartbeats"].get(victim, {}).get("running", 0) > 0, 60, lm0)
@@ -73,9 +71,8 @@ def test_a_killed_worker_agent_s_tasks_run_again_elsewhere_and_its_node_returns_
         deployment.restart(victim)
 
     with deployment:
-        settings = settings.model_copy(
-            update={"gm_urls": deployment.gm_urls, "run_id": deployment.run_id, "amqp_url": deployment.amqp_url}
-        )
+        api.use(deployment)
+        settings = deployment.loadgen(settings)
         fault = threading.Thread(target=kill_when_busy_then_restart)
         fault.start()
         run = asyncio.run(replay_services(settings, Progress()))

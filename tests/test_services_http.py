@@ -363,20 +363,35 @@ async def test_gm_names_every_bad_field(untouched_gm: httpx.AsyncClient) -> None
 
 
 @pytest.mark.parametrize(
-    ("body", "reason"),
+    ("body", "reason", "field"),
     [
-        (job(task(constraints=[5, 7])), "no node satisfies placement constraints [5, 7]"),
-        (job(task(constraints=[0, 1, 2])), "no node satisfies placement constraints [0, 1, 2]"),
-        (job(task(cpu_millicores=4001)), "has capacity"),
-        (job(task(memory_mb=8193)), "has capacity"),
-        (job(task(constraints=[0, 1], cpu_millicores=3000)), "no node satisfying placement constraints [0, 1] has"),
-        (job(task(), task(constraints=[9])), "task J.1: no node satisfies placement constraints [9]"),
+        (job(task(constraints=[5, 7])), "no node satisfies placement constraints [5, 7]", "tasks.0.constraints"),
+        (job(task(constraints=[0, 1, 2])), "no node satisfies placement constraints [0, 1, 2]", "tasks.0.constraints"),
+        (job(task(cpu_millicores=4001)), "has capacity", "tasks.0"),
+        (job(task(memory_mb=8193)), "has capacity", "tasks.0"),
+        (
+            job(task(constraints=[0, 1], cpu_millicores=3000)),
+            "no node satisfying placement constraints [0, 1] has",
+            "tasks.0",
+        ),
+        (
+            job(task(), task(constraints=[9])),
+            "task J.1: no node satisfies placement constraints [9]",
+            "tasks.1.constraints",
+        ),
+        (
+            job(task(), task(driver="container", image="megha:latest")),
+            "task J.1: no node offers driver 'container'",
+            "tasks.1.driver",
+        ),
     ],
-    ids=["constraints", "constraint-superset", "cpu", "memory", "constraints-and-size", "second-task"],
+    ids=["constraints", "constraint-superset", "cpu", "memory", "constraints-and-size", "second-task", "driver"],
 )
-async def test_gm_refuses_tasks_no_node_could_run(gm: httpx.AsyncClient, body: dict[str, Any], reason: str) -> None:
+async def test_gm_refuses_tasks_no_node_could_run(
+    gm: httpx.AsyncClient, body: dict[str, Any], reason: str, field: str
+) -> None:
     r = await gm.post("/v1/jobs", json={**body, "job_id": "J"})
-    err = assert_error(r, 422, "tasks")
+    err = assert_error(r, 422, field)
     assert reason in err.error and reason in err.detail[0].message
     # an unschedulable job leaves nothing behind: its id stays free
     assert_error(await gm.get("/v1/jobs/J"), 404, "job_id")

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import time
 
-import httpx
-
 from megha.deploy.broker_node import BrokerNode
 from megha.deploy.local import LocalDeployment
 
 from faultkit import BACKLOG, assert_nothing_lost, backlog_deployment, replay_with_fault, service_state
-from servicekit import needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, wait_until
 
 pytestmark = needs_rabbitmq
 
@@ -35,6 +33,7 @@ def test_an_lm_killed_mid_replay_and_restarted_rebuilds_from_its_agents_and_lose
         seen["after"] = service_state(url)
 
     with deployment:
+        api.use(deployment)
         run = replay_with_fault(deployment, kill_lm_then_restart)
         wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
         states = deployment.lm_states()
@@ -67,11 +66,12 @@ def test_a_gm_killed_with_tasks_queued_and_restarted_recovers_its_jobs_from_its_
         seen["after"] = service_state(url)
 
     with deployment:
+        api.use(deployment)
         run = replay_with_fault(deployment, kill_gm_with_a_queue_then_restart, BACKLOG)
         wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
         states = deployment.lm_states()
         jobs_at_gm0 = [j for j in run.jobs.values() if j.gm == 0]
-        statuses = [httpx.get(f"{deployment.gm_urls[0]}/v1/jobs/{j.job_id}", timeout=5.0) for j in jobs_at_gm0]
+        statuses = [api.get(f"{deployment.gm_urls[0]}/v1/jobs/{j.job_id}", timeout=5.0) for j in jobs_at_gm0]
     assert_nothing_lost(run, 78)
     before = seen["before"]
     assert isinstance(before, dict) and before["queued"] + before["waiting"] > 0  # tasks were queued at the kill
@@ -94,6 +94,7 @@ def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:
             node.start()
 
         with deployment:
+            api.use(deployment)
             run = replay_with_fault(deployment, kill_broker_then_restart)
             wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
             states = deployment.lm_states()
@@ -118,6 +119,7 @@ def test_an_agent_lost_while_its_lm_was_down_has_its_tasks_run_again(tmp_path) -
         wait_until(lambda: service_state(url).get("ready") is True, 30, lambda: service_state(url))
 
     with deployment:
+        api.use(deployment)
         run = replay_with_fault(deployment, lose_an_agent_while_its_lm_is_down, BACKLOG)
         wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
         states = deployment.lm_states()

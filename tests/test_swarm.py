@@ -1,5 +1,6 @@
-"""Megha on Docker Swarm: deploy/swarm/stack.yml checked as `docker stack config` reads it, its secrets wrapper,
-and the stack deployed on a single-node swarm, agents scaled with `docker service scale`, replayed to the end.
+"""Megha on Docker Swarm: deploy/swarm/stack.yml checked as `docker stack config` reads it, and the stack deployed on
+a single-node swarm with the secrets deploy/swarm/with-secrets.sh makes, agents scaled with `docker service scale`,
+replayed to the end.
 
 The deployment test runs `docker swarm init` (listening on 127.0.0.1 only) when the engine is in no swarm and
 `docker swarm leave --force` at the end; a swarm this machine already manages alone is reused, any other swarm
@@ -8,15 +9,16 @@ skips the test. Stack, secrets, volumes, node labels and the bridge network the 
 
 from __future__ import annotations
 
+import atexit
 import csv
 import fcntl
+import functools
 import json
 import os
 import re
-import secrets
 import shutil
 import socket
-import subprocess
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -29,20 +31,31 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, ServiceSettings, WorkerSettings
+from megha.common.settings import (
+    SECRET_SETTINGS,
+    GMSettings,
+    LMSettings,
+    LoadgenSettings,
+    ServiceSettings,
+    WorkerSettings,
+)
+from megha.common.transport.rabbit import broker_user
+from megha.deploy.secrets import main as make_secrets_main
 
 from dockerkit import ROOT, Images, build_images, run
 from servicekit import wait_until
 
 SWARM = ROOT / "deploy" / "swarm"
 STACK_FILE = SWARM / "stack.yml"
-WRAPPER = SWARM / "with-secrets.sh"
+MAKE_SECRETS = SWARM / "with-secrets.sh"
+SECRETS_DIR = "/run/secrets/"
 MODELS: dict[str, type[ServiceSettings]] = {
     "megha.services.gm": GMSettings,
     "megha.services.lm": LMSettings,
     "megha.services.worker": WorkerSettings,
     "megha.loadgen.services": LoadgenSettings,
 }
+ROLE_OF = {GMSettings: "gm", LMSettings: "lm", WorkerSettings: "worker", LoadgenSettings: "loadgen"}
 ROLES = ("broker", "gm", "lm", "worker", "loadgen")
 """Node labels megha.<role>=true that place the services."""
 TEMPLATES = {"{{.Task.Slot}}": "1"}
@@ -93,11 +106,30 @@ def _environment(service: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+@functools.cache
+def _made_secrets() -> Path:
+    """The generator's files, as with-secrets.sh makes them for the stack's default run id."""
+    folder = Path(tempfile.mkdtemp(prefix="megha-swarm-secrets-"))
+    atexit.register(shutil.rmtree, folder, True)
+    assert make_secrets_main([str(folder), "--run-id", "swarm", "--broker", "amqp://rabbitmq:5672/"]) == 0
+    return folder
+
+
+def _secret_file(source: str) -> Path:
+    """The generator's file behind the stack's secret `source` (its external name ends with the file's name)."""
+    return next(p for p in _made_secrets().iterdir() if p.name.removesuffix(".json").replace("-", "_") == source)
+
+
 def _settings(service: dict[str, Any]) -> ServiceSettings:
-    """The service's settings as a task of slot 1 builds them (the secrets wrapper puts a user into the URL)."""
+    """The service's settings as a task of slot 1 builds them, its secrets in /run/secrets."""
     model = MODELS[_module(service) or ""]
     env = _environment(service)
-    env["MEGHA_AMQP_URL"] = env["MEGHA_AMQP_URL"].replace("://", "://user:password@", 1)
+    granted = {s["target"]: s["source"] for s in service.get("secrets", [])}
+    for key, value in env.items():
+        if key.endswith("_FILE") and value.startswith(SECRETS_DIR):
+            target = value.removeprefix(SECRETS_DIR)
+            assert target in granted, f"{key}={value}: no secret {target} is granted"
+            env[key] = str(_secret_file(granted[target]))
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.upper().startswith("MEGHA_")]:
             mp.delenv(key)
@@ -123,26 +155,35 @@ def test_every_megha_service_runs_a_known_module_with_valid_settings(stack: dict
     for name, svc in services.items():
         if name == "rabbitmq":
             continue
-        fields = {f"MEGHA_{f}".upper() for f in MODELS[_module(svc) or ""].model_fields}
+        model = MODELS[_module(svc) or ""]
+        fields = {f"MEGHA_{f}".upper() for f in model.model_fields}
+        fields |= {f"MEGHA_{f}_FILE".upper() for f in SECRET_SETTINGS if f in model.model_fields}
         unknown = sorted(set(_environment(svc)) - fields)
         assert not unknown, f"{name}: {unknown} are not settings of {_module(svc)}"
 
 
 @STACK_TESTS
-def test_the_broker_user_comes_from_secrets_and_is_not_guest(stack: dict[str, Any]) -> None:
+def test_each_service_is_granted_its_roles_secrets_only(stack: dict[str, Any]) -> None:
     assert "guest" not in json.dumps(stack), "no guest account"
-    for name, svc in stack["services"].items():
-        granted = {s["source"] for s in svc.get("secrets", [])}
-        assert granted == {"amqp_user", "amqp_password"}, f"{name}: secrets {granted}"
-        assert svc["entrypoint"][0] == "megha-with-secrets", f"{name}: the wrapper must start the entrypoint"
-        assert {c["target"] for c in svc["configs"]} == {"/usr/local/bin/megha-with-secrets"}, name
     for name, s in _megha(stack).items():
-        url = urlsplit(_environment(stack["services"][name])["MEGHA_AMQP_URL"])
-        assert url.username is None, f"{name}: MEGHA_AMQP_URL names a user; the secrets give it"
-        assert url.hostname == "rabbitmq", f"{name}: MEGHA_AMQP_URL host {url.hostname}"
-        assert s.amqp_url.startswith("amqp://user:password@rabbitmq:")
-    for secret in stack["secrets"].values():
+        svc = stack["services"][name]
+        role = ROLE_OF[type(s)]
+        granted = {x["source"] for x in svc["secrets"]}
+        own = {"operator_token"} if role == "loadgen" else {"cluster_secret", "api_tokens"}
+        expected = {f"amqp_url_{role}", *own}
+        assert granted == expected, f"{name}: secrets {granted}"
+        assert all(x["uid"] == "1000" and x["mode"] == 0o400 for x in svc["secrets"]), f"{name}: readable by others"
+        assert "MEGHA_AMQP_URL" not in _environment(svc), f"{name}: the broker URL must come from a secret"
+        url = urlsplit(s.amqp_url)
+        assert url.hostname == "rabbitmq" and url.username == broker_user(s.run_id, role), f"{name}: {url.username}"
+        assert s.auth == "on", f"{name}: MEGHA_AUTH"
+    broker = stack["services"]["rabbitmq"]
+    assert [x["source"] for x in broker["secrets"]] == ["rabbitmq_definitions"]
+    erl_args = broker["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+    assert '-rabbit load_definitions "/run/secrets/rabbitmq_definitions"' in erl_args, erl_args
+    for key, secret in stack["secrets"].items():
         assert secret.get("external"), "the secrets are created with docker secret create, not kept in a file"
+        assert secret["name"] == f"megha-{_secret_file(key).name.removesuffix('.json')}", secret
 
 
 @STACK_TESTS
@@ -225,52 +266,6 @@ def test_the_load_generator_waits_to_be_scaled_and_writes_to_a_bind_mount(stack:
         assert svc["deploy"]["replicas"] == 0, "the replay starts with docker service scale, once the GMs are up"
         mounts = {v["target"]: v for v in svc.get("volumes", [])}
         assert lg.out in mounts and mounts[lg.out]["type"] == "bind", f"MEGHA_OUT={lg.out} is no bind mount"
-
-
-# ------------------------------------------------------------------------------------------------ the wrapper
-
-
-def _wrapper(tmp_path: Path, user: str, password: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run the wrapper with these secrets; the command it runs prints the variables it was given."""
-    (tmp_path / "amqp_user").write_text(f"{user}\n")
-    (tmp_path / "amqp_password").write_text(f"{password}\n")
-    base = {"PATH": os.environ["PATH"], "SECRETS_DIR": str(tmp_path)}
-    show = 'printf "%s|%s|%s" "${MEGHA_AMQP_URL:-}" "${RABBITMQ_DEFAULT_USER:-}" "${RABBITMQ_DEFAULT_PASS:-}"'
-    return run(["sh", str(WRAPPER), "sh", "-c", show], 30, env={**base, **env})
-
-
-def test_wrapper_puts_the_secrets_into_a_megha_services_url(tmp_path: Path) -> None:
-    result = _wrapper(tmp_path, "megha", "0a1b-2c", MEGHA_AMQP_URL="amqp://rabbitmq:5672/")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "amqp://megha:0a1b-2c@rabbitmq:5672/||"
-
-
-def test_wrapper_gives_the_broker_its_user(tmp_path: Path) -> None:
-    result = _wrapper(tmp_path, "megha", "0a1b2c")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "|megha|0a1b2c"
-
-
-@pytest.mark.parametrize(
-    ("user", "password", "url", "reason"),
-    [
-        ("guest", "0a1b2c", "", "may not be guest"),
-        ("megha", "p@ss/word", "", "holds characters other than"),
-        ("megha", "", "", "is empty"),
-        ("megha", "0a1b2c", "amqp://other:pw@rabbitmq:5672/", "names a user already"),
-        ("megha", "0a1b2c", "http://rabbitmq:5672/", "is not an amqp://"),
-    ],
-)
-def test_wrapper_refuses(tmp_path: Path, user: str, password: str, url: str, reason: str) -> None:
-    result = _wrapper(tmp_path, user, password, **({"MEGHA_AMQP_URL": url} if url else {}))
-    assert result.returncode == 2 and reason in result.stderr, (result.returncode, result.stderr)
-    assert result.stdout == "", "the command must not run"
-
-
-def test_wrapper_names_a_missing_secret(tmp_path: Path) -> None:
-    base = {"PATH": os.environ["PATH"], "SECRETS_DIR": str(tmp_path)}
-    result = run(["sh", str(WRAPPER), "true"], 30, env=base)
-    assert result.returncode == 2 and "no secret amqp_user" in result.stderr, result.stderr
 
 
 # ------------------------------------------------------------------------------------------------ on a swarm
@@ -360,10 +355,10 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _get(url: str) -> dict[str, Any] | None:
+def _get(url: str, headers: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The JSON a service answers, or None while it does not answer (200)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as response:
             return json.loads(response.read()) if response.status == 200 else None
     except (OSError, ValueError):
         return None
@@ -484,16 +479,21 @@ def test_swarm_stack_replays_a_trace_and_leaves_nothing_behind(images: Images, s
     lm_state = [f"http://127.0.0.1:{ports[f'LM{lm}']}/v1/state" for lm in (0, 1)]
     gm_health = [f"http://127.0.0.1:{ports[f'GM{gm}']}/healthz" for gm in (0, 1)]
     started = time.monotonic()
+    token_file = tmp_path / f"{stack}-operator-token"
+    env["MEGHA_KEEP_DIR"] = str(tmp_path)
     try:
-        for name, value in (("user", "megha"), ("password", secrets.token_hex(24))):
-            (tmp_path / name).write_text(f"{value}\n")
-            _docker("secret", "create", f"{stack}-amqp-{name}", str(tmp_path / name))
-            (tmp_path / name).unlink()
         files = ("-c", str(STACK_FILE), "-c", str(override))
-        _docker("stack", "deploy", "--resolve-image", "never", *files, stack, env=env)
+        made = run(
+            [str(MAKE_SECRETS), "docker", "stack", "deploy", "--resolve-image", "never", *files, stack], 300, env=env
+        )
+        assert made.returncode == 0, made.stderr
+        assert f"made the secrets {stack}-*" in made.stderr and token_file.stat().st_mode & 0o077 == 0, made.stderr
+        again = run([str(MAKE_SECRETS)], 120, env=env)
+        assert again.returncode == 0 and "exist; kept" in again.stderr, again.stderr
+        operator = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
 
         def states() -> list[dict[str, Any] | None]:
-            return [_get(url) for url in lm_state]
+            return [_get(url, operator) for url in lm_state]
 
         wait_until(lambda: all(s and s["registered_nodes"] == 1 for s in states()), DEPLOY_TIMEOUT, states, 1.0)
         assert not any(s and s["ready"] for s in states()), "an LM is ready with 1 of its 2 nodes"

@@ -1,5 +1,5 @@
-"""The data centre's static shape: LMs, the per-GM partitions of each LM's cluster, and each node's capacity and
-machine constraints."""
+"""The data centre's static shape: LMs, the per-GM partitions of each LM's cluster, and each node's capacity,
+machine constraints and task drivers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
+from megha.common.core.task import DRIVERS
+
+BURN_ONLY: tuple[str, ...] = ("burn",)
+"""The drivers of a node that says nothing else (every node of a simulation or a trace replay)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,17 +18,29 @@ class PartitionSpec:
     """Partition `gm` of LM `lm`: the nodes the LM assigns to that GM (its internal partition there).
 
     Node i of the partition has `capacities[i]` (aligned to the data centre's resource names) and machine
-    constraints `constraint_masks[i]` (bit k set when the node satisfies constraint k).
+    constraint_masks[i]` (bit k set when the node satisfies constraint k), and offers the task drivers
+    `drivers[i]`; `drivers` is () when every node offers burn only.
     """
 
     lm: int
     gm: int
     capacities: tuple[Resources, ...]
     constraint_masks: tuple[int, ...]
+    drivers: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.capacities) != len(self.constraint_masks):
             raise ValueError(f"partition lm={self.lm} gm={self.gm}: capacities and constraint masks differ in length")
+        if self.drivers:
+            if len(self.drivers) != len(self.capacities):
+                raise ValueError(f"partition lm={self.lm} gm={self.gm}: drivers and capacities differ in length")
+            unknown = {d for offered in self.drivers for d in offered} - set(DRIVERS)
+            if unknown or not all(self.drivers):
+                raise ValueError(f"partition lm={self.lm} gm={self.gm}: every node needs drivers among {DRIVERS}")
+
+    def node_drivers(self) -> tuple[tuple[str, ...], ...]:
+        """The drivers of each node, in node order."""
+        return self.drivers or (BURN_ONLY,) * self.size
 
     @property
     def size(self) -> int:

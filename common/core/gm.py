@@ -30,9 +30,9 @@ from megha.common.core.messages import (
     lm_address,
 )
 from megha.common.core.observer import CoreObserver
-from megha.common.core.parked import ParkedShapes, Shape
+from megha.common.core.parked import ParkedShapes, Shape, shape_of
 from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
-from megha.common.core.placement.feasibility import ever_feasible_nodes, feasible_nodes
+from megha.common.core.placement.feasibility import driver_feasible_nodes, ever_feasible_nodes, feasible_nodes
 from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.resources import Resources, describe
 from megha.common.core.task import JobSpec, TaskSpec
@@ -40,7 +40,12 @@ from megha.common.core.view import PartitionView, covers
 
 
 class Unschedulable(ValueError):
-    """A submitted task that no worker in the data centre could ever run; the message names the reason."""
+    """A submitted task that no worker in the data centre could ever run; the message names the reason and `field`
+    the offending field of the submission ("tasks.3.driver")."""
+
+    def __init__(self, message: str, field: str = "tasks") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class GlobalMaster:
@@ -79,6 +84,8 @@ class GlobalMaster:
         ]
         self._known_version: list[list[int]] = [[0] * len(nodes) for nodes in self._locate]
         self._search = PartitionSearch(gm_id, self.views)
+        # Burn tasks skip the driver filter while every node offers burn (always, in a simulation).
+        self._burn_everywhere = all(v.offering("burn") == v.all_bits for row in self.views for v in row)
         self.book: ShareBook | None = None
         self.queue: deque[TaskSpec] | UserQueues = deque()
         if fairness is not None:
@@ -87,8 +94,8 @@ class GlobalMaster:
             self.book = ShareBook(fairness, gm_id, cluster.num_lms, cluster.total_capacity(), policy)
             self.queue = UserQueues(self.book)
         # Tasks that fit nowhere in the view, parked by shape (constraints, request, user under fair scheduling,
-        # else "") in the order shapes first failed; a shape is retried only when a node it could use frees up in
-        # the view (or, under fair scheduling, for a preemption when a delta arrives).
+        # else "", driver) in the order shapes first failed; a shape is retried only when a node it could use frees
+        # up in the view (or, under fair scheduling, for a preemption when a delta arrives).
         self.parked = ParkedShapes()
         self.waiting = self.parked.tasks
         self._next_seq = [0] * cluster.num_lms
@@ -97,7 +104,7 @@ class GlobalMaster:
         self.running: dict[str, Placement] = {}
         self._awaiting_response: set[str] = set()
         self._finished_early: set[str] = set()
-        self._schedulable: dict[tuple[int, Resources], str | None] = {}
+        self._schedulable: dict[tuple[int, Resources, str], tuple[str, str] | None] = {}
         self._grown: list[tuple[int, int]] = []
         # Newest LM-reported state per node not yet in the view: node -> (free, version, applied_through).
         self._pending: list[dict[int, tuple[Resources, int, int]]] = [{} for _ in range(cluster.num_lms)]
@@ -123,11 +130,14 @@ class GlobalMaster:
     def admit(self, job: JobSpec, now: float) -> None:
         """Raise Unschedulable naming the first task of `job` no worker could ever run (or whose user this GM does
         not serve); return when the whole job can be queued."""
-        for task in job.tasks:
-            reason = self._queue_reason(task) or self.unschedulable_reason(task)
-            if reason is not None:
+        for i, task in enumerate(job.tasks):
+            queue_reason = self._queue_reason(task)
+            found = (queue_reason, "user") if queue_reason is not None else self._unschedulable(task)
+            if found is not None:
+                reason, field = found
                 self.observer.job_rejected(job, self.gm_id, reason, now)
-                raise Unschedulable(f"job {job.job_id}: task {task.task_id}: {reason}")
+                message = f"job {job.job_id}: task {task.task_id}: {reason}"
+                raise Unschedulable(message, f"tasks.{i}.{field}" if field else f"tasks.{i}")
 
     def submit(self, job: JobSpec, now: float) -> list[Output]:
         """Accept a job into the queue, or raise Unschedulable naming the task no worker could ever run."""
@@ -255,37 +265,52 @@ class GlobalMaster:
 
     def unschedulable_reason(self, task: TaskSpec) -> str | None:
         """Why no node of the data centre could ever run `task`, or None when some node could."""
-        key = (task.constraints, task.request)
+        found = self._unschedulable(task)
+        return None if found is None else found[0]
+
+    def _unschedulable(self, task: TaskSpec) -> tuple[str, str] | None:
+        """(why no node could ever run `task`, the task's field to blame: "driver", "constraints" or "" for the
+        request), or None when some node could."""
+        driver = task.driver
+        key = (task.constraints, task.request, driver)
         if key in self._schedulable:
             return self._schedulable[key]
-        reason: str | None
+        found: tuple[str, str] | None
+        views = [v for row in self.views for v in row]
+        constrained = f"satisfying placement constraints {constraint_ids(task.constraints)} "
         if len(task.request) != len(self.resource_names):
-            reason = f"request has {len(task.request)} amounts; expected {len(self.resource_names)}"
+            found = (f"request has {len(task.request)} amounts; expected {len(self.resource_names)}", "")
         elif any(v <= 0 for v in task.request):
-            reason = f"request {describe(task.request, self.resource_names)} must be positive"
-        elif any(ever_feasible_nodes(v, task) for row in self.views for v in row):
-            reason = None
-        elif not any(v.matching(task.constraints) for row in self.views for v in row):
-            reason = f"no node satisfies placement constraints {constraint_ids(task.constraints)}"
+            found = (f"request {describe(task.request, self.resource_names)} must be positive", "")
+        elif any(ever_feasible_nodes(v, task) for v in views):
+            found = None
+        elif not any(v.offering(driver) for v in views):
+            found = (f"no node offers driver {driver!r}", "driver")
+        elif not any(v.matching(task.constraints) for v in views):
+            found = (f"no node satisfies placement constraints {constraint_ids(task.constraints)}", "constraints")
+        elif not any(v.matching(task.constraints) & v.could_ever_fit(task.request) for v in views):
+            found = (f"no node {constrained}has capacity for {describe(task.request, self.resource_names)}", "")
         else:
-            reason = (
-                f"no node satisfying placement constraints {constraint_ids(task.constraints)} has capacity "
-                f"for {describe(task.request, self.resource_names)}"
+            found = (
+                f"no node {constrained}with capacity for {describe(task.request, self.resource_names)} offers "
+                f"driver {driver!r}",
+                "driver",
             )
-        self._schedulable[key] = reason
-        return reason
+        self._schedulable[key] = found
+        return found
 
     # -------------------------------------------------------------- matching
 
     def _match(self, task: TaskSpec) -> Placement | None:
         """Internal partitions first (round-robin over LMs), then external ones (a repartition)."""
+        feasible = feasible_nodes if task.run is None and self._burn_everywhere else driver_feasible_nodes
         for view in self._search.internal():
-            candidates = feasible_nodes(view, task)
+            candidates = feasible(view, task)
             if candidates:
                 node = view.start + self.choice.choose(view, candidates, self.rng)
                 return Placement(task, view.lm, node, False, self.gm_id)
         for view in self._search.external():
-            candidates = feasible_nodes(view, task)
+            candidates = feasible(view, task)
             if candidates:
                 node = view.start + self.choice.choose(view, candidates, self.rng)
                 return Placement(task, view.lm, node, True, self.gm_id)
@@ -306,7 +331,13 @@ class GlobalMaster:
         book = self.book
         while self.queue:
             task = self.queue.popleft()
-            shape = (task.constraints, task.request, task.user if book is not None else "")
+            # shape_of(task, book is not None), inline: this runs for every task
+            shape = (
+                task.constraints,
+                task.request,
+                task.user if book is not None else "",
+                None if task.run is None else task.run.driver,
+            )
             parked = waiting.get(shape)
             if parked is not None:
                 # The view cannot place this shape (it failed and no node it could use has freed since);
@@ -335,7 +366,9 @@ class GlobalMaster:
                 continue
             emptied = []
             for shape in self._in_service_order(parked_shapes.runnable_on(view.masks[i])):
-                if not covers(view.free[i], shape[1]):
+                if not covers(view.free[i], shape[1]) or (
+                    shape[3] is not None and not view.offering(shape[3]) >> i & 1
+                ):
                     continue
                 parked = waiting[shape]
                 placed = False
@@ -518,7 +551,7 @@ class GlobalMaster:
         lm, rest = candidates[0], candidates[1:]
         seq = self._next_seq[lm] = self._next_seq[lm] + 1
         self._preempting[lm][seq] = (task, rest)
-        self._preempt_shapes.add((task.constraints, task.request, task.user))
+        self._preempt_shapes.add(shape_of(task, fair=True))
         self._awaiting_response.add(task.task_id)
         book.placed(task, lm)  # counted against its user's share while the request is out
         self.preemption_attempts += 1
@@ -533,7 +566,7 @@ class GlobalMaster:
         if entry is None:
             return  # a duplicate response
         task, rest = entry
-        shape = (task.constraints, task.request, task.user)
+        shape = shape_of(task, fair=True)
         self._preempt_shapes.discard(shape)
         self._awaiting_response.discard(task.task_id)
         self._apply_states(resp.lm, resp.states, resp.delta.applied_through)
@@ -589,7 +622,7 @@ class GlobalMaster:
             return
         no_victims: set[tuple[str, Resources]] = set()
         for shape, parked in list(self.waiting.items()):
-            _, request, user = shape
+            _, request, user, _ = shape
             if shape in self._preempt_shapes:
                 continue
             is_below = below.get(user)

@@ -111,6 +111,8 @@ class LocalMaster:
         self.capacity: list[Resources] = [cap for p in partitions for cap in p.capacities]
         self.free: list[Resources] = list(self.capacity)
         self.masks: list[int] = [m for p in partitions for m in p.constraint_masks]
+        self.drivers: list[tuple[str, ...]] = [d for p in partitions for d in p.node_drivers()]
+        self._burn_everywhere = all("burn" in d for d in self.drivers)  # burn tasks need no driver check
         self.owner: list[int] = [p.gm for p in partitions for _ in range(p.size)]
         self.incarnation = incarnation
         self._clock = incarnation << VERSION_BITS
@@ -234,6 +236,8 @@ class LocalMaster:
             else:
                 rejected.append(rejection)
         self._applied_through[batch.gm] = max(self._applied_through[batch.gm], batch.seq)
+        if rejected:
+            self.observer.rejected(rejected, now)
         out: list[Output] = [
             Send(
                 gm_address(batch.gm),
@@ -270,6 +274,8 @@ class LocalMaster:
         if p.task.constraints & ~self.masks[n]:
             missing = constraint_ids(p.task.constraints & ~self.masks[n])
             return Rejection(p, f"node {n} lacks placement constraints {missing}", inconsistency=False)
+        if (p.task.run is not None or not self._burn_everywhere) and p.task.driver not in self.drivers[n]:
+            return Rejection(p, f"node {n} does not offer driver {p.task.driver!r}", inconsistency=False)
         if p.repartition != (self.owner[n] != gm):
             return Rejection(
                 p,
@@ -441,9 +447,10 @@ class LocalMaster:
         elif req.task.task_id in self.running or req.task.task_id in self.preempting:
             plan = f"task {req.task.task_id} is already running"
         else:
-            plan = self.shares.plan(req.task, req.victims, self.free, self.masks, req.total)
+            plan = self.shares.plan(req.task, req.victims, self.free, self.masks, req.total, self.drivers)
         if isinstance(plan, str):
             self.preemption_refusals += 1
+            self.observer.preemption_refused(req.task, plan, now)
             resp = PreemptResponse(req.gm, self.lm_id, req.seq, req.task, None, [], plan, [], self._take_delta(req.gm))
             return [Send(gm_address(req.gm), resp)]
         n = plan.node
@@ -452,6 +459,8 @@ class LocalMaster:
             self._release(alloc)
             self.preempting[task_id] = alloc
         self.preemptions += len(plan.task_ids)
+        if plan.task_ids:
+            self.observer.preempting(plan.task_ids, now)
         p = Placement(req.task, self.lm_id, n, self.owner[n] != req.gm, req.gm)
         self.observer.lm_received([p], now)
         self._allocate(p, req.gm)
@@ -486,6 +495,8 @@ class LocalMaster:
             self.preempting[task_id] = alloc
             stopped.append(task_id)
         self.stopped += len(stopped)
+        if stopped:
+            self.observer.stopping(stopped, now)
         out: list[Output] = [Send(worker_address(self.lm_id), WorkerPreempt(self.lm_id, stopped))] if stopped else []
         self._arm_tick(now, out)
         return out

@@ -1,11 +1,12 @@
-"""The core's measurement hook: what happened to each task and when. Drivers plug in a recorder; the core never
-reads a clock, it reports the `now` it was given."""
+"""The core's measurement hook: what happened to each task and when. Drivers plug in observers (the recorder of a
+replay, a service's job table and metrics), several at once through `observe`; the core never reads a clock, it
+reports the `now` it was given."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from megha.common.core.messages import Placement
+from megha.common.core.messages import Placement, Rejection
 from megha.common.core.task import JobSpec, TaskSpec
 
 
@@ -55,3 +56,57 @@ class CoreObserver:
     def task_cancelled(self, task: TaskSpec, now: float) -> None:
         """A GM's task was cancelled with its job: taken out of its queue, or its run stopped on its worker. It
         neither finished nor failed, and does not run again."""
+
+    # The LM's decisions, beside `lm_received` and `launched`:
+
+    def rejected(self, rejections: Sequence[Rejection], now: float) -> None:
+        """An LM refused placements of a launch batch: inconsistencies (the GM's view was stale) and malformed
+        requests (`Rejection.inconsistency` says which)."""
+
+    def preempting(self, task_ids: Sequence[str], now: float) -> None:
+        """An LM granted a preemption request: it stops these running tasks (their worker reports `preempted`)."""
+
+    def preemption_refused(self, task: TaskSpec, reason: str, now: float) -> None:
+        """An LM refused to preempt for `task`: no victim passed its verification."""
+
+    def stopping(self, task_ids: Sequence[str], now: float) -> None:
+        """An LM stops these runs at their GM's request (their job was cancelled)."""
+
+
+EVENTS: tuple[str, ...] = tuple(name for name in vars(CoreObserver) if not name.startswith("_"))
+"""Every event a core reports."""
+
+
+class Observers(CoreObserver):
+    """Several observers in a core's one observer slot: each event goes to every observer that records it, in the
+    order given. An event one observer records is bound straight to it, and one nobody records stays a no-op."""
+
+    def __init__(self, *observers: CoreObserver) -> None:
+        self.observers = observers
+        for name in EVENTS:
+            handlers = [getattr(o, name) for o in observers if records(o, name)]
+            if len(handlers) == 1:
+                setattr(self, name, handlers[0])
+            elif handlers:
+                setattr(self, name, _each(handlers))
+
+
+def records(observer: CoreObserver, event: str) -> bool:
+    """Whether `observer` does something on `event` (overrides the no-op, on its class or on itself)."""
+    return getattr(getattr(observer, event), "__func__", None) is not getattr(CoreObserver, event)
+
+
+def observe(*observers: CoreObserver) -> CoreObserver:
+    """One observer for a core's slot: a single observer as it is (a simulation pays nothing for the fan-out), the
+    no-op base for none, `Observers` for more."""
+    if len(observers) == 1:
+        return observers[0]
+    return Observers(*observers) if observers else CoreObserver()
+
+
+def _each(handlers: Sequence[Callable[..., None]]) -> Callable[..., None]:
+    def event(*args: object) -> None:
+        for handler in handlers:
+            handler(*args)
+
+    return event

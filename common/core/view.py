@@ -1,4 +1,5 @@
-"""A GM's possibly stale view of one LM partition: static constraint bit-vectors plus free resources per node.
+"""A GM's possibly stale view of one LM partition: static constraint and driver bit-vectors plus free resources
+per node.
 
 Bitsets are Python ints, bit i = node i of the partition. Two caches keep matching to a few big-int ANDs:
   * `matching(mask)`: nodes satisfying every constraint in a task's mask (static, so cached forever);
@@ -42,6 +43,7 @@ class PartitionView:
         "capacity",
         "constraint_bits",
         "count_bits",
+        "driver_bits",
         "free",
         "gm",
         "lm",
@@ -68,6 +70,10 @@ class PartitionView:
             by_count[n] = by_count.get(n, 0) | 1 << i
         self.constraint_bits = bits
         self.count_bits: list[int] = [by_count[n] for n in sorted(by_count)]
+        self.driver_bits: dict[str, int] = {}  # driver -> the nodes offering it
+        for i, offered in enumerate(spec.node_drivers()):
+            for driver in offered:
+                self.driver_bits[driver] = self.driver_bits.get(driver, 0) | 1 << i
         self._match: dict[int, int] = {}
         self._fit: dict[Resources, int] = {}
         self._cap_fit: dict[Resources, int] = {}
@@ -81,6 +87,10 @@ class PartitionView:
                 bits &= self.constraint_bits[k]
             self._match[mask] = bits
         return bits
+
+    def offering(self, driver: str) -> int:
+        """Nodes whose agent offers the task driver `driver`."""
+        return self.driver_bits.get(driver, 0)
 
     def fitting(self, request: Resources) -> int:
         """Nodes whose free resources (in this view) cover `request`."""

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 import uuid
 from collections import deque
@@ -71,6 +72,59 @@ def lm_key(lm: int) -> str:
     return f"lm.{lm}"
 
 
+BROKER_ROLES = ("gm", "lm", "worker", "loadgen")
+"""The roles that connect to RabbitMQ, each as a user of its own (docs/security.md, "Broker users")."""
+ROLE_EXCHANGES: dict[str, tuple[str, ...]] = {
+    "gm": ("gm", "events", "dead"),
+    "lm": ("gm", "lm", "events", "dead"),
+    "worker": ("lm", "events"),
+    "loadgen": ("events", "dead"),
+}
+"""The exchanges a role's broker declares: those it binds its queues to or publishes to. A role that consumes
+(all but the worker agent) also declares `<run>.dead-letters`, where it may dead-letter a message."""
+
+
+def broker_user(run_id: str, role: str) -> str:
+    """The RabbitMQ user of `role` in run `run_id`."""
+    return f"{run_id}-{role}"
+
+
+def broker_permissions(run_id: str) -> dict[str, tuple[str, str, str]]:
+    """Each role's configure, write and read permissions (RabbitMQ regular expressions over exchange and queue
+    names) in run `run_id`: what it declares, what it publishes to or binds a queue to, what it consumes or binds
+    from. A publisher declares and binds the queue it sends to (no message may find no queue), so it may configure
+    and write that queue, never read it."""
+    run = run_id.replace(".", r"\.")
+
+    def names(*alternatives: str) -> str:
+        return rf"^{run}\.({'|'.join(alternatives)})$"
+
+    gm_queues, lm_queues, loadgen_queue, dead = r"gm\.\d+", r"lm\.\d+", r"events\.loadgen-[0-9a-f]+", "dead"
+    return {
+        "gm": (
+            names("gm", "events", dead, "dead-letters", gm_queues),
+            names("events", dead, "dead-letters", gm_queues),
+            names("gm", dead, gm_queues),
+        ),
+        "lm": (
+            names("gm", "lm", "events", dead, "dead-letters", gm_queues, lm_queues),
+            names("gm", "events", dead, "dead-letters", gm_queues, lm_queues),
+            names("gm", "lm", dead, lm_queues),
+        ),
+        "worker": (names("lm", "events", lm_queues), names("lm", "events", lm_queues), names("lm")),
+        "loadgen": (
+            names("events", dead, "dead-letters", loadgen_queue),
+            names(dead, "dead-letters", loadgen_queue),
+            names("events", dead, loadgen_queue),
+        ),
+    }
+
+
+def loadgen_queue(run_id: str) -> str:
+    """A fresh name for a load generator's queue of task events (its user may consume only such queues)."""
+    return f"{run_id}.events.loadgen-{uuid.uuid4().hex[:8]}"
+
+
 def safe_url(url: str) -> str:
     """The broker URL without its password, for logs."""
     parts = urlsplit(url)
@@ -115,8 +169,12 @@ class Broker:
         delivery_limit: int = DELIVERY_LIMIT,
         retry_pause: float = RETRY_PAUSE,
         queue_type: str = "classic",
+        role: str | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.url = url
+        self.exchanges = EXCHANGES if role is None else ROLE_EXCHANGES[role]
+        self.tls_ca = tls_ca
         self.delivery_limit = delivery_limit
         self.retry_pause = retry_pause
         self.queue_type = queue_type
@@ -154,7 +212,7 @@ class Broker:
             attempt += 1
             try:
                 self._connection = await aio_pika.connect_robust(
-                    with_heartbeat(self.url), reconnect_interval=1, timeout=5
+                    with_heartbeat(self.url), reconnect_interval=1, timeout=5, ssl_context=self._tls_context()
                 )
                 break
             except Exception as exc:  # aiormq raises a variety of socket and AMQP errors
@@ -182,15 +240,22 @@ class Broker:
         self._connection.reconnect_callbacks.add(self._on_reconnected)
         self._channel = await self._connection.channel(publisher_confirms=True)  # type: ignore[assignment]
         await self._channel.set_qos(prefetch_count=256)
-        for name in EXCHANGES:
+        for name in self.exchanges:
             kind = aio_pika.ExchangeType.DIRECT if name in DIRECT_EXCHANGES else aio_pika.ExchangeType.FANOUT
             self._exchanges[name] = await self._channel.declare_exchange(f"{self.run_id}.{name}", kind, durable=True)
-        dead = await self._channel.declare_queue(
-            f"{self.run_id}.dead-letters", durable=True, arguments=queue_arguments(self.queue_type)
-        )
-        await dead.bind(self._exchanges["dead"])
-        self._declared[dead.name] = dead
+        if "dead" in self._exchanges:
+            dead = await self._channel.declare_queue(
+                f"{self.run_id}.dead-letters", durable=True, arguments=queue_arguments(self.queue_type)
+            )
+            await dead.bind(self._exchanges["dead"])
+            self._declared[dead.name] = dead
         self._sender = asyncio.get_running_loop().create_task(self._send_forever())
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """For an amqps:// URL: TLS verifying the broker with `tls_ca` (MEGHA_TLS_CA), or the system's CAs."""
+        if urlsplit(self.url).scheme != "amqps":
+            return None
+        return ssl.create_default_context(cafile=self.tls_ca)
 
     def _on_lost(self, *args: object) -> None:
         if self._closing:

@@ -13,8 +13,9 @@ Builds, on a machine that cannot pull images from a registry (Debian's package m
                               it also trusts the certificate authorities this machine trusts beyond Debian's
                               (see --ca-file), so pip reaches PyPI through a TLS-inspecting proxy as the host does;
   2. megha-rabbitmq:bookworm  RabbitMQ from Debian's rabbitmq-server package on that base, run in the foreground,
-                              open to other containers (user/password: RABBITMQ_DEFAULT_USER/PASS, default
-                              guest/guest), management UI on 15672, healthy once AMQP clients can connect;
+                              open to other containers (users from a definitions file, or the one user
+                              RABBITMQ_DEFAULT_USER/PASS name), management UI on 15672, healthy once AMQP
+                              clients can connect;
   3. megha-prometheus:bookworm  Prometheus from Debian's prometheus package on that base, run like the official
                               prom/prometheus image (its arguments are Prometheus's flags, data in /prometheus);
   4. megha:latest             the repository's Dockerfile with --build-arg BASE_IMAGE=megha-base:bookworm.

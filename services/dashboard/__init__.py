@@ -28,7 +28,7 @@ ASSETS = {
 
 
 def overview(service: GMService) -> Overview:
-    """What the dashboard shows, read from the GM's core and job table."""
+    """What the dashboard shows, read from the GM's core, job table and meter."""
     core = service.core
     assert core is not None
     jobs = service.jobs
@@ -50,7 +50,7 @@ def overview(service: GMService) -> Overview:
         ]
     else:
         queues = [QueueUse(queue=NO_QUEUE, pending=sum(pending.values()), running=sum(running.values()))]
-    meter = jobs.meter
+    meter = service.meter.allocation
     return Overview(
         gm=service.settings.gm_id,
         at=time.time(),

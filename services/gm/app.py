@@ -1,5 +1,5 @@
-"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs, GET and DELETE /v1/jobs/{id}, GET /v1/queues, GET /v1/state,
-GET /healthz; between
+"""The GM's HTTP API: POST /v1/jobs, GET /v1/jobs, GET and DELETE /v1/jobs/{id}, GET
+/v1/jobs/{id}/tasks/{task_id}/logs, GET /v1/queues, GET /v1/state, GET /healthz; between
 peers POST /v1/peers/{gm}/journal and POST /v1/peers/{gm}/release (services/gm/standin.py)."""
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from megha.common.models import ErrorBody, JobAccepted, JobList, JobState, JobSt
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
 from megha.services.apidocs import serve_docs_offline
+from megha.services.auth import GM_RULES, principal, protect
 from megha.services.dashboard import mount_dashboard
 from megha.services.gm.service import DuplicateJob, GMService, NotServing, TooManyUnfinished
 from megha.services.gm.standin import NotHere, Peers, StandingIn
 from megha.services.http import (
+    CallError,
     configure_logging,
     document_bodies,
     error,
@@ -35,6 +37,7 @@ from megha.services.http import (
     read_body,
     serving_gc,
 )
+from megha.services.logroutes import ATTEMPT_QUERY, LOG_RESPONSE, STREAM_QUERY, TAIL_QUERY, Stream, log_query, relay
 from megha.services.metrics import gm_registry, mount_metrics
 
 SUBMIT_AGAIN_AFTER = 2
@@ -103,6 +106,10 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     ) -> Response:
         arrived = time.time()  # allocation time counts from here: parsing the job is part of it
         sub = await read_body(request, JobSubmission)
+        if not (who := principal(request)).may_act_for(sub.user):
+            message = f"{who} may submit only to its own queue, not to {sub.user}'s"
+            log.warning("refused job %s (403): %s", sub.job_id or "(unnamed)", message, extra=ids(user=sub.user))
+            return error(403, message, "user")
 
         def refuse(status: int, exc: Exception, *field: str) -> Response:
             log.warning(
@@ -122,7 +129,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         try:
             job = await target.submit(sub, arrived)
         except Unschedulable as exc:
-            return refuse(422, exc, "tasks")
+            return refuse(422, exc, exc.field)
         except DuplicateJob as exc:
             return refuse(409, exc, "job_id")
         except NotServing as exc:
@@ -134,11 +141,18 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=target.settings.gm_id)
         return json_response(accepted, 201)
 
+    def visible(request: Request, user: str) -> bool:
+        """Whether the caller may see and cancel a job of `user` (a user's own; an operator every one): other
+        users' jobs answer 404 as unknown ones do."""
+        return principal(request).may_act_for(user)
+
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(404))
-    async def job_status(job_id: str) -> Response:
+    async def job_status(job_id: str, request: Request) -> Response:
         status = service.jobs.status(job_id)
         if status is None and peers.stand_in is not None:
             status = peers.stand_in.jobs.status(job_id)
+        if status is not None and not visible(request, status.user):
+            status = None
         if status is None:
             message = f"no job {job_id} at GM {settings.gm_id}"
             if service.jobs.dropped_jobs:
@@ -149,13 +163,46 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             return error(404, message, "job_id")
         return json_response(status)
 
+    @app.get(
+        "/v1/jobs/{job_id}/tasks/{task_id}/logs",
+        response_class=Response,
+        responses={**LOG_RESPONSE, **errors(404, 502, 503)},
+    )
+    async def task_logs(
+        job_id: str,
+        task_id: str,
+        request: Request,
+        stream: Stream = STREAM_QUERY,
+        attempt: int | None = ATTEMPT_QUERY,
+        tail: int | None = TAIL_QUERY,
+    ) -> Response:
+        """What a task's run printed (stdout or stderr), read from the agent that ran it through its LM: the node
+        of the task's latest placement (an earlier attempt that ran elsewhere is not found there). Burn tasks print
+        nothing and keep no output. 404 names `job_id`, `task_id` or, from the agent, the attempt it lacks."""
+        status = service.jobs.status(job_id)
+        holder = service
+        if status is None and peers.stand_in is not None:
+            status, holder = peers.stand_in.jobs.status(job_id), peers.stand_in
+        if status is None or not visible(request, status.user):
+            return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
+        task = next((t for t in status.tasks if t.task_id == task_id), None)
+        if task is None:
+            return error(404, f"job {job_id} has no task {task_id}", "task_id")
+        if task.lm is None or task.node is None:
+            return error(404, f"task {task_id} has not run ({task.state}): it has no output", "task_id")
+        try:
+            reply = await holder.task_logs(task.lm, task.node, task_id, log_query(stream, attempt, tail))
+        except CallError as exc:
+            return error(502, f"LM {task.lm}, where task {task_id} ran, could not be reached: {exc}", "task_id")
+        return relay(reply, f"LM {task.lm}", "task_id")
+
     @app.delete(
         "/v1/jobs/{job_id}",
         status_code=202,
         response_model=JobStatus,
         responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 503: {"model": ErrorBody}},
     )
-    async def cancel_job(job_id: str) -> Response:
+    async def cancel_job(job_id: str, request: Request) -> Response:
         """Cancel a job: its queued tasks end `cancelled` at once; its placed ones are stopped on their agents and
         end `cancelled` when their LM reports the stop (a task that finished first stays finished). 409 when the
         job had already ended; cancelling a cancelled job again answers its status."""
@@ -163,6 +210,8 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             if holder is None or job_id not in holder.jobs.jobs:
                 continue
             job = holder.jobs.jobs[job_id]
+            if not visible(request, job.user):
+                break
             if not job.open and not job.cancelled:
                 state = holder.jobs.job_state(job)
                 return error(409, f"job {job_id} already ended ({state}); nothing to cancel", "job_id")
@@ -176,6 +225,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
 
     @app.get("/v1/jobs", response_model=JobList, responses={422: {"model": ErrorBody}})
     async def list_jobs(
+        request: Request,
         user: str | None = Query(None, min_length=1, max_length=64, description="only this user's jobs"),
         queue: str | None = Query(
             None,
@@ -192,6 +242,11 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         if user is not None and queue is not None and user != queue:
             return json_response(JobList(jobs=[], total=0, offset=offset, limit=limit))
         who = user if user is not None else queue
+        caller = principal(request)
+        if not caller.operator:  # a user lists its own jobs only
+            if who is not None and who != caller.name:
+                return error(403, f"{caller} may list only its own jobs, not {who}'s", "user" if user else "queue")
+            who = caller.name
         found = service.jobs.summaries(who, state)
         if peers.stand_in is not None:
             found += peers.stand_in.jobs.summaries(who, state)
@@ -246,4 +301,5 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
 
     document_bodies(app, JobSubmission, JournalLines)
     serve_docs_offline(app)
+    protect(app, settings.verifier(), GM_RULES, f"GM {settings.gm_id}")
     return app

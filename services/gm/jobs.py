@@ -17,7 +17,6 @@ from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.models import JobState, JobStatus, JobSummary, TaskStatus
 from megha.services.http import ids
-from megha.services.metrics import TaskMeter
 
 log = logging.getLogger("megha.gm")
 
@@ -51,7 +50,8 @@ class _Job:
 
 
 class JobTable(CoreObserver):
-    """Per-task state at this GM: queued -> launched -> finished (or failed, with the reason)."""
+    """Per-task state at this GM: queued -> launched -> finished (or failed, with the reason). The service's GM
+    core reports to it and to the GM's metrics (`GMMeter`) alike, through `observe`."""
 
     def __init__(
         self, gm: int, finished_tasks_kept: int = 1_000_000, on_end: Callable[[str, str, str], None] | None = None
@@ -70,7 +70,6 @@ class JobTable(CoreObserver):
         # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
         # service to publish as task events: (task, kind, reason, lm, node).
         self.ended_here: list[tuple[TaskSpec, str, str, int, int]] = []
-        self.meter = TaskMeter()  # scheduling attempts and allocation times, for GET /metrics
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         """A task's arrival is when its job's request reached the GM (the service stamps that as
@@ -86,7 +85,6 @@ class JobTable(CoreObserver):
 
     def attempt(self, task: TaskSpec, now: float) -> None:
         self.tasks[task.task_id].attempts += 1
-        self.meter.attempts += 1
 
     def decided(self, placements: Sequence[Placement], now: float) -> None:
         """Called for every batch of decisions (thousands of tasks a second under load): a repartition is logged
@@ -96,7 +94,6 @@ class JobTable(CoreObserver):
             if p.repartition:
                 repartitions.setdefault(p.lm, []).append(p)
             rec = self.tasks[p.task.task_id]
-            self.meter.decided(rec.arrival, rec.attempts, now)
             rec.state, rec.launched_at, rec.lm, rec.node, rec.repartitioned = (
                 "launched",
                 now,

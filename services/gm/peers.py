@@ -34,12 +34,21 @@ class Replicator:
     this GM, which is how a GM that was stalled or cut off learns it must take its identity back. While the peer
     cannot be reached, the copy is marked behind and rebuilt from the whole journal once it can."""
 
-    def __init__(self, url: str, gm: int, journal: Path, timeout: float, on_refused: Callable[[str], None]) -> None:
-        """`on_refused(reason)`: the peer stands in for this GM, which must take its identity back."""
+    def __init__(
+        self,
+        url: str,
+        gm: int,
+        journal: Path,
+        timeout: float,
+        on_refused: Callable[[str], None],
+        credentials: Callable[[], str] | None = None,
+    ) -> None:
+        """`on_refused(reason)`: the peer stands in for this GM, which must take its identity back. `credentials`:
+        the Authorization header of the copies (`ServiceClient`)."""
         self.url = f"{url}/v1/peers/{gm}/journal"
         self.journal = journal
         self.on_refused = on_refused
-        self._client = ServiceClient(timeout)
+        self._client = ServiceClient(timeout, authorization=credentials)
         self._lines: list[str] = []
         self._waiting: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 from pydantic_core import to_json
 
@@ -18,6 +19,7 @@ from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send, StopRequest
+from megha.common.core.observer import observe
 from megha.common.core.placement.choice import make_choice
 from megha.common.core.recovery import LMReport, RunsHeld, plan_recovery, runs_lost
 from megha.common.core.task import JobSpec, TaskSpec
@@ -41,6 +43,7 @@ from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, Replayed
 from megha.services.gm.peers import Replicator
 from megha.services.http import CallError, Reply, ServiceClient, ids, spawn
+from megha.services.metrics import GMMeter
 
 log = logging.getLogger("megha.gm")
 
@@ -70,6 +73,8 @@ class GMService:
         self.journal: Journal | None = None
         self.replicator: Replicator | None = None  # the journal's copy at the next GM, when peers are configured
         self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept, self._journal_end)
+        self.meter = GMMeter()  # scheduling attempts and allocation times, for GET /metrics
+        self.observer = observe(self.jobs, self.meter)  # what the GM core reports goes to both
         self.core: GlobalMaster | None = None
         self.cluster: ClusterSpec | None = None
         # Fencing (megha.common.core.fencing): the term this GM identity was claimed with at every LM; `serving`
@@ -78,7 +83,7 @@ class GMService:
         self.serving = True
         self.on_superseded: Callable[[str], None] | None = None
         self._lock = asyncio.Lock()
-        self._calls = ServiceClient(settings.http_timeout)
+        self._calls = ServiceClient(settings.http_timeout, authorization=settings.credentials())
         self._tasks: set[asyncio.Task[None]] = set()
         self._job_numbers = itertools.count()
         self._accepting: set[str] = set()  # job ids being journaled
@@ -119,6 +124,7 @@ class GMService:
                         p["gm"],
                         tuple(tuple(c) for c in p["capacities"]),
                         tuple(constraint_mask(ids) for ids in p["constraints"]),
+                        tuple(tuple(d) for d in p.get("drivers", ())),  # an LM from before drivers: burn only
                     )
                     for p in doc["partitions"]
                 )
@@ -126,6 +132,12 @@ class GMService:
         cluster = ClusterSpec(tuple(rows), names)
         self.adopt(cluster)
         return cluster
+
+    async def task_logs(self, lm: int, node: int, task_id: str, query: str) -> Reply:
+        """LM `lm`'s answer to `GET /v1/nodes/{node}/tasks/{task_id}/logs?{query}`: the output a run of the task
+        left on the agent of that node. Raises CallError when the LM cannot be reached."""
+        url = f"{self.settings.lm_urls[lm]}/v1/nodes/{node}/tasks/{quote(task_id, safe='')}/logs?{query}"
+        return await self._calls.get(url)
 
     def adopt(self, cluster: ClusterSpec) -> None:
         """Build the GM core over `cluster`, all free: the LMs' deltas and responses correct the view from here."""
@@ -135,7 +147,7 @@ class GMService:
             cluster,
             make_choice(self.settings.matching),
             self.settings.seed,
-            self.jobs,
+            self.observer,
             self.settings.fairness(),
             self.settings.max_attempts,
         )
@@ -253,6 +265,11 @@ class GMService:
             if self.replicator is not None:
                 self.replicator.add(line)
 
+    def _restore_end(self, task_id: str, state: str, reason: str, now: float) -> None:
+        """A task end this GM learnt while recovering (from its journal or an LM), not from its core."""
+        self.jobs.restore_end(task_id, state, reason, now)
+        self.meter.ended(task_id)
+
     async def recover(self) -> None:
         """Rebuild this GM after a start: its view from every LM's full state, its job table from its journal, and
         its queue from the accepted tasks that no LM runs and that did not end (nothing running or finished is
@@ -271,10 +288,10 @@ class GMService:
                 job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), arrived)
                 if job_id in self.jobs.jobs:
                     continue
-                self.jobs.job_arrived(job, self.settings.gm_id, arrived)
+                self.observer.job_arrived(job, self.settings.gm_id, arrived)
                 tasks.extend(job.tasks)
             for task_id, (how, reason) in replayed.ends.items():
-                self.jobs.restore_end(task_id, how, reason, now)
+                self._restore_end(task_id, how, reason, now)
         reports = [
             LMReport(
                 s.delta.to_core(), [p.to_core() for p in s.running], [(r.task_id, r.attempt, r.error) for r in s.ended]
@@ -284,15 +301,15 @@ class GMService:
         ended = {t.task_id for t in tasks if self.jobs.tasks[t.task_id].state in ENDED}
         plan = plan_recovery(self.settings.gm_id, tasks, ended, reports)
         for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM
-            self.jobs.restore_end(task_id, "failed" if reason else "finished", reason, now)
-        self.jobs.decided(plan.running, now)
+            self._restore_end(task_id, "failed" if reason else "finished", reason, now)
+        self.observer.decided(plan.running, now)
         cancels = [job_id for job_id in (replayed.cancels if replayed is not None else ()) if job_id in self.jobs.jobs]
         for job_id in cancels:
             self.jobs.jobs[job_id].cancelled = True
         queued = [t for t in plan.queued if not self.jobs.jobs[t.job_id].cancelled]
         for task in plan.queued:
             if self.jobs.jobs[task.job_id].cancelled:
-                self.jobs.task_cancelled(task, now)  # cancelled before the crash, while still queued
+                self.observer.task_cancelled(task, now)  # cancelled before the crash, while still queued
         async with self._lock:
             outputs = self.core.recover(plan.deltas, plan.running, queued, now)
             for job_id in cancels:  # their runs the LMs still hold are stopped now
@@ -372,6 +389,8 @@ class GMService:
             self.journal.close()
             self.journal = None
         self.jobs = JobTable(self.settings.gm_id, self.settings.finished_tasks_kept, self._journal_end)
+        self.meter = GMMeter()
+        self.observer = observe(self.jobs, self.meter)
         self.adopt(self.cluster)
 
     def _superseded(self, reason: str) -> None:

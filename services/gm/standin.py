@@ -52,7 +52,7 @@ class Peers:
         self.next = settings.peer(1) if settings.journal_dir else None
         self.previous = settings.peer(-1) if settings.journal_dir else None
         self.store = ReplicaStore(Path(settings.journal_dir), settings.run_id)
-        self._calls = ServiceClient(min(settings.http_timeout, 5.0))
+        self._calls = ServiceClient(min(settings.http_timeout, 5.0), authorization=settings.credentials())
         self._tasks: set[asyncio.Task[None]] = set()
         self._rejoining = False
         self.stand_in: GMService | None = None  # this GM acting as the previous one
@@ -72,6 +72,7 @@ class Peers:
                 self.service.journal_path(),
                 min(self.settings.http_timeout, 5.0),
                 self._on_superseded,
+                self.settings.credentials(),
             )
             self.service.replicator.start()
         if self.previous is not None and self.settings.takeover_after > 0:

@@ -1,5 +1,5 @@
 """The LM's HTTP API: POST /v1/workers, /v1/launch, /v1/preempt, /v1/stop and /v1/gms/{gm}/claim; GET /v1/cluster,
-/v1/gms/{gm}/state, /v1/state and /healthz."""
+/v1/gms/{gm}/state, /v1/nodes/{node}/tasks/{task_id}/logs, /v1/state and /healthz."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ from megha.common.models import (
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import connected, lm_key
 from megha.services.apidocs import serve_docs_offline
+from megha.services.auth import LM_RULES, principal, protect
 from megha.services.http import (
+    CallError,
     configure_logging,
     document_bodies,
     error,
@@ -41,6 +43,7 @@ from megha.services.http import (
     serving_gc,
 )
 from megha.services.lm.service import LMService, NotReady, RegistrationError
+from megha.services.logroutes import ATTEMPT_QUERY, LOG_RESPONSE, STREAM_QUERY, TAIL_QUERY, Stream, log_query, relay
 from megha.services.metrics import lm_registry, mount_metrics
 
 
@@ -98,6 +101,10 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     async def register(request: Request) -> Response:
         reg = await read_body(request, WorkerRegistration)
         worker = ids(worker=reg.worker_id, lm=settings.lm_id)
+        if (who := principal(request)).role == "worker" and who.name != reg.worker_id:
+            return refuse(
+                403, f"registration of {reg.worker_id}", f"{who} may register only itself", "worker_id", worker
+            )
         for i, node in enumerate(reg.nodes):
             if set(node.capacity) != set(service.resource_names):
                 message = f"capacity names {sorted(node.capacity)} differ from {sorted(service.resource_names)}"
@@ -109,7 +116,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
 
     @app.get("/v1/cluster", response_model=None, responses=errors(503))
     async def cluster() -> object:
-        """This LM's partitions (one per GM): each node's capacity and machine constraints."""
+        """This LM's partitions (one per GM): each node's capacity, machine constraints and task drivers."""
         try:
             parts = service.partitions()
         except NotReady as exc:
@@ -122,6 +129,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                     "gm": p.gm,
                     "capacities": [list(c) for c in p.capacities],
                     "constraints": [constraint_ids(m) for m in p.constraint_masks],
+                    "drivers": [list(d) for d in p.node_drivers()],
                 }
                 for p in parts
             ],
@@ -249,10 +257,33 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except NotReady as exc:
             return error(503, f"LM {settings.lm_id} not ready: {exc}")
 
+    @app.get(
+        "/v1/nodes/{node}/tasks/{task_id}/logs",
+        response_class=Response,
+        responses={**LOG_RESPONSE, **errors(404, 502, 503)},
+    )
+    async def task_logs(
+        node: int,
+        task_id: str,
+        stream: Stream = STREAM_QUERY,
+        attempt: int | None = ATTEMPT_QUERY,
+        tail: int | None = TAIL_QUERY,
+    ) -> Response:
+        """The output (stdout or stderr) a task's run left on the agent that holds `node`: that agent's
+        `GET /v1/tasks/{task_id}/logs`, relayed. 404 names `node` when no agent registered it here."""
+        try:
+            reply = await service.task_logs(node, task_id, log_query(stream, attempt, tail))
+        except KeyError:
+            return error(404, f"LM {settings.lm_id} has no registered node {node}", "node")
+        except CallError as exc:
+            return error(502, f"the agent of node {node} of LM {settings.lm_id} could not be reached: {exc}", "node")
+        return relay(reply, f"the agent of node {node} of LM {settings.lm_id}", "node")
+
     @app.get("/v1/state")
     async def state() -> dict[str, object]:
         return service.state()
 
     document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel, StopRequestModel, GMClaim)
     serve_docs_offline(app)
+    protect(app, settings.verifier(), LM_RULES, f"LM {settings.lm_id}")
     return app

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from urllib.parse import quote
 
 from pydantic_core import to_json
 
-from megha.common.core.cluster import PartitionSpec
+from megha.common.core.cluster import BURN_ONLY, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.fencing import GMTerms
 from megha.common.core.liveness import Heard, WorkerLiveness
@@ -46,7 +47,8 @@ from megha.common.models import (
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import Broker, TryLater, gm_key, run_background
-from megha.services.http import CallError, ServiceClient, ids, spawn
+from megha.services.http import CallError, Reply, ServiceClient, ids, spawn
+from megha.services.metrics import LMMeter
 
 log = logging.getLogger("megha.lm")
 
@@ -77,6 +79,7 @@ class LMService:
         # Node -> capacity, constraint mask and agent URL, filled as agents register (None: not yet).
         self._capacities: list[Resources | None] = [None] * settings.expected_nodes
         self._masks: list[int] = [0] * settings.expected_nodes
+        self._drivers: list[tuple[str, ...]] = [BURN_ONLY] * settings.expected_nodes
         self._node_worker: list[str] = [""] * settings.expected_nodes
         # This LM's life: agents register again when it changes, and node versions start above the last one's.
         self.incarnation = time.time_ns() // 1_000_000
@@ -84,9 +87,10 @@ class LMService:
         self._rebuilt = False  # agents of an earlier incarnation of this LM registered: it comes back from a crash
         self._workers: dict[str, WorkerRegistered] = {}
         self.core: LocalMaster | None = None
+        self.meter = LMMeter()  # what the core decides, from its observer events (GET /metrics, /v1/state)
         self.partitions_spec: tuple[PartitionSpec, ...] = ()
         self._lock = asyncio.Lock()
-        self._calls = ServiceClient(settings.http_timeout)
+        self._calls = ServiceClient(settings.http_timeout, authorization=settings.credentials())
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed_launches = 0
         self._heartbeats: dict[str, WorkerHeartbeat] = {}
@@ -112,6 +116,14 @@ class LMService:
             self._agent_nodes[reg.worker_id] = (reg.url, nodes)
             for n in nodes:
                 self._node_worker[n] = reg.url
+            if nodes and tuple(reg.drivers) != self._drivers[nodes[0]]:
+                log.warning(
+                    "%s registered again offering drivers %s; its nodes keep %s until this LM restarts",
+                    reg.worker_id,
+                    reg.drivers,
+                    list(self._drivers[nodes[0]]),
+                    extra=ids(worker=reg.worker_id, lm=self.settings.lm_id),
+                )
             await self._lose_missing(reg)
             return known
         if self.core is not None:
@@ -129,6 +141,7 @@ class LMService:
         for n, cap, node in zip(nodes, caps, reg.nodes):
             self._capacities[n] = cap
             self._masks[n] = constraint_mask(node.constraints)
+            self._drivers[n] = tuple(reg.drivers)
             self._node_worker[n] = reg.url
         registered = WorkerRegistered(
             worker_id=reg.worker_id,
@@ -184,7 +197,11 @@ class LMService:
         bounds = [k * n // g for k in range(g + 1)]
         parts = tuple(
             PartitionSpec(
-                lm, gm, tuple(caps[bounds[gm] : bounds[gm + 1]]), tuple(self._masks[bounds[gm] : bounds[gm + 1]])
+                lm,
+                gm,
+                tuple(caps[bounds[gm] : bounds[gm + 1]]),
+                tuple(self._masks[bounds[gm] : bounds[gm + 1]]),
+                tuple(self._drivers[bounds[gm] : bounds[gm + 1]]),
             )
             for gm in range(g)
         )
@@ -193,6 +210,7 @@ class LMService:
             lm,
             parts,
             self.resource_names,
+            observer=self.meter,
             delta_interval=self.settings.delta_interval,
             fairness=self.settings.fairness(),
             incarnation=self.incarnation,
@@ -232,6 +250,14 @@ class LMService:
         if missing:
             await self._lose_unlaunched(missing, f"worker agent {reg.worker_id} restarted", reg.worker_id)
 
+    async def task_logs(self, node: int, task_id: str, query: str) -> Reply:
+        """The answer of the agent holding `node` to `GET /v1/tasks/{task_id}/logs?{query}` (the output a task's
+        run left there); KeyError when no agent registered `node`, CallError when the agent cannot be reached."""
+        url = self._node_worker[node] if 0 <= node < len(self._node_worker) else ""
+        if not url:
+            raise KeyError(node)
+        return await self._calls.get(f"{url}/v1/tasks/{quote(task_id, safe='')}/logs{'?' + query if query else ''}")
+
     def partitions(self) -> tuple[PartitionSpec, ...]:
         if self.core is None:
             raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
@@ -249,9 +275,9 @@ class LMService:
             raise NotReady(f"{self.registered_nodes}/{self.settings.expected_nodes} nodes registered")
         async with self._lock:
             self.terms.check(batch.gm, term)
-            repartitions = core.repartitions
+            repartitions = self.meter.repartitions
             outputs = core.handle(batch, time.time())
-            repartitions = core.repartitions - repartitions
+            repartitions = self.meter.repartitions - repartitions
         response = next(o.msg for o in outputs if isinstance(o, Send) and isinstance(o.msg, LaunchResponse))
         if response.rejected or (repartitions and log.isEnabledFor(logging.DEBUG)):
             self._log_validation(response, repartitions)
@@ -681,13 +707,13 @@ class LMService:
             "workers": len(self._workers),
             "running": len(core.running) if core else 0,
             "logical_nodes": len(core.logical_nodes) if core else 0,
-            "inconsistencies": core.inconsistencies if core else 0,
-            "repartitions": core.repartitions if core else 0,
-            "preemptions": core.preemptions if core else 0,
-            "preemption_refusals": core.preemption_refusals if core else 0,
-            "stopped": core.stopped if core else 0,  # runs of cancelled jobs stopped at their GM's request
+            "inconsistencies": self.meter.inconsistencies,
+            "repartitions": self.meter.repartitions,
+            "preemptions": self.meter.preemptions,
+            "preemption_refusals": self.meter.preemption_refusals,
+            "stopped": self.meter.stops,  # runs of cancelled jobs stopped at their GM's request
             "preempting": len(core.preempting) if core else 0,
-            "launched": core.launched if core else 0,
+            "launched": self.meter.launches,
             "failed_launches": self.failed_launches,
             "free": [list(f) for f in core.free] if core else [],
             "capacity": [list(c) for c in core.capacity] if core else [],

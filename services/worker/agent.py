@@ -8,6 +8,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 from pydantic_core import to_json
 
@@ -25,8 +26,11 @@ from megha.common.models import (
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, lm_key, run_background
 from megha.services.http import CallError, ServiceClient, ids
+from megha.services.worker.drivers import Driver
+from megha.services.worker.exec_driver import ExecDriver
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 from megha.services.worker.ledger import NodeLedger
+from megha.services.worker.tasklogs import Stream, TaskLogs, default_log_dir
 
 log = logging.getLogger("megha.worker")
 
@@ -52,8 +56,23 @@ class WorkerAgent:
             raise ValueError("MEGHA_NODES > 1 needs MEGHA_EXECUTION=simulated: a real agent is one node")
         self.settings = settings
         self.broker = broker
-        executor_cls = TaskExecutor if settings.execution == "real" else SimulatedExecutor
-        self.executor = executor_cls(self._on_finished)
+        self.executor: TaskExecutor | SimulatedExecutor
+        self.logs: TaskLogs | None = None  # the kept output of exec and container tasks
+        self._drivers: dict[str, Driver] = {}
+        if settings.execution == "real":
+            self.drivers = tuple(settings.drivers)
+            self._drivers = _drivers(settings)
+            if self._drivers:
+                folder = (
+                    Path(settings.task_log_dir)
+                    if settings.task_log_dir
+                    else default_log_dir(settings.run_id, settings.worker_id)
+                )
+                self.logs = TaskLogs(folder, settings.task_log_bytes, settings.task_logs_kept)
+            self.executor = TaskExecutor(self._on_finished, drivers=self._drivers, logs=self.logs)
+        else:  # a simulated agent offers only burn, whatever MEGHA_DRIVERS says
+            self.drivers = ("burn",)
+            self.executor = SimulatedExecutor(self._on_finished)
         self.registered: WorkerRegistered | None = None
         self._placements: dict[str, Placement] = {}  # launched and not yet reported, by task id
         self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what `_placements` hold
@@ -63,7 +82,7 @@ class WorkerAgent:
         self._reports: dict[int, list[dict[str, object]]] = {}
         self._events: list[dict[str, object]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._calls = ServiceClient(timeout=10.0)
+        self._calls = ServiceClient(timeout=10.0, authorization=settings.credentials())
         self._lm_unreachable = False
 
     def nodes(self) -> list[WorkerNode]:
@@ -89,8 +108,15 @@ class WorkerAgent:
                 "nodes": [n.model_dump() for n in self.nodes()],
                 "first_node": before.first_node if before is not None else None,
                 "running": [PlacementModel.plain(p) for p in self._placements.values()],
+                "drivers": list(self.drivers),
             }
         )
+
+    async def prepare(self) -> None:
+        """Check that every driver this agent offers can run tasks here, and log how each does; raises
+        `StartupError` (say, MEGHA_DRIVERS lists container and the Docker engine does not answer)."""
+        for driver in self._drivers.values():
+            log.info("%s", await driver.prepare())
 
     async def register(self, timeout: float = 120.0) -> WorkerRegistered:
         """Register with the LM, retrying until it answers (it may start after us, or be restarting)."""
@@ -179,8 +205,16 @@ class WorkerAgent:
         first = self.registered.first_node
         fresh: list[tuple[int, Placement]] = []
         seen: set[str] = set()
+        offered = self.drivers
         for i, p in enumerate(placements):
             task = p.task
+            if task.driver not in offered:
+                raise LaunchRefused(
+                    422,
+                    f"task {task.task_id} runs with the {task.driver} driver, which this agent does not offer "
+                    f"(it offers {', '.join(offered)}); nothing in this launch was started",
+                    f"launches.{i}.task.run.driver",
+                )
             if task.task_id in seen:
                 raise LaunchRefused(
                     422, f"task {task.task_id} appears twice in this launch", f"launches.{i}.task.task_id"
@@ -257,7 +291,9 @@ class WorkerAgent:
         for p in placements:
             task = p.task
             try:
-                await executor.start(task.task_id, task.request[0], task.request[1], task.duration)
+                await executor.start(
+                    task.task_id, task.request[0], task.request[1], task.duration, task.run, task.attempt
+                )
             except Exception as exc:  # the task must still be reported, never silently dropped
                 log.exception("could not start %s", task.task_id)
                 self._report(p, ExecutionResult.failed_to_start(task.task_id, str(exc)))
@@ -350,6 +386,49 @@ class WorkerAgent:
         await self.executor.shutdown()
         await self._flush(0.0)
         await self._calls.aclose()
+
+    def task_output(self, task_id: str, stream: Stream, attempt: int | None, tail: int | None) -> tuple[int, bytes]:
+        """What is kept of a task's `stream` (of `attempt`, else its latest), its last `tail` bytes when given, and
+        the attempt it is of. A burn task this agent runs or ran keeps nothing: b"". Raises `UnknownRun` naming the
+        field when there is no record of the task (or of that attempt)."""
+        attempts = self.logs.attempts(task_id) if self.logs is not None else None
+        if attempts:
+            if attempt is None:
+                attempt = attempts[-1]
+            elif attempt not in attempts:
+                raise UnknownRun(f"task {task_id} has no attempt {attempt} here (it has {attempts})", "attempt")
+            assert self.logs is not None
+            return attempt, self.logs.read(task_id, attempt, stream, tail)
+        runs = [a for (t, a) in self._done if t == task_id]
+        running = self._placements.get(task_id)
+        if running is not None:
+            runs.append(running.task.attempt)
+        if not runs:
+            raise UnknownRun(f"this agent has no record of task {task_id}", "task_id")
+        if attempt is not None and attempt not in runs:
+            raise UnknownRun(f"task {task_id} has no attempt {attempt} here (it has {sorted(set(runs))})", "attempt")
+        return attempt if attempt is not None else max(runs), b""
+
+
+class UnknownRun(LookupError):
+    """No record on this agent of the task (or the attempt) asked for; `field` names which."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def _drivers(settings: WorkerSettings) -> dict[str, Driver]:
+    """The driver objects of the drivers MEGHA_DRIVERS lists besides burn."""
+    drivers: dict[str, Driver] = {}
+    if "exec" in settings.drivers:
+        drivers["exec"] = ExecDriver(settings.worker_id, settings.task_user)
+    if "container" in settings.drivers:
+        from megha.services.worker.container_driver import ContainerDriver  # imports the Docker SDK
+
+        drivers["container"] = ContainerDriver(settings.worker_id)
+    return drivers
 
 
 def _amounts(amounts: tuple[int, ...]) -> str:

@@ -1,4 +1,5 @@
-"""The worker agent's HTTP API: POST /v1/tasks (launch), POST /v1/preempt, GET /v1/state, GET /healthz.
+"""The worker agent's HTTP API: POST /v1/tasks (launch), POST /v1/preempt, GET /v1/state, GET /healthz, and
+GET /v1/tasks/{task_id}/logs (a task's kept stdout or stderr, as text/plain).
 
 A launch is refused as a whole, nothing of it started, with a 4xx naming the field: 422 for what no state of the
 node could accept (a node or LM not this agent's, a request that is not aligned, asks 0 of a resource or more
@@ -10,9 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi import FastAPI, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import PlainTextResponse, Response
 from pydantic_core import to_json
 
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
@@ -21,6 +24,7 @@ from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import connected
 from megha.services.apidocs import serve_docs_offline
+from megha.services.auth import WORKER_RULES, protect
 from megha.services.http import (
     configure_logging,
     document_bodies,
@@ -34,7 +38,17 @@ from megha.services.http import (
     serving_gc,
 )
 from megha.services.metrics import mount_metrics, worker_registry
-from megha.services.worker.agent import LaunchRefused, WorkerAgent
+from megha.services.worker.agent import LaunchRefused, UnknownRun, WorkerAgent
+from megha.services.worker.tasklogs import Stream
+
+TaskIdParam = Annotated[str, PathParam(min_length=1, max_length=256)]
+StreamParam = Annotated[Stream, Query(description="which output: stdout or stderr")]
+AttemptParam = Annotated[int | None, Query(ge=1, description="the attempt (default: the latest run here)")]
+TailParam = Annotated[int | None, Query(ge=0, description="only the last this many bytes")]
+LOGS_ANSWER = (
+    "The kept output as it was written (bounded: MEGHA_TASK_LOG_BYTES per file, rotated once), empty for a burn "
+    "task; the X-Megha-Attempt header names the attempt it is of"
+)
 
 
 def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
@@ -44,6 +58,10 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            await agent.prepare()
+        except StartupError as exc:
+            exit_on_startup_error(exc)
         async with connected(broker):
             try:
                 await agent.register()
@@ -144,6 +162,22 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     async def state() -> dict[str, object]:
         return {"worker": settings.worker_id, "execution": settings.execution, "running": agent.executor.running()}
 
+    @app.get(
+        "/v1/tasks/{task_id}/logs",
+        response_class=PlainTextResponse,
+        responses={200: {"description": LOGS_ANSWER, "content": {"text/plain": {}}}, **errors(404)},
+    )
+    async def task_logs(
+        task_id: TaskIdParam, stream: StreamParam = "stdout", attempt: AttemptParam = None, tail: TailParam = None
+    ) -> Response:
+        """The kept stdout or stderr of a task this agent runs or ran (its latest attempt unless `attempt`)."""
+        try:
+            served, output = agent.task_output(task_id, stream, attempt, tail)
+        except UnknownRun as unknown:
+            return error(404, unknown.message, unknown.field)
+        return PlainTextResponse(output, headers={"X-Megha-Attempt": str(served)})
+
     document_bodies(app, WorkerLaunchModel, WorkerPreemptModel)
     serve_docs_offline(app)
+    protect(app, settings.verifier(), WORKER_RULES, f"agent {settings.worker_id}")
     return app

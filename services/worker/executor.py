@@ -1,8 +1,9 @@
 """Task execution on a worker node: one OS process per task (really burning CPU and holding memory), or simulated.
 
 `TaskExecutor` runs each task as ``python -m megha.services.worker.burn`` in its own process group, so a kill
-reaches the burning child processes too. `SimulatedExecutor` has the same interface but only waits for the
-duration and reports no CPU: the "simulated-execution mode" for scale tests.
+reaches the burning child processes too; a task with a `RunSpec` runs with the driver it names instead (exec,
+container: drivers.py), under its duration limit, its output kept (tasklogs.py). `SimulatedExecutor` has the same
+interface but only waits for the duration and reports no CPU: the "simulated-execution mode" for scale tests.
 
 Both report every task that ends exactly once, as an `ExecutionResult`: to the `on_finished` callback (if given)
 and to `wait()`. A task ends by finishing, by `kill()` (preemption: ``preempted=True``) or by its process
@@ -23,9 +24,15 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from megha.services.worker.drivers import Driver, Limits, Run
+
+if TYPE_CHECKING:
+    from megha.common.core.task import RunSpec
+    from megha.services.worker.tasklogs import RunLog, TaskLogs
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +43,8 @@ DEFAULT_KEEP_RESULTS = 1024
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    """How one task's execution ended; ``execution_delay`` is the paper's (section VI-F): wall minus duration."""
+    """How one task's execution ended; ``execution_delay`` is the paper's (section VI-F): wall minus duration (0
+    for a driver's run, whose duration is only a limit)."""
 
     task_id: str
     started_at: float
@@ -81,6 +89,8 @@ class _Task:
     duration: float
     started_at: float
     started_monotonic: float
+    run: RunSpec | None = None
+    attempt: int = 1
     watcher: asyncio.Task[ExecutionResult] | None = None
     killed: bool = False
 
@@ -105,8 +115,22 @@ class _Executor(ABC):
         self._watchers: set[asyncio.Task[ExecutionResult]] = set()
         self._closed = False
 
-    async def start(self, task_id: str, cpu_millicores: int, memory_mb: int, duration: float) -> None:
-        """Launch a task; raises ValueError for a task id already running or for negative/non-finite requests."""
+    @property
+    def drivers(self) -> tuple[str, ...]:
+        """The task drivers this executor runs."""
+        return ("burn",)
+
+    async def start(
+        self,
+        task_id: str,
+        cpu_millicores: int,
+        memory_mb: int,
+        duration: float,
+        run: RunSpec | None = None,
+        attempt: int = 1,
+    ) -> None:
+        """Launch a task (attempt `attempt`), burning, or running `run` with its driver; raises ValueError for a
+        task id already running, for negative/non-finite requests or for a driver not offered here."""
         if self._closed:
             raise RuntimeError("executor is shut down")
         if task_id in self._tasks:
@@ -114,7 +138,9 @@ class _Executor(ABC):
         for name, value in (("cpu_millicores", cpu_millicores), ("memory_mb", memory_mb), ("duration", duration)):
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r} for task {task_id!r}")
-        task = _Task(task_id, duration, time.time(), time.monotonic())
+        if run is not None and run.driver not in self.drivers:
+            raise ValueError(f"driver {run.driver!r} is not offered here (only {', '.join(self.drivers)})")
+        task = _Task(task_id, duration, time.time(), time.monotonic(), run, attempt)
         self._tasks[task_id] = task
         try:
             await self._launch(task, int(cpu_millicores), int(memory_mb), float(duration))
@@ -180,7 +206,7 @@ class _Executor(ABC):
             finished_at=task.started_at + wall,
             cpu_seconds=outcome.cpu_seconds,
             wall_seconds=wall,
-            execution_delay=wall - task.duration,
+            execution_delay=wall - task.duration if task.run is None else 0.0,
             memory_mb_touched=outcome.memory_mb_touched,
             peak_rss_mb=outcome.peak_rss_mb,
             exit_code=outcome.exit_code,
@@ -215,12 +241,33 @@ class _Executor(ABC):
         """Stop the task's execution now (SIGKILL)."""
 
 
-class TaskExecutor(_Executor):
-    """Runs each task as a real `burn` process (its own process group) that consumes the CPU and memory asked for."""
+@dataclass
+class _DriverRun:
+    """A task run by a driver, its log, and what the reason of its end needs."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    run: Run
+    log: RunLog
+    memory_mb: int
+
+
+class TaskExecutor(_Executor):
+    """Runs each task as a real `burn` process (its own process group) that consumes the CPU and memory asked for,
+    or, for a task with a `RunSpec`, with one of `drivers` (by name), its output kept in `logs`."""
+
+    def __init__(
+        self, *args: Any, drivers: Mapping[str, Driver] | None = None, logs: TaskLogs | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        if drivers and logs is None:
+            raise ValueError("drivers need logs to keep their tasks' output")
         self._processes: dict[str, asyncio.subprocess.Process] = {}
+        self._drivers = dict(drivers or {})
+        self._logs = logs
+        self._runs: dict[str, _DriverRun] = {}
+
+    @property
+    def drivers(self) -> tuple[str, ...]:
+        return ("burn", *self._drivers)
 
     def pid(self, task_id: str) -> int | None:
         """The pid (and process-group id) of a running task's burn process, None if it is not running."""
@@ -228,6 +275,9 @@ class TaskExecutor(_Executor):
         return None if process is None else process.pid
 
     async def _launch(self, task: _Task, cpu_millicores: int, memory_mb: int, duration: float) -> None:
+        if task.run is not None:
+            await self._launch_run(task, task.run, Limits(cpu_millicores, memory_mb))
+            return
         # A process group of its own: kill() signals the group, so the burning children go too.
         self._processes[task.task_id] = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -245,7 +295,56 @@ class TaskExecutor(_Executor):
             start_new_session=True,
         )
 
+    async def _launch_run(self, task: _Task, spec: RunSpec, limits: Limits) -> None:
+        assert self._logs is not None
+        run_log = self._logs.open(task.task_id, task.attempt)
+        try:
+            run = await self._drivers[spec.driver].start(task.task_id, task.attempt, spec, limits, run_log)
+        except BaseException as exc:
+            run_log.write("stderr", f"megha: could not start: {exc}\n".encode())
+            self._logs.close(task.task_id, run_log)
+            raise
+        self._runs[task.task_id] = _DriverRun(run, run_log, limits.memory_mb)
+
+    async def _run_outcome(self, task: _Task) -> _Outcome:
+        """Wait for a driver's run, stopping it at its duration limit; how it ended, with the reason."""
+        entry = self._runs[task.task_id]
+        run, timed_out = entry.run, False
+        ending = asyncio.ensure_future(run.wait())
+        try:
+            if task.duration > 0:
+                await asyncio.wait([ending], timeout=task.duration)
+                if not ending.done() and not task.killed:
+                    timed_out = True
+                    run.terminate()
+                    await asyncio.wait([ending], timeout=self._kill_grace)
+                    if not ending.done():
+                        run.kill()
+            end = await ending
+        finally:
+            del self._runs[task.task_id]
+            assert self._logs is not None
+            self._logs.close(task.task_id, entry.log)
+        code = end.exit_code
+        if end.memory_exceeded:
+            how = f" ({end.memory_how})" if end.memory_how else ""
+            error = f"exceeded its memory limit of {entry.memory_mb} MB{how}"
+            if code > 0:
+                error += f": {_exit_reason(code, entry.log)}"
+        elif timed_out:
+            error = f"exceeded its duration limit of {task.duration:g} s"
+        else:
+            error = "" if code == 0 else _exit_reason(code, entry.log)
+        return _Outcome(
+            exit_code=code if code != 0 or not error else -1,
+            cpu_seconds=end.cpu_seconds,
+            peak_rss_mb=end.peak_rss_mb,
+            error=error,
+        )
+
     async def _outcome(self, task_id: str) -> _Outcome:
+        if task_id in self._runs:
+            return await self._run_outcome(self._tasks[task_id])
         process = self._processes[task_id]
         try:
             stdout, stderr = await process.communicate()
@@ -275,9 +374,13 @@ class TaskExecutor(_Executor):
         )
 
     def _terminate(self, task_id: str) -> None:
+        if task_id in self._runs:
+            self._runs[task_id].run.terminate()
         self._signal_group(self._processes.get(task_id), signal.SIGTERM)
 
     def _force_kill(self, task_id: str) -> None:
+        if task_id in self._runs:
+            self._runs[task_id].run.kill()
         self._signal_group(self._processes.get(task_id), signal.SIGKILL)
 
     @staticmethod
@@ -340,6 +443,20 @@ def _parse_report(stdout: bytes) -> dict[str, float] | None:
     except json.JSONDecodeError:
         return None
     return report if isinstance(report, dict) else None
+
+
+def _exit_reason(code: int, run_log: RunLog) -> str:
+    """Why a driver's run failed: its exit code (or the signal that killed it) and the end of its stderr."""
+    if code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        reason = f"killed by signal {-code}{name}"
+    else:
+        reason = f"exit code {code}"
+    tail = run_log.stderr_tail()
+    return f"{reason}: {tail}" if tail else reason
 
 
 def _tail(stderr: bytes, limit: int = 500) -> str:

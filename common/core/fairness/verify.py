@@ -3,7 +3,7 @@ the verification and choice of preemption victims (Megha paper, section IV-C).""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from megha.common.core.constraints import constraint_ids
@@ -74,9 +74,11 @@ class LocalShares:
         free: Sequence[Resources],
         masks: Sequence[int],
         total: Resources,
+        drivers: Sequence[Collection[str]] = (),
     ) -> VictimPlan | str:
         """The first victim (in the GM's order) that is verified over its share and whose newest tasks on one
-        node satisfying `task`'s constraints free enough room for it, without taking the victim below its own
+        node satisfying `task`'s constraints (and offering its driver, when `drivers` gives each node's) free
+        enough room for it, without taking the victim below its own
         share (so the victim cannot preempt back: no ping-pong); otherwise why none could be used."""
         reasons = []
         for victim in victims:
@@ -90,7 +92,7 @@ class LocalShares:
             usage = self._total(victim)
             by_node = self._tasks.get(victim.user, {})
             for node in sorted(by_node):
-                if task.constraints & ~masks[node]:
+                if task.constraints & ~masks[node] or (drivers and task.driver not in drivers[node]):
                     continue
                 room = list(free[node])
                 left = list(usage)

@@ -38,11 +38,45 @@ function heat(fraction) {
   return `hsl(218, 72%, ${light}%)`;
 }
 
+// An operator's API token (GMs with MEGHA_AUTH=on ask for one): from the address's fragment, #token=..., which
+// browsers never send to the server, or typed into the form the page shows when the GM answers 401 or 403. It is
+// kept in this tab's sessionStorage only.
+const TOKEN_KEY = "megha-token";
+const fragment = new URLSearchParams(location.hash.slice(1));
+if (fragment.get("token")) {
+  sessionStorage.setItem(TOKEN_KEY, fragment.get("token"));
+  window.history.replaceState(null, "", location.pathname + location.search); // off the address bar and history
+}
+
+class Refused extends Error {}
+
 async function getJSON(path) {
-  const response = await fetch(path, { cache: "no-store" });
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  const response = await fetch(path, { cache: "no-store", headers });
+  if (response.status === 401 || response.status === 403) throw new Refused(`${response.status}`);
   if (!response.ok) throw new Error(`${path}: ${response.status} ${await response.text()}`);
   return response.json();
 }
+
+function askForToken(status, why) {
+  const form = document.getElementById("token-form");
+  form.hidden = false;
+  status.className = "error";
+  status.textContent =
+    why === "401"
+      ? "this GM needs an operator's API token (MEGHA_AUTH=on)"
+      : "this token's user is not an operator (MEGHA_OPERATORS)";
+}
+
+document.getElementById("token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("token");
+  sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  event.target.hidden = true;
+  refresh();
+});
 
 function drawGrid(partitions) {
   const lms = [...new Set(partitions.map((p) => p.lm))].sort((a, b) => a - b);
@@ -186,6 +220,10 @@ async function refresh() {
     status.textContent = `updated ${new Date(view.at * 1000).toLocaleTimeString()} · every ${EVERY_MS / 1000} s`;
     status.setAttribute("data-at", view.at);
   } catch (err) {
+    if (err instanceof Refused) {
+      askForToken(status, err.message);
+      return;
+    }
     status.className = "error";
     status.textContent = `cannot read the GM (${err.message}); retrying`;
   }

@@ -1,0 +1,53 @@
+"""The task-log routes of the GM and the LM: their query (stream, attempt, tail) and how each relays the answer of
+the service behind it (GM -> LM -> the agent that ran the task, whose `GET /v1/tasks/{task_id}/logs` reads the
+output it kept: services/worker/tasklogs.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlencode
+
+from fastapi import Query
+from fastapi.responses import Response
+
+from megha.services.http import Reply, error
+
+Stream = Literal["stdout", "stderr"]
+
+MAX_TAIL_BYTES = 64 * 1024 * 1024
+
+STREAM_QUERY: Any = Query("stdout", description="which stream of the run: stdout or stderr")
+ATTEMPT_QUERY: Any = Query(None, ge=1, description="which attempt of the task (default: its latest)")
+TAIL_QUERY: Any = Query(
+    None, ge=1, le=MAX_TAIL_BYTES, description="only the last this many bytes (default: all that is kept)"
+)
+
+LOG_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The stream's text as the agent kept it (bounded and rotated: its newest part)",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
+PASSED_ON = frozenset({200, 404, 422, 502, 503})
+"""Statuses a log route answers as the service behind it did: the text, an unknown task, node or attempt, and an
+unreachable or unready service further on. Any other (say, a refused credential between services) is a 502."""
+
+
+def log_query(stream: Stream, attempt: int | None, tail: int | None) -> str:
+    """The query string to pass on, from the validated parameters."""
+    params: dict[str, object] = {"stream": stream}
+    if attempt is not None:
+        params["attempt"] = attempt
+    if tail is not None:
+        params["tail"] = tail
+    return urlencode(params)
+
+
+def relay(reply: Reply, who: str, field: str) -> Response:
+    """The answer of `who` (say, "the agent of node 3") to a log request, as this route's answer."""
+    if reply.status == 200:
+        return Response(reply.body, media_type="text/plain; charset=utf-8")
+    if reply.status in PASSED_ON:
+        return Response(reply.body, status_code=reply.status, media_type="application/json")
+    return error(502, f"{who} answered {reply.status}: {reply.text[:300]}", field)

@@ -1,0 +1,90 @@
+"""`megha` is one click group, and each option of `replay` and `local` that is also a setting is defined once: by
+the settings model's field (megha/options.py), whose type, bounds, choices and description both commands show."""
+
+from __future__ import annotations
+
+import pytest
+
+from megha import cli
+from megha.common.settings import FairSettings, LMSettings, LoadgenSettings, WorkerSettings
+from megha.options import Bounded, OneOf
+
+SHARED = [  # (option, model, field): options of both commands generated from one field
+    ("--trace", LoadgenSettings, "trace"),
+    ("--mode", LoadgenSettings, "mode"),
+    ("--share-policy", FairSettings, "share_policy"),
+    ("--delta-interval", LMSettings, "delta_interval"),
+    ("--node-cpu", WorkerSettings, "node_cpu_millicores"),
+]
+
+
+def _help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([command, "--help"])
+    assert exc.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def _param(command: str, flag: str):  # type: ignore[no-untyped-def]
+    (param,) = [p for p in cli.megha.commands[command].params if flag in p.opts]
+    return param
+
+
+@pytest.mark.parametrize(("flag", "model", "name"), SHARED, ids=[s[0] for s in SHARED])
+def test_both_commands_describe_and_type_a_shared_option_as_its_setting(
+    flag: str, model: type, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    field = model.model_fields[name]
+    description = " ".join(field.description.split())
+    for command in ("replay", "local"):
+        assert description in _help(command, capsys), (command, flag)
+        kind = _param(command, flag).type
+        bounds = {type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in field.metadata}
+        if isinstance(kind, Bounded):
+            assert (kind.ge, kind.gt) == (bounds.get("ge"), bounds.get("gt")), (command, flag)
+        elif isinstance(kind, OneOf):
+            assert set(kind.choices) == set(field.annotation.__args__), (command, flag)
+
+
+def test_each_command_keeps_its_own_defaults() -> None:
+    assert _param("replay", "--trace").default == "syn:250:200" and _param("local", "--trace").default == "demo"
+    assert _param("replay", "--mode").default == "slot" and _param("local", "--mode").default == "scaled"
+    assert _param("local", "--mem-scale").default == 1000 and LoadgenSettings.model_fields["mem_scale"].default == 50
+    assert _param("replay", "--node-cpu").default == 64000 and _param("local", "--node-cpu").default == 2000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["local", "--cpu-scale", "0"], "megha local: error: --cpu-scale: must be at least 1, got 0"),
+        (["replay", "--first-jobs", "0"], "megha replay: error: --first-jobs: must be at least 1, got 0"),
+        (["local", "--mode", "big"], "megha local: error: --mode: invalid choice: 'big'"),
+        (["replay", "--queues", "a:b"], "megha replay: error: --queues: queue 0: 'a:b' is not user:share:gm"),
+        (["replay", "--time-scale", "nan"], "megha replay: error: --time-scale: must be finite"),
+        (["local", "--execution", "fast"], "megha local: error: --execution: invalid choice: 'fast'"),
+        (["replay", "--lms"], "megha replay: error: Option '--lms' requires an argument"),
+        (["local", "--run-id", "no spaces"], "megha local: error: --run-id: 'no spaces' does not match"),
+        (["replay", "--no-such"], "megha replay: error: No such option '--no-such'"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_option_and_exit_status_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_the_operating_commands_and_chaos_are_in_the_same_group(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["job", "list", "--gm", "localhost:8000"]) == 2  # megha/ctl.py's own error, its exit status
+    assert "not an http" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["chaos", "--help"])  # chaos parses its own options
+    assert exc.value.code == 0 and "usage: megha chaos" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    commands = ("replay", "local", "gm", "lm", "worker", "loadgen", "chaos", *cli.CTL_COMMANDS)
+    assert all(f"  {name} " in out for name in commands), out
