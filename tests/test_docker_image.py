@@ -55,7 +55,7 @@ def test_build_script_reports_the_image_sizes(images: Images, capsys: pytest.Cap
 def test_megha_help_is_the_default_command(images: Images) -> None:
     result = run(["docker", "run", "--rm", images.megha], 120)
     assert result.returncode == 0, result.stderr
-    assert "replay" in result.stdout and "usage: megha" in result.stdout
+    assert "replay" in result.stdout and "Usage: megha" in result.stdout
 
 
 def test_runs_as_a_non_root_user_under_an_init(images: Images) -> None:
@@ -105,7 +105,7 @@ def test_healthcheck_follows_the_role(images: Images, cleanup: list[list[str]]) 
     for container in (broker, lm, other):
         cleanup.append(["docker", "rm", "-f", "-v", container])
     lm_env = ["-e", f"MEGHA_AMQP_URL=amqp://megha:{tag}@{broker}:5672/", "-e", "MEGHA_HOST=0.0.0.0"]
-    lm_env += ["-e", "MEGHA_PORT=8123", "-e", f"MEGHA_RUN_ID=test-{tag}"]
+    lm_env += ["-e", "MEGHA_PORT=8123", "-e", f"MEGHA_RUN_ID=test-{tag}", "-e", f"MEGHA_CLUSTER_SECRET={tag * 4}"]
     started = run(["docker", "run", "-d", "--name", lm, "--network", net, *lm_env, images.megha, "megha", "lm"], 120)
     assert started.returncode == 0, started.stderr
     started = run(["docker", "run", "-d", "--name", other, "--network", net, images.megha, "sleep", "300"], 120)
