@@ -7,7 +7,7 @@ server error (a 503 is a documented "not ready, try again", nothing else of 5xx)
 service's `/openapi.json` documents for that operation and whose body matches the documented schema (errors: an
 `ErrorBody`); and no service may log a traceback meanwhile (a background step that failed on fuzzed input).
 
-`MEGHA_FUZZ_EXAMPLES` sets the examples schemathesis generates per operation and phase (default 20, a few minutes
+`MEGHA_FUZZ_EXAMPLES` sets the examples schemathesis generates per operation and phase (default 15, a few minutes
 in all); the big run of docs/fuzzing.md is `MEGHA_FUZZ_EXAMPLES=150 pytest tests/test_fuzz.py -rP`, which prints
 how many requests each service answered. `MEGHA_FUZZ_SEED` replays a run (each run prints its seed).
 """
@@ -27,7 +27,7 @@ from megha.deploy.local import LocalDeployment
 
 from servicekit import needs_rabbitmq
 
-EXAMPLES = int(os.environ.get("MEGHA_FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("MEGHA_FUZZ_EXAMPLES", "15"))
 SEED = os.environ.get("MEGHA_FUZZ_SEED")
 CHECKS = (
     "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,"
