@@ -376,6 +376,7 @@ def run_trial(config: ChaosConfig, fault_name: str, trial: int, say: Callable[[s
             injector.join()  # a fault is undone (a container unpaused, a partition lifted) before clean-up
         if errors or run is None:
             raise RuntimeError(f"{fault.name}: injecting failed: {errors[0]}") from errors[0]
+        _keep_views(target, run, logs / "views.json")
     _keep_suspects(run, logs / "suspects.json")
     return _tally(fault.name, trial, run, recovered[0])
 
@@ -409,6 +410,45 @@ def _keep_suspects(run: ServicesRun, path: Path) -> None:
     if suspects:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(suspects, indent=1) + "\n")
+
+
+def _suspect_jobs(run: ServicesRun) -> set[str]:
+    """The accepted jobs with a task that did not finish exactly once."""
+    return {r.job_id for r in run.tasks.values() if not run.jobs[r.job_id].rejected_reason and r.completions != 1}
+
+
+def _keep_views(target: Target, run: ServicesRun, path: Path) -> None:
+    """When a trial lost or doubled a task, write to `path` what the still running deployment says about it: each
+    GM's status of the suspect jobs and its state, each LM's state and the runs it holds for each GM. This tells
+    whether a task the load generator never saw end is still running at an LM, ended unseen by its GM, or waits
+    in a GM's queue (nothing when every task finished once)."""
+    jobs = _suspect_jobs(run)
+    if not jobs:
+        return
+
+    def ask(url: str) -> Any:
+        try:
+            r = httpx.get(url, headers=target.headers, timeout=5.0)
+        except httpx.HTTPError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            return {"status": r.status_code, "body": r.json()}
+        except ValueError:
+            return {"status": r.status_code, "text": r.text[:2000]}
+
+    views = {
+        "gms": {
+            url: {"state": ask(f"{url}/v1/state"), "jobs": {job: ask(f"{url}/v1/jobs/{job}") for job in sorted(jobs)}}
+            for url in target.gm_urls
+        },
+        "lms": {
+            url: {"state": ask(f"{url}/v1/state")}
+            | {f"gm {gm}": ask(f"{url}/v1/gms/{gm}/state") for gm in range(len(target.gm_urls))}
+            for url in target.lm_urls
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(views, indent=1) + "\n")
 
 
 def _tally(fault: str, trial: int, run: ServicesRun, recovery: float) -> Trial:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import time
 import uuid
 
@@ -176,10 +178,14 @@ async def test_a_malformed_message_is_dead_lettered_at_once() -> None:
         await broker.close()
 
 
-async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_is_back() -> None:
+async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A private RabbitMQ node is killed (SIGKILL) while a publisher keeps publishing, and started again 5 s later
     on the same data: every message published before, during and after the outage is delivered, and the
-    consumer's connection comes back by itself."""
+    consumer's connection comes back by itself. Each connection says once that it was lost (not on each of the
+    attempts to reconnect, one a second), and how long it was away when it is back."""
+    caplog.set_level(logging.INFO, logger="megha.common.transport.rabbit")
     with BrokerNode() as node:
         publisher = Broker(node.url, "outage")
         consumer = Broker(node.url, "outage")
@@ -207,6 +213,10 @@ async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_i
             assert await publisher.flush(10)
             await wait_for(lambda: set(got) == set(range(150)), 60, lambda: sorted(set(range(150)) - set(got)))
             assert publisher.publish_failures > 0
+            lines = [r.getMessage() for r in caplog.records if r.name == "megha.common.transport.rabbit"]
+            assert sum("lost; reconnecting" in line for line in lines) == 2, lines  # the publisher and the consumer
+            back = [line for line in lines if line.startswith("reconnected to RabbitMQ")]
+            assert len(back) == 2 and all(re.search(r" after \d+\.\d s;", line) for line in back), back
         finally:
             await publisher.close(flush_timeout=1)
             await consumer.close(flush_timeout=1)

@@ -195,6 +195,7 @@ class Broker:
         self._in_flight = 0
         self._sender: asyncio.Task[None] | None = None
         self._closing = False
+        self._lost_since: float | None = None  # monotonic time the connection was lost, while it is
         self.published = 0
         self.publish_failures = 0  # publishes not confirmed (then sent again)
         self.dead_lettered = 0
@@ -258,14 +259,19 @@ class Broker:
         return ssl.create_default_context(cafile=self.tls_ca)
 
     def _on_lost(self, *args: object) -> None:
-        if self._closing:
+        """Say once per outage that the connection is gone (aio-pika calls this again on every failed attempt to
+        reconnect, once a second while the broker is away)."""
+        if self._closing or self._lost_since is not None:
             return
+        self._lost_since = time.monotonic()
         log.warning(
             "connection to RabbitMQ at %s lost; reconnecting (publishes wait in the outbox)", safe_url(self.url)
         )
 
     def _on_reconnected(self, *args: object) -> None:
-        log.info("reconnected to RabbitMQ at %s; %d messages to resend", safe_url(self.url), len(self._outbox))
+        away = "" if self._lost_since is None else f" after {time.monotonic() - self._lost_since:.1f} s"
+        self._lost_since = None
+        log.info("reconnected to RabbitMQ at %s%s; %d messages to resend", safe_url(self.url), away, len(self._outbox))
 
     async def close(self, flush_timeout: float = 5.0) -> None:
         """Send what the outbox holds (for up to `flush_timeout` seconds), then disconnect."""
