@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from megha.common.core.messages import Placement
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.services.gm.jobs import JobTable
 
@@ -62,3 +65,28 @@ def test_an_end_no_lm_announced_is_kept_for_the_gm_to_publish_once() -> None:
         ("j.1", "finished", ""),
         ("j.2", "failed", "LM 1 unreachable"),
     ]
+
+
+def test_each_run_of_a_task_is_found_where_it_ran_for_its_output() -> None:
+    """A task lost on one node and placed again on another: the output of each attempt is asked of the node that
+    attempt ran on (GET /v1/jobs/{id}/tasks/{task}/logs?attempt=N); a placement the LM rejected never ran."""
+    table = JobTable(0)
+    job = _job("j", 1)
+    table.job_arrived(job, 0, 0.0)
+    task = job.tasks[0]
+    assert table.where_ran("j.0", None) is None and table.attempts_run("j.0") == []
+    rejected = Placement(task, 1, 7, False)
+    table.decided([rejected], 0.5)
+    table.inconsistency(rejected, 0.6)  # never ran on LM 1 node 7
+    table.decided([Placement(task, 0, 2, False)], 1.0)
+    table.task_lost(task, "agent lost", 2.0)
+    second = replace(task, attempt=2)
+    table.decided([Placement(second, 1, 3, True)], 3.0)
+    table.task_preempted(second, 4.0)
+    third = replace(task, attempt=3)
+    table.decided([Placement(third, 0, 0, False)], 5.0)
+    assert table.where_ran("j.0", 1) == (0, 2)
+    assert table.where_ran("j.0", 2) == (1, 3)
+    assert table.where_ran("j.0", 3) == table.where_ran("j.0", None) == (0, 0)
+    assert table.where_ran("j.0", 4) is None and table.where_ran("nope.0", None) is None
+    assert table.attempts_run("j.0") == [1, 2, 3]

@@ -177,8 +177,9 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         tail: int | None = TAIL_QUERY,
     ) -> Response:
         """What a task's run printed (stdout or stderr), read from the agent that ran it through its LM: the node
-        of the task's latest placement (an earlier attempt that ran elsewhere is not found there). Burn tasks print
-        nothing and keep no output. 404 names `job_id`, `task_id` or, from the agent, the attempt it lacks."""
+        of the attempt asked for (an earlier attempt, lost or preempted, may have run on another node), else of the
+        task's latest placement. Burn tasks print nothing and keep no output. 404 names `job_id`, `task_id` or the
+        `attempt` this GM knows no run of (or the agent kept nothing of)."""
         status = service.jobs.status(job_id)
         holder = service
         if status is None and peers.stand_in is not None:
@@ -188,13 +189,19 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         task = next((t for t in status.tasks if t.task_id == task_id), None)
         if task is None:
             return error(404, f"job {job_id} has no task {task_id}", "task_id")
-        if task.lm is None or task.node is None:
+        where = holder.jobs.where_ran(task_id, attempt)
+        if where is None:
+            if attempt is not None and (runs := holder.jobs.attempts_run(task_id)):
+                return error(
+                    404, f"task {task_id} has no attempt {attempt} run on a node (its runs: {runs})", "attempt"
+                )
             return error(404, f"task {task_id} has not run ({task.state}): it has no output", "task_id")
+        lm, node = where
         try:
-            reply = await holder.task_logs(task.lm, task.node, task_id, log_query(stream, attempt, tail))
+            reply = await holder.task_logs(lm, node, task_id, log_query(stream, attempt, tail))
         except CallError as exc:
-            return error(502, f"LM {task.lm}, where task {task_id} ran, could not be reached: {exc}", "task_id")
-        return relay(reply, f"LM {task.lm}", "task_id")
+            return error(502, f"LM {lm}, where task {task_id} ran, could not be reached: {exc}", "task_id")
+        return relay(reply, f"LM {lm}", "task_id")
 
     @app.delete(
         "/v1/jobs/{job_id}",

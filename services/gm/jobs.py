@@ -38,6 +38,8 @@ class _Task:
     preemptions: int = 0
     retries: int = 0
     failed_reason: str | None = None
+    attempt: int = 1  # the attempt of the run placed last (TaskSpec.attempt)
+    earlier: list[tuple[int, int, int]] | None = None  # (attempt, LM, node) of runs lost or preempted since
 
 
 @dataclass(slots=True)
@@ -94,12 +96,13 @@ class JobTable(CoreObserver):
             if p.repartition:
                 repartitions.setdefault(p.lm, []).append(p)
             rec = self.tasks[p.task.task_id]
-            rec.state, rec.launched_at, rec.lm, rec.node, rec.repartitioned = (
+            rec.state, rec.launched_at, rec.lm, rec.node, rec.repartitioned, rec.attempt = (
                 "launched",
                 now,
                 p.lm,
                 p.node if p.node >= 0 else None,  # a preemption request leaves the node to the LM
                 p.repartition,
+                p.task.attempt,
             )
         for lm, moved in repartitions.items():
             log.info(
@@ -168,6 +171,7 @@ class JobTable(CoreObserver):
             )
             rec.state = "queued"
             rec.retries += 1
+            _ran(rec, task.attempt)
 
     def placed_by_preemption(self, placement: Placement) -> None:
         """The LM chose the node for a task it made room for by preemption."""
@@ -181,6 +185,7 @@ class JobTable(CoreObserver):
         if rec is not None and rec.state == "launched":
             rec.state = "queued"
             rec.preemptions += 1
+            _ran(rec, task.attempt)
 
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool = False) -> None:
         rec = self.tasks.get(task.task_id)
@@ -306,6 +311,37 @@ class JobTable(CoreObserver):
             ],
         )
 
+    def where_ran(self, task_id: str, attempt: int | None) -> tuple[int, int] | None:
+        """The (LM, node) of `attempt` of a task (its last placed run when None), for reading what that run
+        printed; None when the task is not held, has not been placed on a node, or has no such run."""
+        rec = self.tasks.get(task_id)
+        if rec is None:
+            return None
+        if attempt is None or attempt == rec.attempt:
+            return (rec.lm, rec.node) if rec.lm is not None and rec.node is not None else None
+        for earlier, lm, node in reversed(rec.earlier or ()):
+            if earlier == attempt:
+                return lm, node
+        return None
+
+    def attempts_run(self, task_id: str) -> list[int]:
+        """The attempts of a task placed on a node so far, oldest first."""
+        rec = self.tasks.get(task_id)
+        if rec is None:
+            return []
+        runs = {a for a, _, _ in rec.earlier or ()}
+        if rec.lm is not None and rec.node is not None:
+            runs.add(rec.attempt)
+        return sorted(runs)
+
     def unfinished(self) -> int:
         """Tasks neither finished nor failed."""
         return self._open_tasks
+
+
+def _ran(rec: _Task, attempt: int) -> None:
+    """Remember where a run that is over without ending its task (lost, preempted) ran: its output stays there."""
+    if rec.lm is not None and rec.node is not None:
+        if rec.earlier is None:
+            rec.earlier = []
+        rec.earlier.append((attempt, rec.lm, rec.node))
