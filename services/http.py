@@ -211,10 +211,20 @@ class CallError(Exception):
 class Reply(NamedTuple):
     status: int
     body: bytes
+    head: bytes = b""  # the status line and headers as received, parsed only when a header is asked for
 
     @property
     def text(self) -> str:
         return self.body.decode(errors="replace")
+
+    def header(self, name: str) -> str | None:
+        """The value of header `name` (any case), None when the answer has none."""
+        wanted = name.lower().encode()
+        for line in self.head.split(b"\r\n")[1:]:
+            key, colon, value = line.partition(b":")
+            if colon and key.strip().lower() == wanted:
+                return value.strip().decode(errors="replace")
+        return None
 
 
 _Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -334,7 +344,7 @@ class ServiceClient:
         else:
             self._idle.setdefault(origin, []).append(conn)
             self._idle_count += 1
-        return Reply(status, body)
+        return Reply(status, body, head)
 
     async def aclose(self) -> None:
         for idle in self._idle.values():

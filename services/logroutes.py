@@ -29,6 +29,9 @@ LOG_RESPONSE: dict[int | str, dict[str, Any]] = {
     }
 }
 
+ATTEMPT_HEADER = "X-Megha-Attempt"
+"""Names the attempt whose output an answer holds (the agent sets it; the LM and the GM pass it on)."""
+
 PASSED_ON = frozenset({200, 404, 422, 502, 503})
 """Statuses a log route answers as the service behind it did: the text, an unknown task, node or attempt, and an
 unreachable or unready service further on. Any other (say, a refused credential between services) is a 502."""
@@ -47,7 +50,9 @@ def log_query(stream: Stream, attempt: int | None, tail: int | None) -> str:
 def relay(reply: Reply, who: str, field: str) -> Response:
     """The answer of `who` (say, "the agent of node 3") to a log request, as this route's answer."""
     if reply.status == 200:
-        return Response(reply.body, media_type="text/plain; charset=utf-8")
+        attempt = reply.header(ATTEMPT_HEADER)
+        headers = {ATTEMPT_HEADER: attempt} if attempt is not None else None
+        return Response(reply.body, media_type="text/plain; charset=utf-8", headers=headers)
     if reply.status in PASSED_ON:
         return Response(reply.body, status_code=reply.status, media_type="application/json")
     return error(502, f"{who} answered {reply.status}: {reply.text[:300]}", field)

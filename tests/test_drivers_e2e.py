@@ -109,14 +109,15 @@ def test_exec_examples_run_only_where_exec_is_offered_and_their_output_is_read_b
     assert "hello, world\n" in out.text and "running as " in out.text, out.text
     assert logs(gm, "shell", "shell.1", stream="stderr").text == "input.csv: no such file\n"
     assert logs(gm, "shell", "shell.1").text == "reading /data/input.csv\n"
-    assert logs(gm, "python", "python.0").text == PRIMES
+    latest = logs(gm, "python", "python.0")
+    assert latest.text == PRIMES and latest.headers["x-megha-attempt"] == "1"  # the agent's header, passed on
     assert logs(gm, "python", "python.0", tail=8).text == PRIMES[-8:]
     assert logs(gm, "python", "python.0", attempt=1).text == PRIMES
     assert logs(gm, "burn", "burn.0").text == ""  # a burn task prints nothing
 
     # What cannot be read is refused naming the field.
     for response, code, field in (
-        (logs(gm, "python", "python.0", attempt=2), 404, "attempt"),  # the agent's answer, passed on
+        (logs(gm, "python", "python.0", attempt=2), 404, "attempt"),  # no run of attempt 2 at the GM
         (logs(gm, "nope", "nope.0"), 404, "job_id"),
         (logs(gm, "python", "python.7"), 404, "task_id"),
         (logs(gm, "python", "python.0", stream="stdin"), 422, "stream"),

@@ -37,6 +37,7 @@ from megha.services.http import (
     read_body,
     serving_gc,
 )
+from megha.services.logroutes import ATTEMPT_HEADER
 from megha.services.metrics import mount_metrics, worker_registry
 from megha.services.worker.agent import LaunchRefused, UnknownRun, WorkerAgent
 from megha.services.worker.tasklogs import Stream
@@ -175,7 +176,7 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             served, output = agent.task_output(task_id, stream, attempt, tail)
         except UnknownRun as unknown:
             return error(404, unknown.message, unknown.field)
-        return PlainTextResponse(output, headers={"X-Megha-Attempt": str(served)})
+        return PlainTextResponse(output, headers={ATTEMPT_HEADER: str(served)})
 
     document_bodies(app, WorkerLaunchModel, WorkerPreemptModel)
     serve_docs_offline(app)
