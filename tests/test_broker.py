@@ -370,3 +370,40 @@ async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_lost_
         for q in queues:
             await broker.delete_queue(q)
         await broker.close()
+
+
+async def test_a_handler_cut_off_by_its_channel_closing_runs_to_its_end() -> None:
+    """aiormq cancels the consumer callbacks of a channel that closes (the broker went away). A handler that had
+    changed state and not yet published what follows from it would lose that for good, since the message that
+    comes again finds the change made; so a started handler runs to its end, and the message comes again."""
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    broker = Broker(AMQP, run_id)
+    await broker.connect()
+    started, release = asyncio.Event(), asyncio.Event()
+    runs: list[str] = []
+
+    async def handler(body: bytes) -> None:
+        runs.append("started")
+        started.set()
+        try:
+            await release.wait()  # the channel closes while the first run is here
+        except asyncio.CancelledError:
+            runs.append("cancelled")
+            raise
+        runs.append("ended")
+
+    try:
+        await broker.consume("gm", gm_key(0), handler)
+        await broker.publish("gm", gm_key(0), b"1")
+        await asyncio.wait_for(started.wait(), 10)
+        assert broker._channel is not None
+        channel = await broker._channel.get_underlay_channel()
+        await channel.close()  # as when the connection drops: aiormq cancels the channel's consumer tasks
+        # The message was not acked on the closed channel: it comes again once the channel is restored.
+        await wait_for(lambda: runs.count("started") == 2, 30, lambda: runs)
+        release.set()
+        await wait_for(lambda: runs.count("ended") == 2, 10, lambda: runs)
+        assert "cancelled" not in runs, runs
+    finally:
+        await broker.delete_run([gm_key(0)])
+        await broker.close(flush_timeout=1)

@@ -9,10 +9,12 @@ docs/topology.md; which queue type (classic or quorum) to choose, and why, is in
   confirms. A message the broker did not confirm (it is away, or the connection dropped) stays at the head of the
   outbox and is sent again once the robust connection is back: delivery is at least once, in order per
   publisher, and every consumer of Megha's messages is idempotent (versioned node states, per-task completions).
-* **Consuming** acks after the handler has applied the message. A handler that raises `TryLater` (say, an LM
-  still rebuilding its cluster) has the message requeued after a pause; any other failure requeues it too, up to
-  `delivery_limit` times, and then the message goes to `<run>.dead-letters` where an operator can read it. A body
-  that is not valid JSON of the expected model goes there at once. Nothing is dropped.
+* **Consuming** acks after the handler has applied the message; a handler once started runs to its end even when
+  the channel closes under it (then the message comes again, and handlers are idempotent). A handler that raises
+  `TryLater` (say, an LM still rebuilding its cluster) has the message requeued after a pause; any other failure
+  requeues it too, up to `delivery_limit` times, and then the message goes to `<run>.dead-letters` where an
+  operator can read it. A body that is not valid JSON of the expected model goes there at once. Nothing is
+  dropped.
 * **Connecting** retries with backoff, logging what it waits for, and gives up after `connect_timeout` seconds
   with one clear `BrokerUnavailable` line.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import ssl
@@ -390,7 +393,16 @@ class Broker:
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             try:
-                await handler(message.body)
+                # Shielded: aiormq cancels its consumer callbacks when their channel closes (the broker went
+                # away), and a handler cut off between changing state and publishing what follows from it would
+                # lose that for good (the message comes again, but finds the change made). It runs to its end
+                # instead; the ack is lost with the channel, and the redelivered copy finds nothing left to do.
+                work = asyncio.ensure_future(handler(message.body))
+                try:
+                    await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    work.add_done_callback(functools.partial(_log_outcome, name))
+                    raise
             except TryLater as exc:
                 log.info("requeueing a message on %s: %s", name, exc)
                 await self._requeue(message)
@@ -454,6 +466,14 @@ class Broker:
         for name in EXCHANGES:
             with contextlib.suppress(Exception):
                 await self._channel.exchange_delete(f"{self.run_id}.{name}")
+
+
+def _log_outcome(queue: str, work: asyncio.Future[None]) -> None:
+    """How a handler that went on after its channel closed ended (its message comes again either way)."""
+    if work.cancelled():
+        return
+    if (error := work.exception()) is not None:
+        log.warning("a handler on %s failed after its channel closed (the message comes again): %r", queue, error)
 
 
 @asynccontextmanager
