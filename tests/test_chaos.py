@@ -9,13 +9,15 @@ import asyncio
 import json
 import threading
 import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from megha.common.models import TaskEvent
 from megha.deploy import chaos
-from megha.deploy.chaos import PROCESS_FAULTS, ChaosConfig, _keep_suspects, main, run_trial
+from megha.deploy.chaos import PROCESS_FAULTS, ChaosConfig, _keep_suspects, _keep_views, main, run_trial
 from megha.loadgen.records import JobRecord, TaskRecord
 from megha.loadgen.services import ServicesRun
 
@@ -41,6 +43,57 @@ def test_the_events_of_tasks_not_finished_exactly_once_are_kept_for_tracing(tmp_
 
     run.tasks = {"j.0": run.tasks["j.0"]}
     _keep_suspects(run, tmp_path / "none" / "suspects.json")
+    assert not (tmp_path / "none").exists()
+
+
+@dataclass
+class _Views:
+    """A target for `_keep_views`: one GM and two LMs, the second unreachable."""
+
+    gm_urls: list[str]
+    lm_urls: list[str]
+    headers: dict[str, str] = field(default_factory=lambda: {"Authorization": "Bearer op"})
+
+
+def test_what_the_services_hold_of_a_trial_s_suspect_jobs_is_kept_before_teardown(tmp_path: Path) -> None:
+    asked: list[tuple[str, str | None]] = []
+
+    class Service(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append((self.path, self.headers.get("Authorization")))
+            known = {"/v1/state": {"queued": 2}, "/v1/jobs/j": {"job_id": "j", "state": "running"}}
+            known["/v1/gms/0/state"] = {"running": [{"task": {"task_id": "j.2"}}]}
+            body = json.dumps(known.get(self.path, {"error": "no such thing"})).encode()
+            self.send_response(200 if self.path in known else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    run = ServicesRun({}, {"j": JobRecord("j", 0, 0.0, 2, 1.0), "k": JobRecord("k", 0, 0.0, 1, 1.0)})
+    run.tasks["j.1"] = TaskRecord("j.1", "j", 0, "u", 1.0, (1, 1), completions=1)
+    run.tasks["j.2"] = TaskRecord("j.2", "j", 0, "u", 1.0, (1, 1), completions=0)
+    run.tasks["k.0"] = TaskRecord("k.0", "k", 0, "u", 1.0, (1, 1), completions=1)
+    try:
+        _keep_views(_Views([url], [url, "http://127.0.0.1:9"]), run, tmp_path / "views.json")
+    finally:
+        server.shutdown()
+    views = json.loads((tmp_path / "views.json").read_text())
+    gm = views["gms"][url]
+    assert gm["state"] == {"status": 200, "body": {"queued": 2}}
+    assert gm["jobs"] == {"j": {"status": 200, "body": {"job_id": "j", "state": "running"}}}  # k ended once
+    lm = views["lms"][url]
+    assert lm["gm 0"]["body"]["running"][0]["task"]["task_id"] == "j.2" and lm["state"]["status"] == 200
+    assert "error" in views["lms"]["http://127.0.0.1:9"]["state"]  # an LM that cannot be reached is said so
+    assert {auth for _, auth in asked} == {"Bearer op"}
+
+    run.tasks["j.2"].completions = 1
+    _keep_views(_Views([url], [url]), run, tmp_path / "none" / "views.json")  # nothing suspect: nothing asked
     assert not (tmp_path / "none").exists()
 
 
