@@ -39,6 +39,7 @@ from megha.common.settings import LoadgenSettings
 from megha.deploy.broker_node import BrokerNode
 from megha.deploy.containers import ContainerDeployment, DockerError, docker
 from megha.deploy.local import LocalDeployment
+from megha.loadgen.records import TaskRecord
 from megha.loadgen.services import ServicesRun, replay_services
 
 
@@ -404,17 +405,16 @@ def _keep_suspects(run: ServicesRun, path: Path) -> None:
             "failed_reason": r.failed_reason,
             "events": [e.model_dump(mode="json") for e in run.events.get(r.task_id, [])],
         }
-        for r in run.tasks.values()
-        if not run.jobs[r.job_id].rejected_reason and r.completions != 1
+        for r in _suspects(run)
     }
     if suspects:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(suspects, indent=1) + "\n")
 
 
-def _suspect_jobs(run: ServicesRun) -> set[str]:
-    """The accepted jobs with a task that did not finish exactly once."""
-    return {r.job_id for r in run.tasks.values() if not run.jobs[r.job_id].rejected_reason and r.completions != 1}
+def _suspects(run: ServicesRun) -> list[TaskRecord]:
+    """The accepted tasks that did not finish exactly once."""
+    return [r for r in run.tasks.values() if not run.jobs[r.job_id].rejected_reason and r.completions != 1]
 
 
 def _keep_views(target: Target, run: ServicesRun, path: Path) -> None:
@@ -422,7 +422,7 @@ def _keep_views(target: Target, run: ServicesRun, path: Path) -> None:
     GM's status of the suspect jobs and its state, each LM's state and the runs it holds for each GM. This tells
     whether a task the load generator never saw end is still running at an LM, ended unseen by its GM, or waits
     in a GM's queue (nothing when every task finished once)."""
-    jobs = _suspect_jobs(run)
+    jobs = {r.job_id for r in _suspects(run)}
     if not jobs:
         return
 
