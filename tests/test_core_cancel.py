@@ -122,3 +122,21 @@ def test_under_fair_scheduling_queued_tasks_are_taken_out_of_their_users_queue_a
     assert sorted(ends.cancelled) == ["j.0", "j.2"]
     assert [t.task_id for t in (*gm.queue, *gm.waiting_tasks())] == ["j.1"]
     assert gm.book.demand["user-0"] == list(CAP)
+
+
+def test_a_launch_call_that_fails_after_its_tasks_completed_ends_them_only_once() -> None:
+    """The LM launched and finished the task but its launch response was lost: the completion counts, and the
+    failed call neither fails the task a second time nor lets a later cancel wait for it forever."""
+    net, ends = _net()
+    gm = net.gms[0]
+    net.post(gm.submit(job("j", task("j.0")), 0.0))
+    batch = net.take("lm/0", LaunchBatch)
+    net.post(net.lms[0].handle(batch, 0.0))
+    net.take("gm/0", object)  # the launch response is lost on the way
+    net.run()  # the worker runs the task; its completion reaches the GM
+    assert ends.completed == ["j.0"]
+    net.post(gm.cancel(["j.0"], 2.0))
+    net.post(gm.call_failed(0, batch.seq, "LM 0 unreachable", 3.0))
+    net.run()
+    assert ends.completed == ["j.0"] and ends.failed == [] and ends.cancelled == []
+    assert not gm.running and not gm._cancelling and not gm._awaiting_response

@@ -5,6 +5,8 @@ ends with all resources free."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -78,10 +80,18 @@ def assert_never_overcommitted(lm: LocalMaster) -> None:
         assert tuple(f + u for f, u in zip(lm.free[n], used[n])) == cap
 
 
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
-    spec = data.draw(clusters())
+    play(data.draw)
+
+
+def play(draw: Draw) -> None:
+    """Submit, deliver, finish and cancel in the order `draw` chooses, checking every invariant on the way."""
+    spec = draw(clusters())
     finishes = Finishes()
     net = Net(
         [GlobalMaster(g, spec, seed=g, observer=finishes) for g in range(spec.num_gms)],
@@ -90,7 +100,7 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
     )
     accepted: set[str] = set()
     submitted: list[tuple[int, JobSpec]] = []  # accepted jobs, which may be cancelled at any moment
-    pending = data.draw(jobs(spec.num_gms))
+    pending = draw(jobs(spec.num_gms))
     stalled_rounds = 0
     step = 0
     while pending or net.inbox or net.timers or any(gm.waiting or gm.queue for gm in net.gms):
@@ -106,9 +116,9 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
                 net.post([o for o in lm.handle(DeltaTick(), net.now) if isinstance(o, Send)])
             continue
         stalled_rounds = 0
-        action = data.draw(st.sampled_from(choices))
+        action = draw(st.sampled_from(choices))
         if action == "submit":
-            gm, job = pending.pop(data.draw(st.integers(0, len(pending) - 1)))
+            gm, job = pending.pop(draw(st.integers(0, len(pending) - 1)))
             try:
                 net.post(net.gms[gm].submit(job, net.now))
                 accepted.update(t.task_id for t in job.tasks)
@@ -116,15 +126,15 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
             except Unschedulable:
                 pass
         elif action == "cancel":
-            gm, job = submitted.pop(data.draw(st.integers(0, len(submitted) - 1)))
+            gm, job = submitted.pop(draw(st.integers(0, len(submitted) - 1)))
             net.post(net.gms[gm].cancel([t.task_id for t in job.tasks], net.now))
         elif action == "deliver":
-            index = data.draw(st.integers(0, len(net.inbox) - 1))
+            index = draw(st.integers(0, len(net.inbox) - 1))
             msg = net.deliver(index)
-            if isinstance(msg.msg, WorkerReport) and data.draw(st.booleans()):
+            if isinstance(msg.msg, WorkerReport) and draw(st.booleans()):
                 net.inbox.append(msg)  # a duplicated report must not free resources twice
         else:
-            wake = net.timers.pop(data.draw(st.integers(0, len(net.timers) - 1)))
+            wake = net.timers.pop(draw(st.integers(0, len(net.timers) - 1)))
             net.post(net.endpoint(wake.dest).handle(wake.msg, net.now))
         for lm in net.lms:
             assert_never_overcommitted(lm)
@@ -136,3 +146,29 @@ def test_random_interleavings_keep_every_invariant(data: st.DataObject) -> None:
         assert lm.is_idle(), f"LM {lm.lm_id} ends with free {lm.free} of {lm.capacity}"
     for gm in net.gms:
         assert not gm.running and not gm.waiting and not gm._cancelling
+
+
+def scripted(values: list[Any]) -> Draw:
+    """A `draw` that answers with recorded values in order, as Hypothesis drew them for a failing example."""
+    answers = iter(values)
+    return lambda strategy: next(answers)
+
+
+def test_cancel_after_an_early_completion_leaves_nothing_cancelling() -> None:
+    """The failing example of ../shared/repro/core-cancel-leak.txt (found at commit 21c904a): job j1's tasks
+    completed before their launch response arrived, then j1 was cancelled; the GM kept them as cancelling
+    forever."""
+    spec = ClusterSpec(((PartitionSpec(0, 0, ((4, 4),), (1,)), PartitionSpec(0, 1, ((4, 4), (4, 4)), (0, 0))),))
+
+    def one(job: str, request: tuple[int, int], constraints: int, tasks: int = 1) -> tuple[int, JobSpec]:
+        specs = tuple(TaskSpec(f"{job}.{i}", job, "u", 1.0, request, constraints) for i in range(tasks))
+        return 0, JobSpec(job, specs, 0.0)
+
+    jobs_drawn = [one("j0", (1, 4), 0), one("j1", (1, 1), 0, 4), one("j2", (1, 1), 1), one("j3", (1, 1), 2)]
+    jobs_drawn += [one("j4", (1, 1), 1), one("j5", (1, 1), 0)]
+    steps: list[Any] = ["submit", 0, "deliver", 0, "cancel", 0, "submit", 1, "deliver", 1, "submit", 0]
+    steps += ["deliver", 0, "submit", 2, "deliver", 0, "finish", 0, "submit", 0, "submit", 0, "cancel", 2]
+    steps += ["deliver", 3, "cancel", 0, "deliver", 1, "finish", 0, "cancel", 1, "deliver", 5, True, "deliver", 4]
+    steps += ["deliver", 5, False, "finish", 0, "deliver", 4, "cancel", 0, "deliver", 4, False, "deliver", 2]
+    steps += [False, "deliver", 0, "deliver", 2, "deliver", 0, "deliver", 0, "deliver", 0]
+    play(scripted([spec, jobs_drawn, *steps]))

@@ -198,8 +198,8 @@ class GlobalMaster:
             if placement is not None:
                 stops.setdefault(placement.lm, []).append((task_id, placement.task.attempt))
                 self._cancelling.add(task_id)
-            elif task_id in self._awaiting_response:
-                self._cancelling.add(task_id)
+            elif task_id in self._awaiting_response and task_id not in self._finished_early:
+                self._cancelling.add(task_id)  # an early completion already ended it: nothing to cancel
         for lm, runs in sorted(stops.items()):
             self._extra.append(Send(lm_address(lm), StopRequest(self.gm_id, lm, runs)))
         return self._drain(now)
@@ -237,7 +237,9 @@ class GlobalMaster:
                 if not entries:
                     inflight.pop(p.node, None)
                 self._awaiting_response.discard(p.task.task_id)
-                self._finished_early.discard(p.task.task_id)
+                if p.task.task_id in self._finished_early:
+                    self._finished_early.discard(p.task.task_id)
+                    continue  # its completion came first: it ended already, and its resources were released
                 if self.book is not None:
                     self.book.released(p.task, lm)
                 if p.task.task_id in self._cancelling:
