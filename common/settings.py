@@ -5,6 +5,7 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 
 from __future__ import annotations
 
+import hmac
 import os
 import ssl
 import sys
@@ -377,6 +378,13 @@ class LMSettings(FairSettings, UserTokens):
 
     def ident(self) -> str:
         return str(self.lm_id)
+
+    def report_secret(self) -> bytes:
+        """The key this LM derives each agent's broker-report key from: the same across restarts of this LM, and
+        unknown to the agents (each learns only its own derived key when it registers)."""
+        return hmac.new(
+            self.cluster_secret.get_secret_value().encode(), f"reports lm {self.lm_id}".encode(), "sha256"
+        ).digest()
 
 
 class WorkerSettings(UserTokens):
