@@ -14,7 +14,6 @@ import statistics
 import sys
 import time
 
-from megha.common.auth import Signer
 from megha.common.core.messages import LaunchBatch, Placement, WorkerLaunch
 from megha.common.core.task import TaskSpec
 from megha.common.models import LaunchBatchModel, WorkerLaunchModel
@@ -41,9 +40,11 @@ async def timed_post(client: ServiceClient, url: str, body: bytes) -> float:
     return elapsed
 
 
-async def measure(lm: str, worker: str, secret: str) -> None:
-    """Median times of launch calls as a GM makes them (signed as GM 0: authentication is on, as deployed)."""
-    client = ServiceClient(timeout=10.0, authorization=Signer(secret, "gm", "0").header)
+async def measure(lm: str, worker: str, deployment: LocalDeployment) -> None:
+    """Median times of launch calls as a GM and an LM make them (signed as GM 0 and LM 0: authentication is on, as
+    deployed)."""
+    client = ServiceClient(timeout=10.0, authorization=lambda: deployment.headers_as("gm", "0")["Authorization"])
+    as_lm = ServiceClient(timeout=10.0, authorization=lambda: deployment.headers_as("lm", "0")["Authorization"])
     print("| placements per call | LM /v1/launch median ms | worker /v1/tasks median ms |")
     print("| --- | --- | --- |")
     for n in (1, 50):
@@ -53,10 +54,11 @@ async def measure(lm: str, worker: str, secret: str) -> None:
             to_lm.append(await timed_post(client, f"{lm}/v1/launch", LaunchBatchModel.core_json(batch)))
             await asyncio.sleep(0.05)  # let the tasks (10 ms) finish so the nodes are free again
             launch = WorkerLaunch(0, placements(f"w{n}-{k}", n, k * n + 7))
-            to_worker.append(await timed_post(client, f"{worker}/v1/tasks", WorkerLaunchModel.core_json(launch)))
+            to_worker.append(await timed_post(as_lm, f"{worker}/v1/tasks", WorkerLaunchModel.core_json(launch)))
             await asyncio.sleep(0.05)
         print(f"| {n} | {statistics.median(to_lm) * 1000:.1f} | {statistics.median(to_worker) * 1000:.1f} |")
     await client.aclose()
+    await as_lm.aclose()
 
 
 def main() -> int:
@@ -71,7 +73,7 @@ def main() -> int:
     )
     with deployment:
         worker = next(p.url for p in deployment.processes if p.name.startswith("worker"))
-        asyncio.run(measure(deployment.lm_urls[0], worker, deployment.cluster_secret))
+        asyncio.run(measure(deployment.lm_urls[0], worker, deployment))
     return 0
 
 

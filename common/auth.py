@@ -6,31 +6,45 @@ Two kinds of credential travel as `Authorization: Bearer <token>`:
 - A user's **API token**, an opaque random string the GM maps to its user (`MEGHA_API_TOKENS`). A user submits to
   its own queue (queues are named after their users) and sees and cancels its own jobs; a user named in
   `MEGHA_OPERATORS` acts for every user (the load generator replays traces of many users with such a token).
-- A service's **signed token**, `megha1.<role>.<id>.<expires>.<hmac>`: an HMAC-SHA256, keyed with the
-  deployment's cluster secret (`MEGHA_CLUSTER_SECRET`), of the service's role (gm, lm, worker), its id and an
-  expiry a few minutes ahead. Services make a fresh one every minute (`Signer`); a receiver checks the signature
-  and the expiry (`Verifier`) and then the role a route allows (`services/auth.py`). Whoever lacks the cluster
-  secret cannot forge a launch, a preemption or a registration.
+- A service's **signed token**, `megha2.<claim>.<signature>`: the claim (role gm, lm or worker; the service's id;
+  its public key; the deployment's certificate of that key; an expiry a few minutes ahead) signed with the
+  service's own Ed25519 key. Services make a fresh one every minute (`Signer`); a receiver checks the certificate
+  against the deployment's root public key, the signature against the certified key, and the expiry (`Verifier`),
+  and then the role a route allows and the identity it names (`services/auth.py`).
 
-Everything that holds the cluster secret can sign any role: the secret is for the services of one deployment, and
-the broker's per-role users (docs/security.md) limit what each role can do on RabbitMQ.
+Each service holds only its own **credential** (`MEGHA_CREDENTIAL`): its private key, the root's certificate of
+its (role, id, public key), and the root's public key. The root private key is derived from the deployment's
+cluster secret (`MEGHA_CLUSTER_SECRET`), which only the tool that issues credentials needs (`megha local`, the
+compose demo's and the swarm stack's secret makers, `megha credential`). So nothing an agent holds can sign as a
+GM, an LM or another agent, and a compromised service can sign only as itself. docs/security.md has the threat
+model.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
+import json
 import re
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Literal
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 Role = Literal["user", "gm", "lm", "worker"]
 SERVICE_ROLES: tuple[Role, ...] = ("gm", "lm", "worker")
 
 SCHEME = "Bearer"
-PREFIX = "megha1"
+PREFIX = "megha2"
+"""First part of a service's signed token."""
+CREDENTIAL_PREFIX = "megha-credential1"
+"""First part of a service's credential (MEGHA_CREDENTIAL)."""
 TOKEN_LIFETIME = 300.0
 """Seconds a signed token is valid: a replayed token is useless after this long."""
 RENEW_AFTER = 60.0
@@ -40,7 +54,7 @@ CLOCK_SKEW = 30.0
 
 MIN_SECRET_CHARS = 16
 USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-_SERVICE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+SERVICE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,28 +120,108 @@ def parse_api_tokens(text: str) -> dict[str, str]:
     return digests
 
 
-def _mac(secret: bytes, claim: str) -> str:
-    return hmac.new(secret, claim.encode(), hashlib.sha256).hexdigest()
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _raw(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _certified(role: str, ident: str, public: bytes) -> bytes:
+    """What the root signs to certify that `public` is the key of service (`role`, `ident`)."""
+    return b"megha-certificate1\0" + role.encode() + b"\0" + ident.encode() + b"\0" + public
+
+
+def _derived(secret: str, purpose: str) -> bytes:
+    return hmac.new(secret.encode(), purpose.encode(), hashlib.sha256).digest()
+
+
+def root_key(cluster_secret: str) -> Ed25519PrivateKey:
+    """The deployment's root key, derived from its cluster secret: it certifies every service's key."""
+    return Ed25519PrivateKey.from_private_bytes(_derived(cluster_secret, "megha root key"))
+
+
+def root_public(cluster_secret: str) -> bytes:
+    """The root's public key (raw, 32 bytes): what every verifier trusts."""
+    return _raw(root_key(cluster_secret).public_key())
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """One service's identity: its private key, the root's certificate of (role, id, public key), and the root's
+    public key, against which it checks the tokens of the services that call it."""
+
+    role: Role
+    ident: str
+    key: bytes  # the service's Ed25519 private key (raw, 32 bytes)
+    certificate: bytes  # the root's signature of _certified(role, ident, public key)
+    root: bytes  # the root's public key (raw)
+
+    @classmethod
+    def issue(cls, cluster_secret: str, role: Role, ident: str) -> Credential:
+        """The credential of service (`role`, `ident`), made from the deployment's cluster secret (the same one
+        each time: keys are derived, not drawn)."""
+        if role not in SERVICE_ROLES:
+            raise ValueError(f"not a service role: {role}")
+        if not SERVICE_ID.match(ident):
+            raise ValueError(f"not a service id: {ident!r}")
+        key = Ed25519PrivateKey.from_private_bytes(_derived(cluster_secret, f"megha service key\0{role}\0{ident}"))
+        root = root_key(cluster_secret)
+        certificate = root.sign(_certified(role, ident, _raw(key.public_key())))
+        return cls(role, ident, key.private_bytes_raw(), certificate, _raw(root.public_key()))
+
+    def encode(self) -> str:
+        """One line, `megha-credential1.<base64 of JSON>` (what MEGHA_CREDENTIAL holds)."""
+        body = {"role": self.role, "id": self.ident, "key": _b64(self.key), "cert": _b64(self.certificate)}
+        body["root"] = _b64(self.root)
+        return f"{CREDENTIAL_PREFIX}.{_b64(json.dumps(body, separators=(',', ':')).encode())}"
+
+    @classmethod
+    def decode(cls, text: str) -> Credential:
+        """The credential `encode` wrote; ValueError says what is wrong (never the key)."""
+        prefix, _, body = text.strip().partition(".")
+        if prefix != CREDENTIAL_PREFIX or not body:
+            raise ValueError(f"not a credential (it starts {CREDENTIAL_PREFIX}.)")
+        try:
+            fields = json.loads(_unb64(body))
+            role, ident = fields["role"], fields["id"]
+            key, cert, root = (_unb64(fields[name]) for name in ("key", "cert", "root"))
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise ValueError("not a credential: its body is not what `megha credential` writes") from None
+        if role not in SERVICE_ROLES or not isinstance(ident, str) or not SERVICE_ID.match(ident):
+            raise ValueError("not a credential: no service role and id")
+        if len(key) != 32 or len(root) != 32:
+            raise ValueError("not a credential: its keys are not Ed25519 keys")
+        public = _raw(Ed25519PrivateKey.from_private_bytes(key).public_key())
+        try:
+            Ed25519PublicKey.from_public_bytes(root).verify(cert, _certified(role, ident, public))
+        except InvalidSignature:
+            raise ValueError(f"the credential of {role} {ident} is not certified by its root key") from None
+        return cls(role, ident, key, cert, root)
 
 
 class Signer:
-    """Makes the signed tokens of one service (`role`, `ident`), a fresh one every `RENEW_AFTER` seconds."""
+    """Makes the signed tokens of one service, a fresh one every `RENEW_AFTER` seconds."""
 
-    def __init__(self, secret: str, role: Role, ident: str) -> None:
-        if role not in SERVICE_ROLES:
-            raise ValueError(f"not a service role: {role}")
-        if not _SERVICE_ID.match(ident):
-            raise ValueError(f"not a service id: {ident!r}")
-        self._secret = secret.encode()
-        self.role = role
-        self.ident = ident
+    def __init__(self, credential: Credential) -> None:
+        self.role = credential.role
+        self.ident = credential.ident
+        self._key = Ed25519PrivateKey.from_private_bytes(credential.key)
+        self._public = _b64(_raw(self._key.public_key()))
+        self._certificate = _b64(credential.certificate)
         self._header = ""
         self._renew_at = 0.0
 
     def token(self, now: float) -> str:
-        expires = int(now + TOKEN_LIFETIME)
-        claim = f"{PREFIX}.{self.role}.{self.ident}.{expires}"
-        return f"{claim}.{_mac(self._secret, claim)}"
+        claim = {"role": self.role, "id": self.ident, "pub": self._public, "cert": self._certificate}
+        claim["exp"] = int(now + TOKEN_LIFETIME)  # type: ignore[assignment]
+        body = _b64(json.dumps(claim, separators=(",", ":")).encode())
+        return f"{PREFIX}.{body}.{_b64(self._key.sign(body.encode()))}"
 
     def header(self) -> str:
         """The `Authorization` header value to send now."""
@@ -139,11 +233,15 @@ class Signer:
 
 
 class Verifier:
-    """Checks bearer tokens: services' signed tokens against the cluster secret, users' API tokens against their
-    digests. Tokens already verified are remembered until they expire, so a request costs a dict lookup."""
+    """Checks bearer tokens: services' signed tokens against the deployment's root public key, users' API tokens
+    against their digests. Tokens already verified are remembered until they expire, so a request costs a dict
+    lookup."""
 
-    def __init__(self, secret: str, api_tokens: dict[str, str] | None = None, operators: frozenset[str] = frozenset()):
-        self._secret = secret.encode()
+    def __init__(
+        self, root: bytes | None, api_tokens: dict[str, str] | None = None, operators: frozenset[str] = frozenset()
+    ):
+        """`root`: the root public key services' tokens must chain to (None: no service token is accepted)."""
+        self._root = None if root is None else Ed25519PublicKey.from_public_bytes(root)
         self._users = dict(api_tokens or {})
         self._operators = operators
         self._known: dict[str, tuple[Principal, float]] = {}
@@ -166,19 +264,35 @@ class Verifier:
         return principal
 
     def _service(self, token: str, now: float) -> tuple[Principal, float]:
-        claim, _, mac = token.rpartition(".")
-        parts = claim.split(".")
-        if len(parts) != 4 or parts[1] not in SERVICE_ROLES or not parts[3].isdigit():
-            raise Unauthenticated("malformed service token")
-        if not self._secret or not hmac.compare_digest(_mac(self._secret, claim), mac):
-            raise Unauthenticated("service token not signed with this deployment's cluster secret")
-        expires = int(parts[3])
+        parts = token.split(".")
+        try:
+            if len(parts) != 3:
+                raise ValueError(len(parts))
+            body, signature = parts[1], parts[2]
+            claim = json.loads(_unb64(body))
+            role, ident, expires = claim["role"], claim["id"], claim["exp"]
+            public, cert, mac = _unb64(claim["pub"]), _unb64(claim["cert"]), _unb64(signature)
+            if role not in SERVICE_ROLES or not isinstance(ident, str) or not SERVICE_ID.match(ident):
+                raise ValueError(role)
+            if not isinstance(expires, int) or len(public) != 32:
+                raise ValueError(expires)
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise Unauthenticated("malformed service token") from None
+        if self._root is None:
+            raise Unauthenticated("this service accepts no service token")
+        try:
+            self._root.verify(cert, _certified(role, ident, public))
+        except InvalidSignature:
+            raise Unauthenticated("service token's key is not certified by this deployment's root key") from None
+        try:
+            Ed25519PublicKey.from_public_bytes(public).verify(mac, body.encode())
+        except InvalidSignature:
+            raise Unauthenticated("service token not signed with its certified key") from None
         if expires <= now:
             raise Unauthenticated("service token expired")
         if expires > now + TOKEN_LIFETIME + CLOCK_SKEW:
             raise Unauthenticated("service token valid for longer than allowed (clock skew?)")
-        role: Role = parts[1]  # type: ignore[assignment]
-        return Principal(role, parts[2]), float(expires)
+        return Principal(role, ident), float(expires)
 
     def _user(self, token: str, now: float) -> tuple[Principal, float]:
         user = self._users.get(token_digest(token))

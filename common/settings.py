@@ -18,7 +18,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from megha.common.auth import MIN_SECRET_CHARS, Signer, Verifier, parse_api_tokens
+from megha.common.auth import MIN_SECRET_CHARS, Credential, Signer, Verifier, parse_api_tokens, root_public
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.task import DRIVERS
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
 
 
-SECRET_SETTINGS = ("amqp_url", "cluster_secret", "api_tokens", "api_token")
+SECRET_SETTINGS = ("amqp_url", "cluster_secret", "credential", "api_tokens", "api_token")
 """Settings that may instead be read from a file named by MEGHA_<NAME>_FILE (a Docker secret, say), so that the
 secret is in no environment listing."""
 
@@ -78,11 +78,20 @@ class ServiceSettings(BaseSettings):
         "who reaches a port can submit, launch, preempt and cancel: for a development run only, logged as a warning "
         "at start-up (docs/security.md)",
     )
+    credential: SecretStr = Field(
+        SecretStr(""),
+        description="this service's own credential (its Ed25519 key, certified by the deployment's root key), with "
+        "which it signs its calls to other services and checks theirs: it can sign as this service only; made by "
+        "`megha credential`, `megha local`, the compose demo and the swarm stack; required while MEGHA_AUTH=on "
+        "unless MEGHA_CLUSTER_SECRET is given; MEGHA_CREDENTIAL_FILE names a file holding it instead (a Docker "
+        "secret)",
+    )
     cluster_secret: SecretStr = Field(
         SecretStr(""),
-        description=f"the deployment's shared secret (at least {MIN_SECRET_CHARS} characters) with which GMs, LMs "
-        "and worker agents sign the tokens of their calls to each other; required while MEGHA_AUTH=on; "
-        "MEGHA_CLUSTER_SECRET_FILE names a file holding it instead (a Docker secret)",
+        description=f"the deployment's root secret (at least {MIN_SECRET_CHARS} characters), from which every "
+        "service's credential is issued; for the tools that issue credentials. A service given it instead of "
+        "MEGHA_CREDENTIAL issues its own credential from it and warns at start-up: whoever holds it can sign as "
+        "any service (docs/security.md); MEGHA_CLUSTER_SECRET_FILE names a file holding it instead",
     )
 
     amqp_url: str = Field(
@@ -147,16 +156,41 @@ class ServiceSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_auth(self) -> Self:
+        secret = self.cluster_secret.get_secret_value()
+        if secret and len(secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"MEGHA_CLUSTER_SECRET needs at least {MIN_SECRET_CHARS} characters")
         if self.auth == "on" and self.signs_as is not None:
-            if not self.cluster_secret.get_secret_value():
+            if not self.credential.get_secret_value() and not secret:
                 raise ValueError(
-                    "MEGHA_CLUSTER_SECRET (or MEGHA_CLUSTER_SECRET_FILE) is not set: services sign their calls "
-                    "with it; `megha local` and the compose demo make one (docs/security.md); MEGHA_AUTH=off runs "
-                    "without authentication, for development only"
+                    "MEGHA_CREDENTIAL (or MEGHA_CREDENTIAL_FILE) is not set: services sign their calls with it; "
+                    "`megha credential`, `megha local` and the compose demo make one (docs/security.md); "
+                    "MEGHA_AUTH=off runs without authentication, for development only"
                 )
-            if len(self.cluster_secret.get_secret_value()) < MIN_SECRET_CHARS:
-                raise ValueError(f"MEGHA_CLUSTER_SECRET needs at least {MIN_SECRET_CHARS} characters")
+            own = self.own_credential()
+            if (own.role, own.ident) != (self.signs_as, self.ident()):
+                raise ValueError(
+                    f"MEGHA_CREDENTIAL is the credential of {own.role} {own.ident}, not of this {self.signs_as} "
+                    f"{self.ident()}"
+                )
         return self
+
+    def own_credential(self) -> Credential:
+        """This service's credential: MEGHA_CREDENTIAL, else issued from MEGHA_CLUSTER_SECRET. ValueError says what
+        is wrong with it."""
+        if self.signs_as is None:
+            raise ValueError("a client holds no service credential")
+        text = self.credential.get_secret_value()
+        if text:
+            try:
+                return Credential.decode(text)
+            except ValueError as exc:
+                raise ValueError(f"MEGHA_CREDENTIAL: {exc}") from None
+        return Credential.issue(self.cluster_secret.get_secret_value(), self.signs_as, self.ident())
+
+    def holds_root(self) -> bool:
+        """Whether this service signs with a credential it issued itself from the cluster secret (it then could sign
+        as any service: a deployment gives each service only its own MEGHA_CREDENTIAL)."""
+        return self.auth == "on" and self.signs_as is not None and not self.credential.get_secret_value()
 
     @model_validator(mode="after")
     def _check_tls(self) -> Self:
@@ -177,7 +211,7 @@ class ServiceSettings(BaseSettings):
         """This service's token signer (None with MEGHA_AUTH=off, or for a client)."""
         if self.auth == "off" or self.signs_as is None:
             return None
-        return Signer(self.cluster_secret.get_secret_value(), self.signs_as, self.ident())
+        return Signer(self.own_credential())
 
     def ident(self) -> str:
         """This service's id in the tokens it signs."""
@@ -189,11 +223,18 @@ class ServiceSettings(BaseSettings):
         signer = self.signer()
         return None if signer is None else signer.header
 
+    def trusted_root(self) -> bytes | None:
+        """The root public key services' tokens must chain to (None: this process accepts no service token)."""
+        if self.signs_as is not None:
+            return self.own_credential().root
+        secret = self.cluster_secret.get_secret_value()
+        return root_public(secret) if secret else None
+
     def verifier(self) -> Verifier | None:
         """Checks the credentials of requests to this service (None with MEGHA_AUTH=off)."""
         if self.auth == "off":
             return None
-        return Verifier(self.cluster_secret.get_secret_value())
+        return Verifier(self.trusted_root())
 
     def url(self) -> str:
         return self.public_url or f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
@@ -252,7 +293,7 @@ class UserTokens(ServiceSettings):
         if self.auth == "off":
             return None
         tokens = parse_api_tokens(self.api_tokens.get_secret_value())
-        return Verifier(self.cluster_secret.get_secret_value(), tokens, frozenset(self.operators))
+        return Verifier(self.trusted_root(), tokens, frozenset(self.operators))
 
 
 class FairSettings(ServiceSettings):
@@ -380,11 +421,12 @@ class LMSettings(FairSettings, UserTokens):
         return str(self.lm_id)
 
     def report_secret(self) -> bytes:
-        """The key this LM derives each agent's broker-report key from: the same across restarts of this LM, and
-        unknown to the agents (each learns only its own derived key when it registers)."""
-        return hmac.new(
-            self.cluster_secret.get_secret_value().encode(), f"reports lm {self.lm_id}".encode(), "sha256"
-        ).digest()
+        """The key this LM derives each agent's broker-report key from: its own credential's, so the same across
+        restarts of this LM and unknown to the agents (each learns only its own derived key when it registers).
+        Empty with MEGHA_AUTH=off (nothing is signed)."""
+        if self.auth == "off":
+            return b""
+        return hmac.new(self.own_credential().key, b"megha broker reports", "sha256").digest()
 
 
 class WorkerSettings(UserTokens):

@@ -24,7 +24,7 @@ from types import FrameType, TracebackType
 
 import httpx
 
-from megha.common.auth import new_secret
+from megha.common.auth import Credential, Role, new_secret, token_digest
 from megha.deploy.local import ALL_CONSTRAINTS, OPERATOR, free_port
 
 LABEL = "org.megha.deployment"
@@ -196,6 +196,8 @@ class ContainerDeployment:
 
     def _service(self, service: str, module: str, **values: object) -> None:
         container = self.containers[service]
+        role: Role = module.rsplit(".", 1)[-1]  # type: ignore[assignment]
+        ident = values.get("worker_id", values.get("lm_id", values.get("gm_id")))
         env: dict[str, object] = {
             "MEGHA_AMQP_URL": f"amqp://megha:{self.broker_password}@{self.containers[BROKER].ip}:{AMQP_PORT}/",
             "MEGHA_HOST": "0.0.0.0",
@@ -203,8 +205,8 @@ class ContainerDeployment:
             "MEGHA_PUBLIC_URL": container.inner_url,
             "MEGHA_RUN_ID": self.run_id,
             "MEGHA_LOG_LEVEL": "info",
-            "MEGHA_CLUSTER_SECRET": self.cluster_secret,
-            "MEGHA_API_TOKENS": f"{OPERATOR}={self.operator_token}",
+            "MEGHA_CREDENTIAL": Credential.issue(self.cluster_secret, role, str(ident)).encode(),  # its own only
+            "MEGHA_API_TOKENS": f"{OPERATOR}={token_digest(self.operator_token)}",
             "MEGHA_OPERATORS": OPERATOR,
             **{f"MEGHA_{k.upper()}": v for k, v in values.items()},
         }

@@ -21,7 +21,7 @@ from types import FrameType, TracebackType
 import httpx
 from pydantic import SecretStr
 
-from megha.common.auth import new_secret
+from megha.common.auth import Credential, Role, Signer, new_secret, token_digest
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker, gm_key, lm_key
@@ -54,6 +54,14 @@ def free_port(low: int = 10_000, high: int | None = None) -> int:
                 continue
             return port
     raise RuntimeError(f"no free port between {low} and {high}")
+
+
+INHERITED_SECRETS = frozenset(
+    f"MEGHA_{name}{suffix}"
+    for name in ("CLUSTER_SECRET", "CREDENTIAL", "API_TOKENS", "API_TOKEN")
+    for suffix in ("", "_FILE")
+)
+"""Variables of this process a service is never given: each gets its own credential and the users' token digests."""
 
 
 @dataclass
@@ -134,22 +142,23 @@ class LocalDeployment:
         """How httpx verifies this deployment's services: with `tls_ca` when given."""
         return ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else True
 
-    def _env(self, **values: object) -> dict[str, str]:
-        env = dict(os.environ)
+    def credential(self, role: Role, ident: str) -> str:
+        """The credential (MEGHA_CREDENTIAL) of this deployment's service (`role`, `ident`)."""
+        return Credential.issue(self.cluster_secret, role, ident).encode()
+
+    def headers_as(self, role: Role, ident: str) -> dict[str, str]:
+        """The Authorization header of service (`role`, `ident`) of this deployment (a test acting as it)."""
+        return {"Authorization": Signer(Credential.issue(self.cluster_secret, role, ident)).header()}
+
+    def _env(self, credential: str, **values: object) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in INHERITED_SECRETS}
         env.update({"MEGHA_AMQP_URL": self.amqp_url, "MEGHA_RUN_ID": self.run_id, "MEGHA_LOG_LEVEL": "info"})
         env["MEGHA_AUTH"] = "on" if self.auth else "off"
-        if self.auth:  # secrets in the services' environment, readable only by this user (and root)
-            env.update(
-                {
-                    "MEGHA_CLUSTER_SECRET": self.cluster_secret,
-                    "MEGHA_API_TOKENS": ",".join(
-                        f"{user}={token}" for user, token in {OPERATOR: self.operator_token, **self.user_tokens}.items()
-                    ),
-                    "MEGHA_OPERATORS": OPERATOR,
-                }
-            )
-            for name in ("MEGHA_CLUSTER_SECRET_FILE", "MEGHA_API_TOKENS_FILE"):
-                env.pop(name, None)
+        if self.auth:  # a service's own credential, and the users' tokens as digests: no service holds the root
+            tokens = {OPERATOR: self.operator_token, **self.user_tokens}
+            env["MEGHA_CREDENTIAL"] = credential
+            env["MEGHA_API_TOKENS"] = ",".join(f"{user}={token_digest(token)}" for user, token in tokens.items())
+            env["MEGHA_OPERATORS"] = OPERATOR
         env.update({"MEGHA_TLS_CERT": self.tls_cert, "MEGHA_TLS_KEY": self.tls_key, "MEGHA_TLS_CA": self.tls_ca})
         env.update({f"MEGHA_{k.upper()}": str(v) for k, v in values.items()})
         return env
@@ -158,8 +167,12 @@ class LocalDeployment:
         url = f"{self.scheme}://127.0.0.1:{port}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
-        amqp_url = self.amqp_urls.get(module.rsplit(".", 1)[-1], self.amqp_url)  # the role's user, if it has one
-        command, env = [sys.executable, "-m", module], self._env(port=port, public_url=url, amqp_url=amqp_url, **values)
+        role = module.rsplit(".", 1)[-1]
+        amqp_url = self.amqp_urls.get(role, self.amqp_url)  # the role's user, if it has one
+        ident = str(values.get("worker_id", values.get("lm_id", values.get("gm_id"))))
+        credential = self.credential(role, ident) if self.auth else ""  # type: ignore[arg-type]
+        command = [sys.executable, "-m", module]
+        env = self._env(credential, port=port, public_url=url, amqp_url=amqp_url, **values)
         self.processes.append(Process(name, url, _popen(command, env, log), log, command, env))
         return url
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from types import FrameType
 from typing import TypeVar
@@ -44,6 +45,13 @@ def _load(model: type[S], command: str) -> S:
     settings = load_settings(model, command)
     use_log_format(settings.log_format)
     use_tls_ca(settings.tls_ca)
+    if settings.holds_root():
+        logging.getLogger("megha").warning(
+            "%s holds the deployment's root secret (MEGHA_CLUSTER_SECRET without MEGHA_CREDENTIAL): whoever reads "
+            "it can sign as any GM, LM or agent; give each service only its own credential (`megha credential "
+            "issue`, docs/security.md)",
+            command,
+        )
     return settings
 
 

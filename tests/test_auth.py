@@ -4,6 +4,8 @@ call, against a real GM, LM and worker agent (separate processes, the real Rabbi
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import sys
@@ -12,15 +14,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from megha.common.auth import (
     TOKEN_LIFETIME,
+    Credential,
     Principal,
     Signer,
     Unauthenticated,
     Verifier,
     new_secret,
     parse_api_tokens,
+    root_public,
     token_digest,
 )
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings
@@ -42,35 +47,76 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 def _as(role: str, ident: str, secret: str = "") -> dict[str, str]:
-    return {"Authorization": Signer(secret or SECRET, role, ident).header()}  # type: ignore[arg-type]
+    return {"Authorization": Signer(Credential.issue(secret or SECRET, role, ident)).header()}  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------ credentials
 
 
-def test_signed_tokens_are_checked_for_signature_expiry_and_form() -> None:
-    verifier = Verifier(SECRET)
-    assert verifier.principal(Signer(SECRET, "gm", "3").header(), time.time()) == Principal("gm", "3")
-    signer = Signer(SECRET, "lm", "1")
+def test_signed_tokens_are_checked_for_certificate_signature_expiry_and_form() -> None:
+    verifier = Verifier(root_public(SECRET))
+    gm3 = Signer(Credential.issue(SECRET, "gm", "3"))
+    assert verifier.principal(gm3.header(), time.time()) == Principal("gm", "3")
+    signer = Signer(Credential.issue(SECRET, "lm", "1"))
     token = signer.token(1000.0)
     assert verifier.principal(f"Bearer {token}", 1000.0 + TOKEN_LIFETIME - 1) == Principal("lm", "1")
     with pytest.raises(Unauthenticated, match="expired"):
-        Verifier(SECRET).principal(f"Bearer {token}", 1000.0 + TOKEN_LIFETIME + 1)
-    with pytest.raises(Unauthenticated, match="cluster secret"):
-        verifier.principal(Signer("x" * 32, "gm", "0").header(), time.time())
-    forged = token.replace(".lm.1.", ".gm.1.")  # another role under the same signature
-    with pytest.raises(Unauthenticated, match="cluster secret"):
-        verifier.principal(f"Bearer {forged}", 1000.0)
-    for bad in (None, "", "Basic abc", "Bearer ", "Bearer megha1.gm.0", "Bearer megha1.root.0.9999999999.00"):
+        Verifier(root_public(SECRET)).principal(f"Bearer {token}", 1000.0 + TOKEN_LIFETIME + 1)
+    with pytest.raises(Unauthenticated, match="not certified"):  # another deployment's service
+        verifier.principal(Signer(Credential.issue("x" * 32, "gm", "0")).header(), time.time())
+    with pytest.raises(Unauthenticated, match="accepts no service token"):
+        Verifier(None).principal(gm3.header(), time.time())
+    for bad in (None, "", "Basic abc", "Bearer ", "Bearer megha2.gm.0", "Bearer megha2.e30.AA", "Bearer megha2.a.b.c"):
         with pytest.raises(Unauthenticated):
             verifier.principal(bad, 1000.0)
     with pytest.raises(Unauthenticated, match="longer"):
-        Verifier(SECRET).principal(f"Bearer {signer.token(1e6)}", 1000.0)  # expires far beyond a lifetime
+        Verifier(root_public(SECRET)).principal(f"Bearer {signer.token(1e6)}", 1000.0)  # far beyond a lifetime
+
+
+def _claim(token: str) -> dict[str, object]:
+    body = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+
+
+def _token(claim: dict[str, object], signature: str) -> str:
+    body = base64.urlsafe_b64encode(json.dumps(claim).encode()).rstrip(b"=").decode()
+    return f"Bearer megha2.{body}.{signature}"
+
+
+def test_an_agents_credential_signs_as_that_agent_only() -> None:
+    """What an agent holds (its credential) cannot make a token of a GM, an LM or another agent: its certificate
+    names its role and id, and a claim changed to another identity no longer matches the certificate or the
+    signature. A credential names no root secret."""
+    verifier = Verifier(root_public(SECRET))
+    agent = Credential.issue(SECRET, "worker", "w.0")  # a worker id with a dot registers too
+    assert SECRET not in agent.encode() and Credential.decode(agent.encode()) == agent
+    token = Signer(agent).token(time.time())
+    assert verifier.principal(f"Bearer {token}", time.time()) == Principal("worker", "w.0")
+    claim, signature = _claim(token), token.split(".")[2]
+    for forged in ({"role": "gm", "id": "0"}, {"role": "lm", "id": "0"}, {"id": "w.1"}):
+        # the agent re-signs the changed claim with its own key: the certificate still names w.0
+        body = base64.urlsafe_b64encode(json.dumps({**claim, **forged}).encode()).rstrip(b"=").decode()
+        own_key = Ed25519PrivateKey.from_private_bytes(agent.key)
+        resigned = base64.urlsafe_b64encode(own_key.sign(body.encode())).rstrip(b"=").decode()
+        with pytest.raises(Unauthenticated, match="not certified"):
+            verifier.principal(f"Bearer megha2.{body}.{resigned}", time.time())
+        with pytest.raises(Unauthenticated):  # or with the original signature
+            verifier.principal(_token({**claim, **forged}, signature), time.time())
+    # A key the agent makes itself, with its own certificate: the certificate does not cover that key.
+    other = Ed25519PrivateKey.generate()
+    public = base64.urlsafe_b64encode(other.public_key().public_bytes_raw()).rstrip(b"=").decode()
+    body = base64.urlsafe_b64encode(json.dumps({**claim, "pub": public}).encode()).rstrip(b"=").decode()
+    resigned = base64.urlsafe_b64encode(other.sign(body.encode())).rstrip(b"=").decode()
+    with pytest.raises(Unauthenticated, match="not certified"):
+        verifier.principal(f"Bearer megha2.{body}.{resigned}", time.time())
+    tampered = agent.encode()[:-4] + "AAAA"
+    with pytest.raises(ValueError, match="credential"):
+        Credential.decode(tampered)
 
 
 def test_api_tokens_map_to_users_and_operators_and_may_be_given_as_digests() -> None:
     tokens = parse_api_tokens(f"alice={ALICE}\n# a comment\n\nbob={token_digest(BOB)}, ops={'o' * 16}")
-    verifier = Verifier(SECRET, tokens, frozenset({"ops"}))
+    verifier = Verifier(root_public(SECRET), tokens, frozenset({"ops"}))
     assert verifier.principal(f"Bearer {ALICE}", 0) == Principal("user", "alice")
     assert verifier.principal(f"Bearer {BOB}", 0) == Principal("user", "bob")
     assert verifier.principal(f"Bearer {'o' * 16}", 0).operator
@@ -116,7 +162,13 @@ def _start(module: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 @pytest.mark.parametrize(
     ("module", "env", "says"),
     [
-        ("megha.services.lm", {}, "MEGHA_CLUSTER_SECRET (or MEGHA_CLUSTER_SECRET_FILE) is not set"),
+        ("megha.services.lm", {}, "MEGHA_CREDENTIAL (or MEGHA_CREDENTIAL_FILE) is not set"),
+        ("megha.services.lm", {"MEGHA_CREDENTIAL": "megha-credential1.e30"}, "MEGHA_CREDENTIAL: not a credential"),
+        (
+            "megha.services.lm",
+            {"MEGHA_LM_ID": "1", "MEGHA_CREDENTIAL": Credential.issue(SECRET, "lm", "0").encode()},
+            "the credential of lm 0, not of this lm 1",
+        ),
         ("megha.services.worker", {"MEGHA_CLUSTER_SECRET": "short"}, "at least 16 characters"),
         ("megha.services.gm", {"MEGHA_CLUSTER_SECRET": SECRET}, "MEGHA_API_TOKENS (or MEGHA_API_TOKENS_FILE)"),
         ("megha.services.gm", {"MEGHA_CLUSTER_SECRET": SECRET, "MEGHA_API_TOKENS": "alice"}, "not user=token"),
@@ -204,7 +256,7 @@ def test_without_a_credential_only_health_metrics_docs_and_the_dashboard_page_an
         wrong = httpx.request(method, url, json=body, headers=_bearer("x" * 30), timeout=5)
         assert wrong.status_code == 401, (method, url)
         other = httpx.request(method, url, json=body, headers=_as("gm", "0", "y" * 32), timeout=5)
-        assert other.status_code == 401 and "cluster secret" in other.text, (method, url)
+        assert other.status_code == 401 and "not certified" in other.text, (method, url)
 
 
 @needs_rabbitmq

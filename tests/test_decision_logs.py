@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from megha.common.auth import Signer
 from megha.common.core.messages import Placement
 from megha.common.core.task import JobSpec
 from megha.deploy.local import LocalDeployment
@@ -151,7 +150,7 @@ def test_the_services_log_refusals_losses_retries_and_stops_with_ids(
         # A refused launch at the LM (sent to the wrong LM) and at the surviving agent (from the wrong LM).
         placement = {"task": {"task_id": "x.0", "job_id": "x", "user": "bob", "duration": 1.0, "request": [1, 1],
                               "constraints": []}, "lm": 5, "node": 1, "repartition": False, "gm": 0}  # fmt: skip
-        as_gm = {"Authorization": Signer(deployment.cluster_secret, "gm", "0").header()}  # past authentication
+        as_gm = deployment.headers_as("gm", "0")  # past authentication
         launch = {"gm": 0, "lm": 5, "seq": 9, "placements": [placement]}
         r = httpx.post(f"{lm}/v1/launch", json=launch, headers=as_gm, timeout=5.0)
         assert r.status_code == 422, r.text
@@ -159,7 +158,7 @@ def test_the_services_log_refusals_losses_retries_and_stops_with_ids(
         wait_until(lm_refusal, 10, lm_log.read_text)
         assert lm_refusal()[0].items() >= {"level": "WARNING", "job": ["x"], "gm": 0, "lm": 5}.items()
         survivor = deployment.process("worker-0-1")
-        as_lm = {"Authorization": Signer(deployment.cluster_secret, "lm", "0").header()}
+        as_lm = deployment.headers_as("lm", "0")
         r = httpx.post(f"{survivor.url}/v1/tasks", json={"lm": 5, "launches": [placement]}, headers=as_lm, timeout=5.0)
         assert r.status_code == 422, r.text
         agent_log = logs / "worker-0-1.log"

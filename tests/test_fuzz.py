@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from megha.common.auth import Signer
 from megha.deploy.local import LocalDeployment
 
 from servicekit import needs_rabbitmq
@@ -55,7 +54,7 @@ def _credential(deployment: LocalDeployment, service: str) -> str:
     if service == "gm":
         return deployment.headers["Authorization"]
     role, ident = {"lm": ("gm", "0"), "worker": ("lm", "0")}[service]
-    return Signer(deployment.cluster_secret, role, ident).header()  # type: ignore[arg-type]
+    return deployment.headers_as(role, ident)["Authorization"]  # type: ignore[arg-type]
 
 
 def _fuzz(url: str, work: Path, authorization: str) -> tuple[int, dict[str, object]]:
