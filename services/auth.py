@@ -57,6 +57,18 @@ def principal(request: Request) -> Principal:
     return request.scope["state"]["principal"]  # type: ignore[no-any-return]
 
 
+def acts_as(who: Principal, role: str, ident: str) -> bool:
+    """Whether `who` is service (`role`, `ident`) (anyone is, with MEGHA_AUTH=off)."""
+    return who is ANONYMOUS or (who.role == role and who.name == ident)
+
+
+def acts_as_gm(who: Principal, gm: int, num_gms: int, stand_in: bool = True) -> bool:
+    """Whether `who` may call as GM `gm`: GM `gm` itself or, with `stand_in`, the next GM of the ring, which stands
+    in for it while it is down (docs/reliability.md; the LM's terms then fence the older holder). Anyone with
+    MEGHA_AUTH=off."""
+    return acts_as(who, "gm", str(gm)) or (stand_in and num_gms > 1 and acts_as(who, "gm", str((gm + 1) % num_gms)))
+
+
 def allowed(who: Principal, roles: frozenset[str]) -> bool:
     if not roles:
         return True

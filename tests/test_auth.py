@@ -30,7 +30,7 @@ from megha.common.auth import (
 )
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings
 from megha.deploy.local import LocalDeployment
-from megha.services.auth import GM_RULES, LM_RULES, WORKER_RULES, routes_of
+from megha.services.auth import GM_RULES, LM_RULES, WORKER_RULES, acts_as_gm, routes_of
 from megha.services.gm.app import create_app as gm_app
 from megha.services.lm.app import create_app as lm_app
 from megha.services.worker.app import create_app as worker_app
@@ -288,6 +288,50 @@ def test_forged_launches_preemptions_and_registrations_are_refused(deployment: L
     assert state["running"] == 0 and state["launched"] == 0  # none of it got through
     log = (deployment.log_dir / "lm-0.log").read_text()
     assert "refused POST /v1/launch" in log or "may not POST /v1/launch" in log, log[-2000:]
+
+
+def test_a_gm_acts_as_itself_or_as_the_gm_it_stands_in_for_only() -> None:
+    gm = lambda n: Principal("gm", str(n))  # noqa: E731
+    assert acts_as_gm(gm(0), 0, 3) and acts_as_gm(gm(1), 0, 3) and acts_as_gm(gm(0), 2, 3)  # 1 stands in for 0
+    assert not acts_as_gm(gm(2), 0, 3) and not acts_as_gm(gm(1), 0, 3, stand_in=False)
+    assert not acts_as_gm(gm(1), 0, 1)  # no ring with one GM
+    assert not acts_as_gm(Principal("lm", "0"), 0, 3) and not acts_as_gm(Principal("user", "0", operator=True), 0, 3)
+
+
+@needs_rabbitmq
+def test_a_service_token_names_the_identity_a_route_acts_as(deployment: LocalDeployment) -> None:
+    """GM 1's token (certified: a real GM of some deployment size) can neither launch, stop, claim, read the state
+    of, nor write the journal copy of GM 0; LM 1's token cannot launch, stop or read output on LM 0's agent; an
+    agent's token registers only itself (above)."""
+    gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
+    as_gm1 = deployment.headers_as("gm", "1")
+    spec = {"task_id": "f.0", "job_id": "f", "user": "bob", "duration": 1.0, "request": [1, 1], "constraints": []}
+    placement = {"task": spec, "lm": 0, "node": 0, "repartition": False, "gm": 0}
+    calls = [
+        ("POST", f"{lm}/v1/launch", {"gm": 0, "lm": 0, "seq": 99, "placements": [placement]}),
+        ("POST", f"{lm}/v1/stop", {"gm": 0, "lm": 0, "runs": [{"task_id": "f.0", "attempt": 1}]}),
+        ("GET", f"{lm}/v1/gms/0/state", None),
+        ("POST", f"{lm}/v1/gms/0/claim", {"term": 10**9, "by": 0}),
+        ("POST", f"{gm}/v1/peers/0/journal", {"lines": []}),
+        ("POST", f"{gm}/v1/peers/0/release", {}),
+    ]
+    for method, url, body in calls:
+        r = httpx.request(method, url, json=body, headers=as_gm1, timeout=5)
+        assert r.status_code == 403 and r.json()["detail"][0]["field"] in ("gm", "by"), (method, url, r.text)
+        assert "gm 1 may not" in r.text
+    agent = deployment.process("worker-0-0").url
+    launch = {"lm": 1, "launches": [{**placement, "lm": 1}]}
+    as_lm1 = deployment.headers_as("lm", "1")  # another LM's token
+    for method, url, body in [
+        ("POST", f"{agent}/v1/tasks", {**launch, "lm": 0, "launches": [placement]}),
+        ("POST", f"{agent}/v1/preempt", {"lm": 0, "task_ids": ["f.0"]}),
+        ("GET", f"{agent}/v1/tasks/f.0/logs", None),
+    ]:
+        r = httpx.request(method, url, json=body, headers=as_lm1, timeout=5)
+        assert r.status_code == 403 and "lm 1 may not" in r.text, (method, url, r.text)
+    state = httpx.get(f"{lm}/v1/gms/0/state", headers=deployment.headers_as("gm", "0"), timeout=5)
+    assert state.status_code == 200, state.text  # GM 0 itself may, and its term was not raised by GM 1's claim
+    assert httpx.get(f"{lm}/v1/state", headers=deployment.headers, timeout=5).json()["launched"] == 0
 
 
 @needs_rabbitmq

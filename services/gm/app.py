@@ -20,7 +20,7 @@ from megha.common.models import ErrorBody, JobAccepted, JobList, JobState, JobSt
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
 from megha.services.apidocs import serve_docs_offline
-from megha.services.auth import GM_RULES, principal, protect
+from megha.services.auth import GM_RULES, acts_as_gm, principal, protect
 from megha.services.dashboard import mount_dashboard
 from megha.services.gm.service import DuplicateJob, GMService, NotServing, TooManyUnfinished
 from megha.services.gm.standin import NotHere, Peers, StandingIn
@@ -290,6 +290,8 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     async def journal_copy(gm: int, request: Request) -> Response:
         """The previous GM's journal lines, kept so that this GM can stand in for it."""
         lines = await read_body(request, JournalLines)
+        if not acts_as_gm(who := principal(request), gm, len(settings.gm_urls), stand_in=False):
+            return error(403, f"{who} may not write GM {gm}'s journal copy", "gm")
         if (why := peers.not_kept(gm)) is not None:
             return error(404, why, "gm")
         try:
@@ -299,8 +301,10 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         return json_response(to_json({"gm": gm, "lines": len(lines.lines)}))
 
     @app.post("/v1/peers/{gm}/release", response_model=JournalLines, responses=errors(404))
-    async def release(gm: int) -> Response:
+    async def release(gm: int, request: Request) -> Response:
         """GM `gm` takes its identity back: stop standing in for it and answer the journal copy."""
+        if not acts_as_gm(who := principal(request), gm, len(settings.gm_urls), stand_in=False):
+            return error(403, f"{who} may not take GM {gm}'s identity back", "gm")
         if (why := peers.not_kept(gm)) is not None:
             return error(404, why, "gm")
         lines = await peers.release(f"GM {gm} takes its identity back")

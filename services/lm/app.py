@@ -28,7 +28,7 @@ from megha.common.models import (
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import connected, lm_key
 from megha.services.apidocs import serve_docs_offline
-from megha.services.auth import LM_RULES, principal, protect
+from megha.services.auth import LM_RULES, acts_as_gm, principal, protect
 from megha.services.http import (
     CallError,
     configure_logging,
@@ -154,6 +154,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return refuse(422, what, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm", about)
         if not 0 <= batch.gm < settings.num_gms:
             return refuse(422, what, f"no GM {batch.gm}; this deployment has {settings.num_gms}", "gm", about)
+        if not acts_as_gm(who := principal(request), batch.gm, settings.num_gms):
+            return refuse(403, what, f"{who} may not act as GM {batch.gm}", "gm", about)
         for i, p in enumerate(batch.placements):
             field = f"placements.{i}.task.request"
             if len(p.task.request) != len(service.resource_names):
@@ -184,6 +186,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return refuse(422, what, f"preemption request for LM {req.lm} sent to LM {settings.lm_id}", "lm", about)
         if not 0 <= req.gm < settings.num_gms:
             return refuse(422, what, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm", about)
+        if not acts_as_gm(who := principal(request), req.gm, settings.num_gms):
+            return refuse(403, what, f"{who} may not act as GM {req.gm}", "gm", about)
         if settings.fairness() is None:
             message = f"LM {settings.lm_id} is not configured for fair scheduling (MEGHA_QUEUES)"
             return refuse(409, what, message, "lm", about)
@@ -220,6 +224,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return refuse(422, what, f"stop request for LM {req.lm} sent to LM {settings.lm_id}", "lm", about)
         if not 0 <= req.gm < settings.num_gms:
             return refuse(422, what, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm", about)
+        if not acts_as_gm(who := principal(request), req.gm, settings.num_gms):
+            return refuse(403, what, f"{who} may not act as GM {req.gm}", "gm", about)
         try:
             stopped = await service.stop(req.to_core(), term)
         except Superseded as exc:
@@ -229,10 +235,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         return json_response(StopResponse(stopped=stopped))
 
     @app.get("/v1/gms/{gm}/state", response_model=GMRecovery, responses=errors(404, 503))
-    async def gm_state(gm: int) -> Response:
+    async def gm_state(gm: int, request: Request) -> Response:
         """What GM `gm` needs when it (re)starts: every node's state, its runs here, and its recently ended runs."""
         if not 0 <= gm < settings.num_gms:
             return error(404, f"no GM {gm}; this deployment has {settings.num_gms}", "gm")
+        if not acts_as_gm(who := principal(request), gm, settings.num_gms):
+            return error(403, f"{who} may not read GM {gm}'s state", "gm")
         try:
             return json_response(to_json(service.recovery_state(gm)))
         except NotReady as exc:
@@ -250,6 +258,9 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         for status, field, value in ((404, "gm", gm), (422, "by", claim.by)):
             if not 0 <= value < settings.num_gms:
                 return error(status, f"no GM {value}; this deployment has {settings.num_gms}", field)
+        who = principal(request)
+        if not acts_as_gm(who, claim.by, settings.num_gms, stand_in=False) or not acts_as_gm(who, gm, settings.num_gms):
+            return error(403, f"{who} may not claim GM {gm} as GM {claim.by}", "by")
         try:
             return json_response(to_json(await service.claim(gm, claim.term, claim.by)))
         except Superseded as exc:

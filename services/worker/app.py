@@ -24,7 +24,7 @@ from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import connected
 from megha.services.apidocs import serve_docs_offline
-from megha.services.auth import WORKER_RULES, protect
+from megha.services.auth import WORKER_RULES, acts_as, principal, protect
 from megha.services.http import (
     configure_logging,
     document_bodies,
@@ -127,6 +127,8 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             return refuse(503, "not registered with an LM yet")
         if body.lm != registered.lm:
             return refuse(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
+        if not acts_as(who := principal(request), "lm", str(registered.lm)):
+            return refuse(403, f"{who} may not launch on an agent of LM {registered.lm}", "lm")
         mine = range(registered.first_node, registered.first_node + registered.nodes)
         stray = [p.node for p in body.launches if p.node not in mine]
         if stray:
@@ -156,6 +158,8 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             return error(503, "not registered with an LM yet")
         if body.lm != registered.lm:
             return error(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
+        if not acts_as(who := principal(request), "lm", str(registered.lm)):
+            return error(403, f"{who} may not stop tasks on an agent of LM {registered.lm}", "lm")
         stopped = await agent.preempt(body.task_ids)
         return json_response(to_json({"stopped": stopped}))
 
@@ -169,9 +173,16 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         responses={200: {"description": LOGS_ANSWER, "content": {"text/plain": {}}}, **errors(404)},
     )
     async def task_logs(
-        task_id: TaskIdParam, stream: StreamParam = "stdout", attempt: AttemptParam = None, tail: TailParam = None
+        request: Request,
+        task_id: TaskIdParam,
+        stream: StreamParam = "stdout",
+        attempt: AttemptParam = None,
+        tail: TailParam = None,
     ) -> Response:
         """The kept stdout or stderr of a task this agent runs or ran (its latest attempt unless `attempt`)."""
+        who, registered = principal(request), agent.registered
+        if who.role == "lm" and (registered is None or not acts_as(who, "lm", str(registered.lm))):
+            return error(403, f"{who} may not read the output of an agent of another LM", "authorization")
         try:
             served, output = agent.task_output(task_id, stream, attempt, tail)
         except UnknownRun as unknown:
