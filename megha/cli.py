@@ -321,6 +321,31 @@ def chaos(args: tuple[str, ...]) -> int:
     return chaos_main(list(args))
 
 
+@megha.command(
+    short_help="issue a GM's, LM's or agent's own credential (MEGHA_CREDENTIAL) from the cluster secret",
+    epilog="Example: MEGHA_CLUSTER_SECRET_FILE=secrets/cluster-secret megha credential worker rack7-a > "
+    "worker-rack7-a.credential (then MEGHA_CREDENTIAL_FILE=worker-rack7-a.credential on that agent only).",
+)
+@click.argument("role", type=click.Choice(["gm", "lm", "worker"]))
+@click.argument("ident")
+def credential(role: str, ident: str) -> int:
+    """Print the credential of service ROLE IDENT (IDENT: the GM's or LM's number, the agent's MEGHA_WORKER_ID),
+    issued from the deployment's cluster secret (MEGHA_CLUSTER_SECRET or MEGHA_CLUSTER_SECRET_FILE). The service
+    signs its calls with it and can sign as itself only; keep the cluster secret where no service runs
+    (docs/security.md)."""
+    from megha.common.auth import Credential
+    from megha.common.settings import ServiceSettings, load_settings
+
+    secret = load_settings(ServiceSettings, "megha credential").cluster_secret.get_secret_value()
+    if not secret:
+        raise click.UsageError("MEGHA_CLUSTER_SECRET (or MEGHA_CLUSTER_SECRET_FILE) is not set")
+    try:
+        click.echo(Credential.issue(secret, role, ident).encode())  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="IDENT") from None
+    return 0
+
+
 def _warn(command: str, warnings: list[str]) -> None:
     for warning in warnings:
         print(f"megha {command}: WARNING: {warning}", file=sys.stderr)

@@ -389,3 +389,24 @@ def test_generated_secrets_differ_per_deployment() -> None:
     one, two = LocalDeployment(), LocalDeployment()
     assert len({one.cluster_secret, two.cluster_secret, one.operator_token, two.operator_token}) == 4
     assert len(new_secret()) >= 40 and "secret" not in repr(one).lower().replace("cluster_secret", "")
+
+
+def test_megha_credential_issues_one_services_credential(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from megha.cli import main
+
+    monkeypatch.setenv("MEGHA_CLUSTER_SECRET", SECRET)
+    assert main(["credential", "worker", "rack7.a"]) == 0
+    issued = Credential.decode(capsys.readouterr().out)
+    assert (issued.role, issued.ident, issued.root) == ("worker", "rack7.a", root_public(SECRET))
+    monkeypatch.setenv("MEGHA_CREDENTIAL", issued.encode())
+    monkeypatch.setenv("MEGHA_AUTH", "on")
+    monkeypatch.setenv("MEGHA_WORKER_ID", "rack7.a")
+    monkeypatch.delenv("MEGHA_CLUSTER_SECRET")
+    settings = WorkerSettings()
+    assert not settings.holds_root() and settings.signer() is not None
+    monkeypatch.delenv("MEGHA_CLUSTER_SECRET", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["credential", "gm", "0"])
+    assert exited.value.code == 2 and "MEGHA_CLUSTER_SECRET" in capsys.readouterr().err
