@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError, to_json
 
+from megha.common.auth import USER_NAME
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_mask, iter_bits
 from megha.common.core.messages import (
     Completion,
@@ -91,8 +92,14 @@ Count = Annotated[int, Field(ge=0)]
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 """A task, job or worker id as the services generate them."""
 User = Annotated[str, Field(min_length=1, max_length=64)]
-JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-"""A job id a client may choose; task ids are f"{job_id}.{i}"."""
+UserName = Annotated[str, Field(pattern=USER_NAME.pattern)]
+"""A user a submission names: 1-64 letters, digits or _ . @ - (as API tokens' users are); user names go into job
+ids (`scoped_job_id`), which travel in URLs and as task ids."""
+JOB_SCOPE = "~"
+"""Between the user and the name of a job id a user chose: `<user>~<name>` (neither may hold it)."""
+JobId = Annotated[str, Field(pattern=r"^([A-Za-z0-9_.@-]{1,64}~)?[A-Za-z0-9_.-]{1,64}$")]
+"""A job id a client may choose: a name of 1-64 letters, digits or _ . -, or the name in a user's scope,
+`<user>~<name>` (`scoped_job_id`). Task ids are f"{job_id}.{i}"."""
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Timestamp = Annotated[float, Field(allow_inf_nan=False)]
 ConstraintId = Annotated[int, Field(ge=0, le=NUM_CONSTRAINTS - 1)]
@@ -183,7 +190,7 @@ class TaskRequest(WireModel):
     cpu_millicores: Annotated[int, Field(gt=0)]
     memory_mb: Annotated[int, Field(gt=0)]
     constraints: ConstraintIds = []
-    user: User | None = None
+    user: UserName | None = None
     driver: Driver = "burn"
     command: Argv = []
     image: Image = ""
@@ -219,12 +226,37 @@ def _aligner(resource_names: Sequence[str]) -> Callable[[int, int], Resources]:
     return lambda cpu, memory: tuple({CPU: cpu, MEMORY: memory}.get(n, 0) for n in names)
 
 
+def scoped_job_id(user: str, job_id: str) -> str:
+    """The id of job `job_id` in `user`'s scope: `<user>~<job_id>`, unchanged when `job_id` is scoped already."""
+    return job_id if JOB_SCOPE in job_id else f"{user}{JOB_SCOPE}{job_id}"
+
+
+def job_scope(job_id: str) -> str | None:
+    """The user whose scope job id `job_id` is in (None for a GM-made id or an operator's unscoped one)."""
+    user, scope, _ = job_id.partition(JOB_SCOPE)
+    return user if scope else None
+
+
 class JobSubmission(WireModel):
-    """Body of GM `POST /v1/jobs`. Without `job_id` the GM names the job."""
+    """Body of GM `POST /v1/jobs`. Without `job_id` the GM names the job.
+
+    With authentication on, every user a submission names (`user`, each task's `user`) must be the caller unless
+    the caller is an operator, and a user who names none submits as itself. A job id a user chooses lives in that
+    user's scope: the GM answers it as `<user>~<job_id>` (docs/security.md, "Identities and privacy")."""
 
     tasks: Annotated[list[TaskRequest], Field(min_length=1, max_length=MAX_TASKS_PER_JOB)]
-    user: User = "default"
+    user: UserName = "default"
     job_id: JobId | None = None
+
+    def named_users(self) -> list[tuple[str, str]]:
+        """(field, user) for every user this submission names explicitly: `user`, `tasks.i.user`."""
+        named = [("user", self.user)] if "user" in self.model_fields_set else []
+        return named + [(f"tasks.{i}.user", t.user) for i, t in enumerate(self.tasks) if t.user is not None]
+
+    @property
+    def owner(self) -> str:
+        """The job's user, as the GM's job table lists it: its first task's."""
+        return self.tasks[0].user or self.user
 
     def to_tasks(self, job_id: str, resource_names: Sequence[str]) -> tuple[TaskSpec, ...]:
         """The core's tasks of this job: task i is f"{job_id}.{i}"."""
@@ -335,6 +367,41 @@ class QueueUse(WireModel):
     consumption: Annotated[float, Field(ge=0)] = 0.0
     pending: Count = 0
     running: Count = 0
+
+
+class QueueState(WireModel):
+    """One configured queue in GM `GET /v1/queues`, as this GM sees it: its user, share and the GM serving it
+    (`own`: this GM), the resources its running tasks hold (`usage`, aligned to the resource names; exact at its own
+    GM, as the LMs last reported elsewhere), its `consumption` under the share policy, whether it is below its
+    share, and what its waiting tasks ask for (`demand`, known at its own GM only)."""
+
+    user: User
+    share: Annotated[float, Field(ge=0, le=1)]
+    gm: Index
+    own: bool
+    usage: list[Count]
+    consumption: Annotated[float, Field(ge=0)]
+    below_share: bool
+    demand: list[Count] | None = None
+
+
+class QueueTasks(WireModel):
+    """A queue's tasks at a GM: waiting (queued, or parked because they fit nowhere in its view) and placed."""
+
+    pending: Count = 0
+    running: Count = 0
+
+
+class QueueList(WireModel):
+    """Response of GM `GET /v1/queues`. `queues`: every configured queue (fair scheduling; empty without it);
+    `tasks`: this GM's pending and running tasks per queue (and those of the GM it stands in for), `default` being
+    a GM's one queue without fair scheduling. A user sees its own queue only; an operator every one."""
+
+    gm: Index
+    fair_scheduling: bool
+    policy: str | None = None
+    queues: list[QueueState]
+    tasks: dict[User, QueueTasks]
 
 
 class Histogram(WireModel):

@@ -372,6 +372,11 @@ class GMSettings(FairSettings, UserTokens):
         description="seconds the previous GM must stay unreachable before this GM stands in for it (serves its "
         "queue and jobs until it returns); 0: never",
     )
+    metrics_user_labels: bool = Field(
+        False,
+        description="whether GET /metrics (which needs no login) names each user queue in its `queue` label; false: "
+        "a queue is labelled #1, #2, ... by its place in MEGHA_QUEUES",
+    )
 
     @field_validator("lm_urls", "gm_urls", mode="before")
     @classmethod

@@ -26,7 +26,6 @@ from urllib.parse import quote
 import click
 import httpx
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.live import Live
@@ -526,9 +525,12 @@ def logs(ctl: Ctl, job_id: str, task_id: str | None, stream: str, attempt: int |
     gm, response = _find(ctl, "GET", job_id)
     if response.status_code != 200:
         raise Refused(gm, response)
-    tasks = body(gm, response)["tasks"]
+    status = body(gm, response)
+    tasks, full_id = status["tasks"], status["job_id"]  # the job's id: `job_id` in the caller's scope, maybe
     if task_id is not None:
-        chosen = [t for t in tasks if t["task_id"] in (task_id, f"{job_id}.{task_id}")]
+        short = task_id.startswith(f"{job_id}.")  # the task of the job's name, as the caller chose it
+        named = (task_id, f"{full_id}.{task_id}", full_id + task_id[len(job_id) :] if short else task_id)
+        chosen = [t for t in tasks if t["task_id"] in named]
         if not chosen:
             raise CtlError(f"job {job_id} has no task {task_id} (its tasks: {tasks[0]['task_id']} ..)", REFUSED)
         tasks = chosen
@@ -536,7 +538,7 @@ def logs(ctl: Ctl, job_id: str, task_id: str | None, stream: str, attempt: int |
     found: list[dict[str, Any]] = []
     failures: list[CtlError] = []
     for t in tasks:
-        path = f"/v1/jobs/{quote(job_id, safe='')}/tasks/{quote(t['task_id'], safe='')}/logs"
+        path = f"/v1/jobs/{quote(full_id, safe='')}/tasks/{quote(t['task_id'], safe='')}/logs"
         answer = ctl.api.call(gm, "GET", path, params=params)
         entry: dict[str, Any] = {"task_id": t["task_id"], "state": t["state"]}
         if answer.status_code == 200:
@@ -631,34 +633,28 @@ def list_jobs(
         raise errors[0]
 
 
-def _queue_tasks(metrics: str) -> dict[str, dict[str, int]]:
-    """Pending and running tasks per queue, from a GM's `GET /metrics`."""
-    gauges = {"megha_gm_pending_tasks": "pending", "megha_gm_running_tasks": "running"}
-    tasks: dict[str, dict[str, int]] = {}
-    for family in text_string_to_metric_families(metrics):
-        for sample in family.samples:
-            if sample.name in gauges:
-                tasks.setdefault(sample.labels["queue"], {})[gauges[sample.name]] = int(sample.value)
-    return tasks
-
-
 def _gm_queues(ctl: Ctl, gm: Service) -> dict[str, Any]:
-    metrics = ctl.api.call(gm, "GET", "/metrics")
+    """A GM's queues and its tasks per queue (`GET /v1/queues`: a user's own queue only), and its state (`GET
+    /v1/state`: None for a user, which may not read it)."""
+    queues = ctl.api.get(gm, "/v1/queues")
+    state = ctl.api.call(gm, "GET", "/v1/state")
+    if state.status_code not in (200, 403):
+        raise Refused(gm, state)
     return {
         "url": gm.url,
-        "queues": ctl.api.get(gm, "/v1/queues"),
-        "state": ctl.api.get(gm, "/v1/state"),
-        "tasks": _queue_tasks(metrics.text) if metrics.status_code == 200 else {},
+        "queues": queues,
+        "state": body(gm, state) if state.status_code == 200 else None,
+        "tasks": queues["tasks"],
     }
 
 
 @cli.command(short_help="each user queue: share, usage, pending and running tasks")
 @_options()
 def queues(ctl: Ctl) -> None:
-    """Each user queue: share, usage, pending and running tasks (GM GET /v1/queues, /v1/state, /metrics).
+    """Each user queue: share, usage, pending and running tasks (GM GET /v1/queues, /v1/state).
 
     Under fair scheduling, a queue's usage is that of the GM serving it (exact there); its pending and running
-    tasks add up every GM's. Without it, each GM has one queue, `default`."""
+    tasks add up every GM's. Without it, each GM has one queue, `default`. A user sees its own queue only."""
     answers, errors = _each(ctl.gms, lambda gm: _gm_queues(ctl, gm))
     if ctl.as_json:
         ctl.emit([answer for _, answer in answers])
@@ -674,7 +670,7 @@ def _show_queues(ctl: Ctl, answers: list[tuple[Service, dict[str, Any]]]) -> Non
     for _, answer in answers:
         fair = answer["queues"]["fair_scheduling"]
         for queue, counts in answer["tasks"].items():
-            tasks.setdefault((None if fair else answer["state"]["gm"], queue), Counter()).update(counts)
+            tasks.setdefault((None if fair else answer["queues"]["gm"], queue), Counter()).update(counts)
         for q in answer["queues"]["queues"]:
             if q["own"] or q["user"] not in views:
                 views[q["user"]] = q
@@ -703,6 +699,8 @@ def _show_queues(ctl: Ctl, answers: list[tuple[Service, dict[str, Any]]]) -> Non
     ctl.print(table)
     for gm, answer in answers:
         s = answer["state"]
+        if s is None:
+            continue  # a user's token: the GM's state is the operators'
         policy = answer["queues"]["policy"] or "off"
         now = f"{s['queued']} queued, {s['waiting']} waiting, {s['running']} running"
         ctl.print(f"GM {s['gm']} ({gm.url}): fair scheduling {policy}; tasks {now}")

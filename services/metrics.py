@@ -28,6 +28,8 @@ from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.core.task import JobSpec, TaskSpec
 
 if TYPE_CHECKING:
+    from megha.common.core.fairness.config import FairnessConfig
+    from megha.common.core.gm import GlobalMaster
     from megha.common.transport.rabbit import Broker
     from megha.services.gm.service import GMService
     from megha.services.lm.service import LMService
@@ -43,6 +45,10 @@ tasks may queue for hours under load)."""
 
 NO_QUEUE = "default"
 """The `queue` label of a GM's one FIFO queue when fair scheduling is off."""
+
+OTHER_QUEUE = "other"
+"""The `queue` label, without MEGHA_METRICS_USER_LABELS, of a user with no configured queue (none in practice: a GM
+admits only the users of its queues)."""
 
 FAIR_SHARE = "fair_share"
 """The `reason` of a preemption made for a user below its share (Algorithm 2), today the only reason."""
@@ -241,11 +247,10 @@ class GMCollector(Collector):
         yield from families.values()
 
 
-def _gm_families(service: GMService) -> Iterator[Metric]:
-    core = service.core
-    if core is None:
-        return
-    me = _Identity("gm", service.settings.gm_id)
+def tasks_per_queue(core: GlobalMaster) -> dict[str, tuple[int, int]]:
+    """(pending, running) tasks of a GM core per queue: under fair scheduling each of its own queues (named after
+    their users) and any other queue it holds tasks of; without, its one queue `default`. Pending tasks are queued,
+    or parked because they fit nowhere in its view; running ones are placed and not yet ended."""
     book = core.book
     queues = [q.user for q in book.config.queues_of(core.gm_id)] if book is not None else [NO_QUEUE]
 
@@ -257,15 +262,38 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
     pending.update(queue_of(t.user) for parked in core.waiting.values() for t in parked)
     running: Counter[str] = Counter({q: 0 for q in queues})
     running.update(queue_of(p.task.user) for p in core.running.values())
+    return {queue: (pending[queue], running[queue]) for queue in dict.fromkeys([*pending, *running])}
+
+
+def queue_labels(config: FairnessConfig | None, user_labels: bool) -> Callable[[str], str]:
+    """The `queue` label of a queue named after a user: the user itself with MEGHA_METRICS_USER_LABELS, else `#i`,
+    the queue's place (from 1) in MEGHA_QUEUES, so that GET /metrics, which needs no login, names nobody."""
+    if config is None or user_labels:
+        return str
+    numbers = {q.user: f"#{i}" for i, q in enumerate(config.queues, 1)}
+    return lambda user: numbers.get(user, OTHER_QUEUE)
+
+
+def _gm_families(service: GMService) -> Iterator[Metric]:
+    core = service.core
+    if core is None:
+        return
+    me = _Identity("gm", service.settings.gm_id)
+    book = core.book
+    label = queue_labels(book.config if book is not None else None, service.settings.metrics_user_labels)
     pending_family = me.gauge(
         "megha_gm_pending_tasks",
         "Tasks waiting at this GM per user queue: queued, or parked because they fit nowhere in its view.",
         ["queue"],
     )
     running_family = me.gauge("megha_gm_running_tasks", "Tasks of this GM placed and not yet ended.", ["queue"])
-    for queue in pending:
-        pending_family.add(pending[queue], queue)
-        running_family.add(running[queue], queue)
+    labelled: dict[str, tuple[int, int]] = {}
+    for queue, (pending, running) in tasks_per_queue(core).items():
+        before = labelled.get(label(queue), (0, 0))
+        labelled[label(queue)] = (before[0] + pending, before[1] + running)
+    for queue, (pending, running) in labelled.items():
+        pending_family.add(pending, queue)
+        running_family.add(running, queue)
     yield pending_family.family
     yield running_family.family
     unfinished = me.gauge("megha_gm_unfinished_tasks", "Accepted tasks of this GM neither finished nor failed.")
@@ -347,10 +375,10 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
         ["queue", "resource"],
     )
     for q in book.config.queues:
-        share.add(q.share, q.user)
-        usage.add(book.consumption(q.user), q.user)
+        share.add(q.share, label(q.user))
+        usage.add(book.consumption(q.user), label(q.user))
         for name, amount in zip(core.resource_names, book.usage(q.user)):
-            resource_usage.add(amount, q.user, name)
+            resource_usage.add(amount, label(q.user), name)
     yield share.family
     yield usage.family
     yield resource_usage.family

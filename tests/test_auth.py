@@ -339,7 +339,7 @@ def test_users_submit_to_their_own_queue_and_see_and_cancel_only_their_jobs(depl
     gm = deployment.gm_urls[0]
     alice, bob, operator = _bearer(ALICE), _bearer(BOB), deployment.headers
     r = httpx.post(f"{gm}/v1/jobs", json=_job("a1", "bob"), headers=alice, timeout=10)
-    assert r.status_code == 403 and r.json()["detail"][0]["field"] == "user", r.text
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "user", r.text  # tests/test_identities.py
     assert httpx.post(f"{gm}/v1/jobs", json=_job("a1", "alice"), headers=alice, timeout=10).status_code == 201
     assert httpx.post(f"{gm}/v1/jobs", json=_job("b1", "bob", 0.05), headers=bob, timeout=10).status_code == 201
     assert httpx.post(f"{gm}/v1/jobs", json=_job("o1", "carol", 0.05), headers=operator, timeout=10).status_code == 201
@@ -347,21 +347,21 @@ def test_users_submit_to_their_own_queue_and_see_and_cancel_only_their_jobs(depl
     def state(job: str) -> str:
         return str(httpx.get(f"{gm}/v1/jobs/{job}", headers=operator, timeout=5).json()["state"])
 
-    wait_until(lambda: state("b1") == "finished" and state("o1") == "finished", 30, lambda: state("b1"))
+    wait_until(lambda: state("bob~b1") == "finished" and state("o1") == "finished", 30, lambda: state("bob~b1"))
 
-    assert httpx.get(f"{gm}/v1/jobs/a1", headers=alice, timeout=5).status_code == 200
-    hidden = httpx.get(f"{gm}/v1/jobs/a1", headers=bob, timeout=5)
+    assert httpx.get(f"{gm}/v1/jobs/a1", headers=alice, timeout=5).status_code == 200  # alice~a1, by its name
+    hidden = httpx.get(f"{gm}/v1/jobs/alice~a1", headers=bob, timeout=5)
     assert hidden.status_code == 404 and hidden.json()["detail"][0]["field"] == "job_id"
-    assert httpx.delete(f"{gm}/v1/jobs/a1", headers=bob, timeout=5).status_code == 404
-    assert state("a1") != "cancelled"
+    assert httpx.delete(f"{gm}/v1/jobs/alice~a1", headers=bob, timeout=5).status_code == 404
+    assert state("alice~a1") != "cancelled"
 
     def listed(headers: dict[str, str], **params: str) -> list[str]:
         r = httpx.get(f"{gm}/v1/jobs", params=params, headers=headers, timeout=5)
         assert r.status_code == 200, r.text
         return [j["job_id"] for j in r.json()["jobs"]]
 
-    assert listed(alice) == ["a1"] and listed(bob) == ["b1"] and listed(bob, user="bob") == ["b1"]
-    assert sorted(listed(operator)) == ["a1", "b1", "o1"] and listed(operator, user="alice") == ["a1"]
+    assert listed(alice) == ["alice~a1"] and listed(bob) == ["bob~b1"] and listed(bob, user="bob") == ["bob~b1"]
+    assert sorted(listed(operator)) == ["alice~a1", "bob~b1", "o1"] and listed(operator, user="alice") == ["alice~a1"]
     r = httpx.get(f"{gm}/v1/jobs", params={"user": "alice"}, headers=bob, timeout=5)
     assert r.status_code == 403 and r.json()["detail"][0]["field"] == "user"
     assert httpx.get(f"{gm}/v1/state", headers=alice, timeout=5).status_code == 403  # operators' and GMs'
@@ -370,7 +370,7 @@ def test_users_submit_to_their_own_queue_and_see_and_cancel_only_their_jobs(depl
 
     r = httpx.delete(f"{gm}/v1/jobs/a1", headers=alice, timeout=10)
     assert r.status_code == 202, r.text
-    wait_until(lambda: state("a1") == "cancelled", 30, lambda: state("a1"))
+    wait_until(lambda: state("alice~a1") == "cancelled", 30, lambda: state("alice~a1"))
 
 
 @needs_rabbitmq

@@ -193,6 +193,7 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
         delta_interval=0.2,
     )
     task = {"cpu_millicores": 1000, "memory_mb": 64}
+    label = {"A": "#1", "B": "#2"}  # /metrics names no user by default: a queue is its place in MEGHA_QUEUES
     with deployment:
         api.use(deployment)
         gm0, gm1 = deployment.gm_urls
@@ -206,10 +207,10 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
             pending = labelled(m, "megha_gm_pending_tasks", "queue")
             running = labelled(m, "megha_gm_running_tasks", "queue")
             return (
-                pending == {"A": state["queued"] + state["waiting"]}
-                and pending["A"] == 2
-                and running == {"A": state["running"]}
-                and running["A"] == 4
+                pending == {"#1": state["queued"] + state["waiting"]}
+                and pending["#1"] == 2
+                and running == {"#1": state["running"]}
+                and running["#1"] == 4
             )
 
         steady(gm0, "/v1/state", pending_agrees)
@@ -243,7 +244,7 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
             state, queues, m = get(f"{url}/v1/state"), get(f"{url}/v1/queues"), scrape(url)
             job_tasks = tasks(job, url)
             assert_identity(m, "gm", str(g))
-            own = {0: "A", 1: "B"}[g]
+            own = {0: "#1", 1: "#2"}[g]
             assert labelled(m, "megha_gm_pending_tasks", "queue") == {own: 0}
             assert labelled(m, "megha_gm_running_tasks", "queue") == {own: 0}
             assert value(m, "megha_gm_unfinished_tasks") == state["unfinished_tasks"] == 0
@@ -279,13 +280,13 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
             # Fair scheduling: each queue's share and usage as /v1/queues reports them.
             assert queues["fair_scheduling"]
             shares = labelled(m, "megha_queue_share", "queue")
-            assert shares == {q["user"]: q["share"] for q in queues["queues"]} == {"A": 0.5, "B": 0.5}
+            assert shares == {label[q["user"]]: q["share"] for q in queues["queues"]} == {"#1": 0.5, "#2": 0.5}
             usage = labelled(m, "megha_queue_usage", "queue")
-            assert usage.keys() == {"A", "B"}
+            assert usage.keys() == {"#1", "#2"}
             for q in queues["queues"]:
-                assert usage[q["user"]] == pytest.approx(q["consumption"], abs=1e-6)
+                assert usage[label[q["user"]]] == pytest.approx(q["consumption"], abs=1e-6)
                 for name, amount in zip(RESOURCES, q["usage"]):
-                    assert value(m, "megha_queue_resource_usage", queue=q["user"], resource=name) == amount
+                    assert value(m, "megha_queue_resource_usage", queue=label[q["user"]], resource=name) == amount
             assert value(m, "megha_gm_serving") == 1
         assert gm_repartitions >= 2, "A's six tasks fit GM 0's partitions only by repartitioning"
 

@@ -1,11 +1,17 @@
 """The GM's HTTP API: POST /v1/jobs, GET /v1/jobs, GET and DELETE /v1/jobs/{id}, GET
 /v1/jobs/{id}/tasks/{task_id}/logs, GET /v1/queues, GET /v1/state, GET /healthz; between
-peers POST /v1/peers/{gm}/journal and POST /v1/peers/{gm}/release (services/gm/standin.py)."""
+peers POST /v1/peers/{gm}/journal and POST /v1/peers/{gm}/release (services/gm/standin.py).
+
+Identities (docs/security.md, "Identities and privacy"): a user submits as itself only and owns every task of
+its job; a job id a user chooses is put in that user's scope (`<user>~<id>`), and a job id the GM makes never
+repeats (`JobIds`), so that no two jobs of the federation share an id, nor their tasks' runs at the LMs and agents.
+A user sees its own jobs and queue only; an operator every one.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -13,15 +19,31 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 from pydantic_core import to_json
 
+from megha.common.auth import Principal
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import Unschedulable
 from megha.common.lifecycle import StartupError, exit_on_startup_error
-from megha.common.models import ErrorBody, JobAccepted, JobList, JobState, JobStatus, JobSubmission, JournalLines
+from megha.common.models import (
+    JOB_SCOPE,
+    ErrorBody,
+    JobAccepted,
+    JobList,
+    JobState,
+    JobStatus,
+    JobSubmission,
+    JournalLines,
+    QueueList,
+    QueueState,
+    QueueTasks,
+    job_scope,
+    scoped_job_id,
+)
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
 from megha.services.apidocs import serve_docs_offline
 from megha.services.auth import GM_RULES, acts_as_gm, principal, protect
 from megha.services.dashboard import mount_dashboard
+from megha.services.gm.jobs import JobIds
 from megha.services.gm.service import DuplicateJob, GMService, NotServing, TooManyUnfinished
 from megha.services.gm.standin import NotHere, Peers, StandingIn
 from megha.services.http import (
@@ -38,7 +60,7 @@ from megha.services.http import (
     serving_gc,
 )
 from megha.services.logroutes import ATTEMPT_QUERY, LOG_RESPONSE, STREAM_QUERY, TAIL_QUERY, Stream, log_query, relay
-from megha.services.metrics import gm_registry, mount_metrics
+from megha.services.metrics import gm_registry, mount_metrics, tasks_per_queue
 
 SUBMIT_AGAIN_AFTER = 2
 """Seconds a 429 (the user's unfinished tasks are at MEGHA_MAX_UNFINISHED_TASKS_PER_USER) asks a client to wait."""
@@ -50,6 +72,9 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     broker = settings.broker() if use_broker else None
     service = GMService(settings, broker)
     peers = Peers(service, settings, broker)
+    fairness = settings.fairness()
+    queue_users = None if fairness is None else frozenset(q.user for q in fairness.queues)
+    job_ids: dict[int, JobIds] = {}  # per GM identity served here (its own, the one it stands in for)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -106,12 +131,23 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
     ) -> Response:
         arrived = time.time()  # allocation time counts from here: parsing the job is part of it
         sub = await read_body(request, JobSubmission)
-        if not (who := principal(request)).may_act_for(sub.user):
-            message = f"{who} may submit only to its own queue, not to {sub.user}'s"
-            log.warning("refused job %s (403): %s", sub.job_id or "(unnamed)", message, extra=ids(user=sub.user))
-            return error(403, message, "user")
+        who = principal(request)
+        for field, user in sub.named_users():
+            if not who.may_act_for(user):  # a user submits as itself only, for the job and each of its tasks
+                message = f"{who} submits only as itself, not as {user} ({field}); operators act for every user"
+                log.warning("refused job %s (422): %s", sub.job_id or "(unnamed)", message, extra=ids(user=who.name))
+                return error(422, message, field)
+        if not who.operator and "user" not in sub.model_fields_set:
+            sub = sub.model_copy(update={"user": who.name})
+        if sub.job_id is not None:
+            job_id = sub.job_id if who.operator else scoped_job_id(who.name, sub.job_id)
+            if (scope := job_scope(job_id)) is not None and scope != sub.owner:
+                message = f"job id {job_id} is in the scope of user {scope}, and this job's user is {sub.owner}"
+                log.warning("refused job %s (422): %s", job_id, message, extra=ids(user=sub.owner))
+                return error(422, message, "job_id")
+            sub = sub.model_copy(update={"job_id": job_id})
 
-        def refuse(status: int, exc: Exception, *field: str) -> Response:
+        def refuse(status: int, exc: Exception | str, *field: str) -> Response:
             log.warning(
                 "refused job %s of user %s (%d): %s",
                 sub.job_id or "(unnamed)",
@@ -122,10 +158,17 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             )
             return error(status, str(exc), *field)
 
+        if not who.operator and queue_users is not None and sub.owner not in queue_users:
+            return refuse(422, f"user {sub.owner} has no queue (MEGHA_QUEUES)", "user")  # nor others' names
         try:
             target = peers.service_for(sub, gm)
         except NotHere as exc:
             return refuse(503, exc, "gm")
+        if sub.job_id is None:
+            identity = target.settings.gm_id
+            if identity not in job_ids:
+                job_ids[identity] = JobIds(identity, target.jobs.jobs, time.time())
+            sub = sub.model_copy(update={"job_id": job_ids[identity].next(target.jobs.jobs)})
         try:
             job = await target.submit(sub, arrived)
         except Unschedulable as exc:
@@ -141,18 +184,23 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=target.settings.gm_id)
         return json_response(accepted, 201)
 
-    def visible(request: Request, user: str) -> bool:
-        """Whether the caller may see and cancel a job of `user` (a user's own; an operator every one): other
-        users' jobs answer 404 as unknown ones do."""
-        return principal(request).may_act_for(user)
+    def find(request: Request, job_id: str) -> tuple[GMService, str] | None:
+        """The holder (this GM's identity or the one it stands in for) and the id of the job `job_id` names for
+        the caller: the job of that id, else, for a name without a scope, the caller's job of that name
+        (`<caller>~<name>`); only a job the caller may see and cancel (a user's own; an operator every one), so
+        that other users' jobs answer 404 as unknown ones do."""
+        who = principal(request)
+        for name in (job_id,) if JOB_SCOPE in job_id else (job_id, scoped_job_id(who.name, job_id)):
+            for holder in (service, peers.stand_in):
+                job = None if holder is None else holder.jobs.jobs.get(name)
+                if holder is not None and job is not None and who.may_act_for(job.user):
+                    return holder, name
+        return None
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(404))
     async def job_status(job_id: str, request: Request) -> Response:
-        status = service.jobs.status(job_id)
-        if status is None and peers.stand_in is not None:
-            status = peers.stand_in.jobs.status(job_id)
-        if status is not None and not visible(request, status.user):
-            status = None
+        found = find(request, job_id)
+        status = None if found is None else found[0].jobs.status(found[1])
         if status is None:
             message = f"no job {job_id} at GM {settings.gm_id}"
             if service.jobs.dropped_jobs:
@@ -179,13 +227,15 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         """What a task's run printed (stdout or stderr), read from the agent that ran it through its LM: the node
         of the attempt asked for (an earlier attempt, lost or preempted, may have run on another node), else of the
         task's latest placement. Burn tasks print nothing and keep no output. 404 names `job_id`, `task_id` or the
-        `attempt` this GM knows no run of (or the agent kept nothing of)."""
-        status = service.jobs.status(job_id)
-        holder = service
-        if status is None and peers.stand_in is not None:
-            status, holder = peers.stand_in.jobs.status(job_id), peers.stand_in
-        if status is None or not visible(request, status.user):
+        `attempt` this GM knows no run of (or the agent kept nothing of). A job and its task may be named by the
+        name the caller chose, without its scope."""
+        found = find(request, job_id)
+        status = None if found is None else found[0].jobs.status(found[1])
+        if found is None or status is None:
             return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
+        holder, full_id = found
+        if full_id != job_id and task_id.startswith(f"{job_id}."):
+            task_id = full_id + task_id[len(job_id) :]
         task = next((t for t in status.tasks if t.task_id == task_id), None)
         if task is None:
             return error(404, f"job {job_id} has no task {task_id}", "task_id")
@@ -213,22 +263,20 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         """Cancel a job: its queued tasks end `cancelled` at once; its placed ones are stopped on their agents and
         end `cancelled` when their LM reports the stop (a task that finished first stays finished). 409 when the
         job had already ended; cancelling a cancelled job again answers its status."""
-        for holder in (service, peers.stand_in):
-            if holder is None or job_id not in holder.jobs.jobs:
-                continue
-            job = holder.jobs.jobs[job_id]
-            if not visible(request, job.user):
-                break
-            if not job.open and not job.cancelled:
-                state = holder.jobs.job_state(job)
-                return error(409, f"job {job_id} already ended ({state}); nothing to cancel", "job_id")
-            try:
-                status = await holder.cancel(job_id)
-            except NotServing as exc:
-                return error(503, str(exc))
-            assert status is not None
-            return json_response(status, 202)
-        return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
+        found = find(request, job_id)
+        if found is None:
+            return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
+        holder, full_id = found
+        job = holder.jobs.jobs[full_id]
+        if not job.open and not job.cancelled:
+            state = holder.jobs.job_state(job)
+            return error(409, f"job {full_id} already ended ({state}); nothing to cancel", "job_id")
+        try:
+            status = await holder.cancel(full_id)
+        except NotServing as exc:
+            return error(503, str(exc))
+        assert status is not None
+        return json_response(status, 202)
 
     @app.get("/v1/jobs", response_model=JobList, responses={422: {"model": ErrorBody}})
     async def list_jobs(
@@ -264,16 +312,34 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         )
         return json_response(listed)
 
-    @app.get("/v1/queues")
-    async def queues() -> dict[str, object]:
-        """Fair scheduling: the configured queues, shares and share policy, with this GM's view of each."""
-        fairness = settings.fairness()
-        return {
-            "gm": settings.gm_id,
-            "fair_scheduling": fairness is not None,
-            "policy": fairness.policy if fairness is not None else None,
-            "queues": service.queues(),
-        }
+    @app.get("/v1/queues", response_model=QueueList)
+    async def queues(request: Request) -> Response:
+        """Fair scheduling: the configured queues, shares and share policy, with this GM's view of each; and this
+        GM's pending and running tasks per queue. A user sees its own queue only, an operator every one."""
+        who = principal(request)
+        mine = _own_queue(who)
+        tasks: dict[str, QueueTasks] = {}
+        for holder in (service, peers.stand_in):
+            if holder is not None and holder.core is not None:
+                for queue, (pending, running) in tasks_per_queue(holder.core).items():
+                    if mine(queue):
+                        before = tasks.get(queue, QueueTasks())
+                        tasks[queue] = QueueTasks(pending=before.pending + pending, running=before.running + running)
+        listed = QueueList(
+            gm=settings.gm_id,
+            fair_scheduling=fairness is not None,
+            policy=fairness.policy if fairness is not None else None,
+            queues=[QueueState.model_validate(q) for q in service.queues() if mine(str(q["user"]))],
+            tasks=tasks,
+        )
+        return json_response(listed)
+
+    def _own_queue(who: Principal) -> Callable[[str], bool]:
+        """Whether a queue is one `who` may see: every one for an operator, the queue named after it for a user
+        (without fair scheduling there is none: the one queue `default` holds every user's tasks)."""
+        if who.operator:
+            return lambda queue: True
+        return lambda queue: fairness is not None and queue == who.name
 
     @app.get("/v1/state")
     async def state() -> dict[str, object]:

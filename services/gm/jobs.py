@@ -1,4 +1,5 @@
-"""The GM service's job table: what GET /v1/jobs/{id} reports, filled from the GM core's observer events.
+"""The GM service's job table: what GET /v1/jobs/{id} reports, filled from the GM core's observer events; and the
+ids of the jobs a GM names itself (`JobIds`).
 
 A long-running GM must not grow without bound: once every task of a job has finished or failed, the job counts
 as finished, and the oldest finished jobs are forgotten while more than `finished_tasks_kept` finished tasks are
@@ -7,9 +8,10 @@ held (MEGHA_FINISHED_TASKS_KEPT). Jobs with a task still queued or running are a
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from megha.common.core.messages import Placement
@@ -21,6 +23,41 @@ from megha.services.http import ids
 log = logging.getLogger("megha.gm")
 
 ENDED = ("finished", "failed", "cancelled")
+
+
+class JobIds:
+    """The ids a GM identity gives the jobs submitted without one: `g<gm>-<start>-<n>`, `n` counting from 0 and
+    `start` the time of the first such id this process made for the identity, in base-36 unix milliseconds, raised
+    above the start of every GM-made id the job table holds (recovered from the journal; a start of more than 9
+    digits, past the year 5000, is not a GM's). A GM that restarts, with its journal or without, and a peer that
+    stands in for it start at a later millisecond than the holder before, so an id never repeats. Lowercase
+    letters, digits and `-` only: safe in URLs, file names and task ids."""
+
+    def __init__(self, gm: int, held: Iterable[str], now: float) -> None:
+        """`held`: the job ids the identity's job table holds; `now`: unix seconds."""
+        prefix = f"g{gm}-"
+        start = int(now * 1000)
+        for job_id in held:
+            stamp, dash, _ = job_id.removeprefix(prefix).partition("-")
+            if job_id.startswith(prefix) and dash and len(stamp) <= 9 and stamp.isascii() and stamp.isalnum():
+                start = max(start, int(stamp, 36) + 1)
+        self.prefix = f"{prefix}{_base36(start)}-"
+        self._numbers = itertools.count()
+
+    def next(self, taken: Container[str]) -> str:
+        """A fresh id, not in `taken` (an operator may have chosen one like it)."""
+        while (job_id := f"{self.prefix}{next(self._numbers)}") in taken:
+            pass
+        return job_id
+
+
+def _base36(n: int) -> str:
+    digits = ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+        if not n:
+            return digits
 
 
 @dataclass(slots=True)
