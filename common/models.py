@@ -114,8 +114,8 @@ MAX_ARGS = 256
 MAX_ARG_CHARS = 16_384
 MAX_ENV = 128
 MAX_RUN_CHARS = 65_536
-"""Most characters of one task's command, environment and working directory together: a launch batch of many
-such tasks must stay well under MAX_BODY_BYTES."""
+"""Most characters of one task's command, environment and working directory together: one such task stays far
+under MAX_BODY_BYTES in a launch body (a batch of many is split: `split_json`)."""
 Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")]
 """One argument or environment value: any text without NUL (which an exec cannot pass)."""
 Argv = Annotated[list[Arg], Field(max_length=MAX_ARGS)]
@@ -544,6 +544,35 @@ class PlacementModel(CoreMirror):
         return Placement(self.task.to_core(), self.lm, self.node, self.repartition, self.gm)
 
 
+def split_json(
+    envelope: dict[str, Any], placements: Sequence[Placement], limit: int, field: str = "placements"
+) -> list[tuple[list[Placement], bytes]]:
+    """The JSON of `envelope` with a last field `field` holding `placements`, as bodies of at most `limit` bytes
+    each: [(a body's placements, the body)], in order, packed greedily. Each body is exactly what `to_json` writes
+    for its placements, so sizes are measured, not estimated. A placement too big on its own goes alone in its
+    body (its receiver refuses that body with 413, and no other placement with it). All in one body when they
+    fit: the common case costs one encoding, as `core_json` does."""
+    whole = to_json({**envelope, field: [PlacementModel.plain(p) for p in placements]})
+    if len(whole) <= limit:
+        return [(list(placements), whole)]
+    empty = to_json({**envelope, field: []})
+    head, tail = empty[: -len(b"]}")], b"]}"
+    parts: list[tuple[list[Placement], bytes]] = []
+    chunk: list[Placement] = []
+    pieces: list[bytes] = []
+    size = len(head) + len(tail)
+    for p in placements:
+        piece = to_json(PlacementModel.plain(p))
+        if chunk and size + 1 + len(piece) > limit:
+            parts.append((chunk, head + b",".join(pieces) + tail))
+            chunk, pieces, size = [], [], len(head) + len(tail)
+        size += len(piece) + (1 if chunk else 0)
+        chunk.append(p)
+        pieces.append(piece)
+    parts.append((chunk, head + b",".join(pieces) + tail))
+    return parts
+
+
 class LaunchBatchModel(CoreMirror):
     """Mirror of `LaunchBatch` (GM -> LM launch request)."""
 
@@ -560,6 +589,12 @@ class LaunchBatchModel(CoreMirror):
             "seq": obj.seq,
             "placements": [PlacementModel.plain(p) for p in obj.placements],
         }
+
+    @classmethod
+    def core_json_parts(cls, obj: LaunchBatch, limit: int = MAX_BODY_BYTES) -> list[tuple[list[Placement], bytes]]:
+        """`core_json(obj)` split into bodies of at most `limit` bytes, each a batch of some of its placements
+        with the same `seq` (`split_json`)."""
+        return split_json({"gm": obj.gm, "lm": obj.lm, "seq": obj.seq}, obj.placements, limit)
 
     def to_core(self) -> LaunchBatch:
         return LaunchBatch(self.gm, self.lm, self.seq, [p.to_core() for p in self.placements])
@@ -717,6 +752,12 @@ class WorkerLaunchModel(CoreMirror):
     @classmethod
     def plain(cls, obj: WorkerLaunch) -> dict[str, Any]:
         return {"lm": obj.lm, "launches": [PlacementModel.plain(p) for p in obj.launches]}
+
+    @classmethod
+    def core_json_parts(cls, obj: WorkerLaunch, limit: int = MAX_BODY_BYTES) -> list[tuple[list[Placement], bytes]]:
+        """`core_json(obj)` split into bodies of at most `limit` bytes, each a launch of some of its tasks
+        (`split_json`)."""
+        return split_json({"lm": obj.lm}, obj.launches, limit, field="launches")
 
     def to_core(self) -> WorkerLaunch:
         return WorkerLaunch(self.lm, [p.to_core() for p in self.launches])
@@ -927,7 +968,7 @@ class BrokerMessage(WireModel):
     """Envelope of every message on the GM and LM queues of the broker: exactly one field is set.
 
     A GM's queue carries `delta`, `completions` and `lm_rebuilt` from LMs; an LM's queue carries `worker_report`
-    and `heartbeat` from workers.
+    and `heartbeat` from workers, each signed by its agent in the message's headers (docs/topology.md).
     """
 
     delta: DeltaModel | None = None
@@ -1029,13 +1070,17 @@ class WorkerRegistration(WireModel):
 
 class WorkerRegistered(WireModel):
     """Response of LM `POST /v1/workers`: the agent's nodes are the LM's nodes first_node .. first_node+nodes-1,
-    in registration order (or as claimed); `incarnation` names the LM's life the agent registered with."""
+    in registration order (or as claimed); `incarnation` names the LM's life the agent registered with.
+    `report_key` (hex, None with MEGHA_AUTH=off) is the key the agent signs its broker reports to this LM with
+    (`megha.common.transport.rabbit.report_headers`); the LM derives it from its report secret and the worker id,
+    so it is the same after the LM restarts, and only this agent learns it."""
 
     worker_id: Name
     lm: Index
     first_node: Index
     nodes: Annotated[int, Field(gt=0)]
     incarnation: Count = 0
+    report_key: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", repr=False)
 
 
 class EndedRun(WireModel):

@@ -17,6 +17,9 @@ docs/topology.md; which queue type (classic or quorum) to choose, and why, is in
   dropped.
 * **Connecting** retries with backoff, logging what it waits for, and gives up after `connect_timeout` seconds
   with one clear `BrokerUnavailable` line.
+* **Signed reports.** A worker agent signs each report it sends its LM (`report_headers`: HMAC-SHA256 with a key
+  its LM derived for it, `report_key`); the LM checks the signature (`report_sender`) and which nodes the signer
+  holds (docs/security.md, "Broker reports").
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import itertools
 import logging
 import ssl
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -43,6 +47,9 @@ from megha.common.lifecycle import StartupError, check_stop, exit_on_startup_err
 log = logging.getLogger(__name__)
 
 Handler = Callable[[bytes], Awaitable[None]]
+HeadersHandler = Callable[[bytes, Mapping[str, object]], Awaitable[None]]
+"""A handler that also reads the message's headers (`Broker.consume(..., headers=True)`)."""
+Headers = dict[str, str]
 
 OUTBOX_BYTES = 64 * 1024 * 1024
 """Default bound of the messages a publisher holds while the broker is away (MEGHA_OUTBOX_BYTES)."""
@@ -73,6 +80,47 @@ def gm_key(gm: int) -> str:
 
 def lm_key(lm: int) -> str:
     return f"lm.{lm}"
+
+
+REPORT_SENDER = "megha-worker"
+"""Header of a worker agent's report to its LM: the id of the agent that signed it."""
+REPORT_SIGNATURE = "megha-signature"
+"""Header of a worker agent's report to its LM: `report_signature` of it, in hex."""
+
+
+def report_key(report_secret: bytes, worker_id: str) -> bytes:
+    """The key agent `worker_id` signs its reports to an LM with: HMAC-SHA256(the LM's report secret, worker id).
+    Only the LM (which holds the secret) and that agent (which the LM tells at registration) know it."""
+    return hmac.digest(report_secret, worker_id.encode(), "sha256")
+
+
+def report_signature(key: bytes, lm: int, worker_id: str, body: bytes) -> bytes:
+    """HMAC-SHA256 with `key` over b"megha-report1 lm <lm> worker <worker id>\n" followed by the message body:
+    a signed report is bound to its sender and to the LM it was meant for (a copy sent to another LM fails)."""
+    return hmac.digest(key, b"megha-report1 lm %d worker %s\n%s" % (lm, worker_id.encode(), body), "sha256")
+
+
+def report_headers(key: bytes, lm: int, worker_id: str, body: bytes) -> Headers:
+    """The headers that sign a report `body` agent `worker_id` sends LM `lm`."""
+    return {REPORT_SENDER: worker_id, REPORT_SIGNATURE: report_signature(key, lm, worker_id, body).hex()}
+
+
+def report_sender(headers: Mapping[str, object]) -> str | None:
+    """The agent a report's headers name as its signer (None when they name none); not yet checked."""
+    sender = headers.get(REPORT_SENDER)
+    if isinstance(sender, bytes):
+        sender = sender.decode(errors="replace")
+    return sender if isinstance(sender, str) else None
+
+
+def report_signed_by(key: bytes, lm: int, worker_id: str, body: bytes, headers: Mapping[str, object]) -> bool:
+    """Whether `headers` carry a valid signature of `body` by `worker_id` (whose key is `key`) for LM `lm`."""
+    signature = headers.get(REPORT_SIGNATURE)
+    if isinstance(signature, bytes):
+        signature = signature.decode(errors="replace")
+    if not isinstance(signature, str):
+        return False
+    return hmac.compare_digest(signature, report_signature(key, lm, worker_id, body).hex())
 
 
 BROKER_ROLES = ("gm", "lm", "worker", "loadgen")
@@ -192,7 +240,7 @@ class Broker:
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._declared: dict[str, aio_pika.abc.AbstractQueue] = {}
         self._consumers: dict[str, str] = {}  # queue name -> consumer tag
-        self._outbox: deque[tuple[str, str, bytes]] = deque()
+        self._outbox: deque[tuple[str, str, bytes, Headers | None]] = deque()
         self._outbox_size = 0
         self._changed = asyncio.Condition()
         self._in_flight = 0
@@ -293,12 +341,12 @@ class Broker:
 
     # ------------------------------------------------------------ publishing
 
-    async def publish(self, exchange: str, routing_key: str, body: bytes) -> None:
-        """Queue a persistent JSON message for `exchange` ("gm", "lm" or "events"). Returns once it is in the
-        outbox; waits while the outbox is full (the broker has been away long), never drops it."""
+    async def publish(self, exchange: str, routing_key: str, body: bytes, headers: Headers | None = None) -> None:
+        """Queue a persistent JSON message for `exchange` ("gm", "lm" or "events"), with `headers` if given. Returns
+        once it is in the outbox; waits while the outbox is full (the broker has been away long), never drops it."""
         async with self._changed:
             await self._changed.wait_for(lambda: self._outbox_size + len(body) <= self.outbox_bytes or not self._outbox)
-            self._outbox.append((exchange, routing_key, body))
+            self._outbox.append((exchange, routing_key, body, headers))
             self._outbox_size += len(body)
             self._changed.notify_all()
 
@@ -355,11 +403,12 @@ class Broker:
                 )
                 outage_logged, pause = False, 0.1
 
-    async def _publish_one(self, exchange: str, routing_key: str, body: bytes) -> None:
+    async def _publish_one(self, exchange: str, routing_key: str, body: bytes, headers: Headers | None) -> None:
         if exchange in DIRECT_EXCHANGES:
             await self._declare(exchange, routing_key)  # a message must never find no queue
         message = aio_pika.Message(
             body,
+            headers=headers,
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=f"{self._publisher_id}-{next(self._message_ids)}",
@@ -384,8 +433,17 @@ class Broker:
             self._declared[name] = q
         return q
 
-    async def consume(self, exchange: str, routing_key: str, handler: Handler, queue: str | None = None) -> str:
-        """Bind a queue to `exchange` and feed each message body to `handler`, acking after it returns.
+    async def consume(
+        self,
+        exchange: str,
+        routing_key: str,
+        handler: Handler | HeadersHandler,
+        queue: str | None = None,
+        *,
+        headers: bool = False,
+    ) -> str:
+        """Bind a queue to `exchange` and feed each message body to `handler`, acking after it returns; with
+        `headers`, the message's headers too (a `HeadersHandler`).
 
         `queue` None makes the queue `<run>.<routing_key>`; pass a name for the events fanout."""
         q = await self._declare(exchange, routing_key, queue)
@@ -397,7 +455,9 @@ class Broker:
                 # away), and a handler cut off between changing state and publishing what follows from it would
                 # lose that for good (the message comes again, but finds the change made). It runs to its end
                 # instead; the ack is lost with the channel, and the redelivered copy finds nothing left to do.
-                work = asyncio.ensure_future(handler(message.body))
+                work = asyncio.ensure_future(
+                    handler(message.body, message.headers) if headers else handler(message.body)  # type: ignore[call-arg]
+                )
                 try:
                     await asyncio.shield(work)
                 except asyncio.CancelledError:

@@ -18,7 +18,16 @@ from pydantic_core import to_json
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster, Unschedulable
-from megha.common.core.messages import LaunchBatch, Output, PreemptRequest, Send, StopRequest
+from megha.common.core.messages import (
+    Delta,
+    LaunchBatch,
+    LaunchResponse,
+    NodeState,
+    Output,
+    PreemptRequest,
+    Send,
+    StopRequest,
+)
 from megha.common.core.observer import observe
 from megha.common.core.placement.choice import make_choice
 from megha.common.core.recovery import LMReport, RunsHeld, plan_recovery, runs_lost
@@ -499,9 +508,35 @@ class GMService:
     async def _launch(self, batch: LaunchBatch) -> None:
         """POST the batch to its LM. Launch is idempotent per task at the LM (an LM rebuilt after a crash knows
         what its agents run), so the call is retried (`_post_retrying`): an LM that restarts in MEGHA_LM_TIMEOUT
-        seconds gets the batch."""
-        what = f"launch batch {batch.seq}"
-        r, failure = await self._post_retrying(batch.lm, "/v1/launch", LaunchBatchModel.core_json(batch), what)
+        seconds gets the batch.
+
+        A batch whose body would pass the LM's body limit (tasks' commands may be 64K characters each) goes as
+        several calls, one after the other, each with some of its placements and the batch's `seq` (the LM applies
+        each as it comes; it needs nothing else of a batch), and their answers are merged into the one
+        `LaunchResponse` the core awaits for the batch (`_merged`). So a user's big tasks never make another's
+        fail with a 413. A call that fails for good fails the whole batch (`call_failed`), as an unanswered call of a
+        batch in one part does: the LM may have launched what an earlier call carried, as it may have launched
+        the tasks of a call whose answer was lost."""
+        parts = LaunchBatchModel.core_json_parts(batch)
+        if len(parts) > 1:
+            log.info(
+                "launch batch %d of %d tasks to LM %d sent in %d parts (%s bytes), each under the body limit",
+                batch.seq,
+                len(batch.placements),
+                batch.lm,
+                len(parts),
+                "+".join(str(len(body)) for _, body in parts),
+                extra=ids(gm=batch.gm, lm=batch.lm),
+            )
+        answers: list[LaunchResponse] = []
+        r: Reply | None = None
+        failure = ""
+        for k, (_, body) in enumerate(parts):
+            what = f"launch batch {batch.seq}" + (f" (part {k + 1} of {len(parts)})" if len(parts) > 1 else "")
+            r, failure = await self._post_retrying(batch.lm, "/v1/launch", body, what)
+            if r is None or r.status != 200:
+                break
+            answers.append(LaunchResponseModel.model_validate_json(r.body).to_core())
         if r is not None and _fenced(r):
             return
         if r is None or r.status != 200:
@@ -526,7 +561,7 @@ class GMService:
                 outputs = self.core.call_failed(batch.lm, batch.seq, failure, time.time())
             self._dispatch(outputs)
             return
-        response = LaunchResponseModel.model_validate_json(r.body).to_core()
+        response = answers[0] if len(answers) == 1 else _merged(answers)
         assert self.core is not None
         async with self._lock:
             outputs = self.core.handle(response, time.time())
@@ -664,6 +699,37 @@ class GMService:
             await self.replicator.close()
         if self.journal is not None:
             self.journal.close()
+
+
+def _merged(answers: list[LaunchResponse]) -> LaunchResponse:
+    """The answer to a batch sent in parts, from the answers to its parts in the order they came: every placement
+    accepted and rejected, the newest state of each node (node states are versioned), and one delta with the
+    newest state of each of its nodes, the highest `applied_through` and the latest usage."""
+
+    def newest(states: list[NodeState]) -> list[NodeState]:
+        by_node: dict[int, NodeState] = {}
+        for state in states:
+            if state.node not in by_node or state.version > by_node[state.node].version:
+                by_node[state.node] = state
+        return list(by_node.values())
+
+    first, last = answers[0], answers[-1]
+    delta = Delta(
+        last.delta.lm,
+        last.delta.gm,
+        max(a.delta.applied_through for a in answers),
+        newest([s for a in answers for s in a.delta.nodes]),
+        last.delta.usage,
+    )
+    return LaunchResponse(
+        first.gm,
+        first.lm,
+        first.seq,
+        [p for a in answers for p in a.accepted],
+        [r for a in answers for r in a.rejected],
+        newest([s for a in answers for s in a.states]),
+        delta,
+    )
 
 
 def _fenced(r: Reply) -> bool:

@@ -56,7 +56,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with connected(broker):
             if broker is not None:
-                await broker.consume("lm", lm_key(settings.lm_id), service.on_broker_message)
+                await broker.consume("lm", lm_key(settings.lm_id), service.on_broker_message, headers=True)
             log.info(
                 "LM %d serving on %s, expecting %d nodes for %d GMs",
                 settings.lm_id,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from urllib.parse import quote
 
 from pydantic_core import to_json
@@ -44,9 +45,18 @@ from megha.common.models import (
     WorkerPreemptModel,
     WorkerRegistered,
     WorkerRegistration,
+    WorkerReportModel,
 )
 from megha.common.settings import LMSettings
-from megha.common.transport.rabbit import Broker, TryLater, gm_key, run_background
+from megha.common.transport.rabbit import (
+    Broker,
+    TryLater,
+    gm_key,
+    report_key,
+    report_sender,
+    report_signed_by,
+    run_background,
+)
 from megha.services.http import CallError, Reply, ServiceClient, ids, spawn
 from megha.services.metrics import LMMeter
 
@@ -60,6 +70,12 @@ waited in its queue while it was down come back within a second or two of its be
 ENDED_KEPT = 200_000
 """Ended runs an LM remembers (about 150 bytes each): a launch retried after its run ended is not run again, and
 a GM that restarts learns which of its runs ended."""
+
+IGNORED_LOG_EVERY = 60.0
+"""Seconds between two log lines about ignored broker reports claiming the same sender (a flood of forged reports
+costs one line a minute per claimed sender, with the count of those not logged)."""
+IGNORED_SENDERS_KEPT = 1024
+"""Claimed senders whose last log line an LM remembers; reports claiming any further one share one line."""
 
 
 class NotReady(TryLater):
@@ -97,6 +113,12 @@ class LMService:
         self._agent_nodes: dict[str, tuple[str, range]] = {}  # worker id -> (URL, its nodes)
         self.liveness = WorkerLiveness(settings.worker_timeout)  # decisions in the core; monotonic times
         self.terms = GMTerms(settings.num_gms)  # who holds each GM identity: older holders are fenced
+        # Broker reports (docs/security.md, "Broker reports"): the secret each agent's signing key is derived from
+        # (None with MEGHA_AUTH=off: nothing is checked), the keys of registered agents, and the reports ignored.
+        self._report_secret = settings.report_secret() if settings.auth == "on" else None
+        self._report_keys: dict[str, bytes] = {}
+        self.ignored_reports = 0
+        self._ignored_logged: dict[str, tuple[float, int]] = {}  # claimed sender -> (last logged, ignored since)
 
     # --------------------------------------------------------- registration
 
@@ -143,12 +165,15 @@ class LMService:
             self._masks[n] = constraint_mask(node.constraints)
             self._drivers[n] = tuple(reg.drivers)
             self._node_worker[n] = reg.url
+        if self._report_secret is not None:
+            self._report_keys[reg.worker_id] = report_key(self._report_secret, reg.worker_id)
         registered = WorkerRegistered(
             worker_id=reg.worker_id,
             lm=self.settings.lm_id,
             first_node=first,
             nodes=len(caps),
             incarnation=self.incarnation,
+            report_key=self._report_keys[reg.worker_id].hex() if self._report_secret is not None else None,
         )
         self._workers[reg.worker_id] = registered
         self._agent_nodes[reg.worker_id] = (reg.url, nodes)
@@ -409,10 +434,21 @@ class LMService:
         await asyncio.gather(*(stop(url, ids) for url, ids in by_url.items()))
         self._dispatch(outputs)
 
-    async def on_broker_message(self, body: bytes) -> None:
+    async def on_broker_message(self, body: bytes, headers: Mapping[str, object] | None = None) -> None:
+        """Apply a worker agent's heartbeat or report. With MEGHA_AUTH=on only what its agent signed counts: an
+        unsigned or forged message, a heartbeat of another agent, and the items of a report about nodes its signer
+        does not hold are ignored and logged (`_ignore`), never requeued."""
+        sender = None
+        if self._report_secret is not None:
+            sender = self._signer(body, headers or {})
+            if sender is None:
+                return
         msg = BrokerMessage.model_validate_json(body)
         if msg.heartbeat is not None:
             beat = msg.heartbeat
+            if sender is not None and beat.worker_id != sender:
+                self._ignore(sender, f"it is a heartbeat of {beat.worker_id!r}")
+                return
             self._heartbeats[beat.worker_id] = beat
             if beat.worker_id in self._agent_nodes:
                 heard = self.liveness.heard(beat.worker_id, beat.running, time.monotonic())
@@ -425,8 +461,69 @@ class LMService:
         if msg.worker_report is not None:
             if self.core is None:
                 raise NotReady("report before the cluster is complete")
-            measured = {item.task_id: item for item in msg.worker_report.finished}
-            await self._apply_report(msg.worker_report.to_core(), measured)
+            report: WorkerReportModel | None = msg.worker_report
+            if sender is not None:
+                report = self._of_own_nodes(sender, msg.worker_report)
+            if report is not None:
+                measured = {item.task_id: item for item in report.finished}
+                await self._apply_report(report.to_core(), measured)
+
+    def _key_of(self, worker_id: str) -> bytes:
+        """The key agent `worker_id` signs its reports with (derived afresh for an agent not registered here)."""
+        key = self._report_keys.get(worker_id)
+        if key is None:
+            assert self._report_secret is not None
+            key = report_key(self._report_secret, worker_id)
+        return key
+
+    def _signer(self, body: bytes, headers: Mapping[str, object]) -> str | None:
+        """The agent that signed this broker message for this LM; None (and the message ignored) when it is
+        unsigned or its signature is not that agent's. An agent not (yet) registered here may sign too: its
+        reports wait until the cluster is complete, and then count only for nodes it holds."""
+        claimed = report_sender(headers)
+        if claimed is None:
+            self._ignore("", "it is not signed", body)
+            return None
+        if not report_signed_by(self._key_of(claimed), self.settings.lm_id, claimed, body, headers):
+            self._ignore(claimed, "its signature is not that agent's for this LM", body)
+            return None
+        return claimed
+
+    def _of_own_nodes(self, sender: str, report: WorkerReportModel) -> WorkerReportModel | None:
+        """The items of `sender`'s report about nodes it registered (None if there is none); the others are
+        ignored: an agent reports only the runs on its own nodes."""
+        nodes = self._agent_nodes[sender][1] if sender in self._agent_nodes else range(0)
+        foreign = [item for item in report.finished if item.node not in nodes]
+        if not foreign:
+            return report
+        self._ignore(
+            sender,
+            f"it reports runs on nodes {sorted({item.node for item in foreign})[:20]}, which that agent does not "
+            f"hold (tasks {[item.task_id for item in foreign[:20]]})",
+        )
+        own = [item for item in report.finished if item.node in nodes]
+        return report.model_copy(update={"finished": own}) if own else None
+
+    def _ignore(self, claimed: str, what: str, body: bytes = b"") -> None:
+        """Count a broker message (or part of one) this LM ignores, and log it: at once for a sender not logged in
+        the last IGNORED_LOG_EVERY seconds, else with the next line about it (a flood is not a flood of lines).
+        `claimed` is the agent the message says it comes from ("" when it names none)."""
+        self.ignored_reports += 1
+        now = time.monotonic()
+        sender = claimed if claimed in self._ignored_logged or len(self._ignored_logged) < IGNORED_SENDERS_KEPT else "*"
+        last, unlogged = self._ignored_logged.get(sender, (-IGNORED_LOG_EVERY, 0))
+        if now - last < IGNORED_LOG_EVERY:
+            self._ignored_logged[sender] = (last, unlogged + 1)
+            return
+        self._ignored_logged[sender] = (now, 0)
+        log.warning(
+            "ignored a broker message from worker agent %s%s: %s%s",
+            repr(claimed[:128]) if claimed else "(none named)",
+            _what_it_names(body),
+            what,
+            f"; {unlogged} more ignored since the last such line" if unlogged else "",
+            extra=ids(lm=self.settings.lm_id, worker=claimed[:128] or None),
+        )
 
     async def _apply_report(self, report: WorkerReport, measured: dict[str, FinishedTaskModel]) -> None:
         """Apply a worker's report (or the LM's own, of lost tasks) and publish a task event for each run it
@@ -536,16 +633,30 @@ class LMService:
         await self.broker.publish("gm", gm_key(gm), body)
 
     def _send_to_workers(self, launch: WorkerLaunch) -> None:
-        """One POST per agent, concurrently; an agent that cannot be reached gets its tasks reported failed,
+        """One POST per agent, concurrently, split into several when its body would pass the agent's body limit
+        (a task's command may be 64K characters): each part is launched, or reported lost, on its own, so one
+        user's big tasks never fail another's. An agent that cannot be reached gets its tasks reported failed,
         never lost."""
         by_url: dict[str, list[Placement]] = {}
         for p in launch.launches:
             by_url.setdefault(self._node_worker[p.node], []).append(p)
         for url, placements in by_url.items():
-            self._spawn(self._post_to_worker(url, WorkerLaunch(launch.lm, placements)))
+            parts = WorkerLaunchModel.core_json_parts(WorkerLaunch(launch.lm, placements))
+            if len(parts) > 1:
+                log.info(
+                    "launch of %d tasks on %s sent in %d parts (%s bytes), each under the body limit",
+                    len(placements),
+                    url,
+                    len(parts),
+                    "+".join(str(len(body)) for _, body in parts),
+                    extra=ids(lm=launch.lm, worker=self._worker_of(placements[0].node)),
+                )
+            for part, body in parts:
+                self._spawn(self._post_to_worker(url, WorkerLaunch(launch.lm, part), body))
 
-    async def _post_to_worker(self, url: str, launch: WorkerLaunch) -> None:
-        body = WorkerLaunchModel.core_json(launch)
+    async def _post_to_worker(self, url: str, launch: WorkerLaunch, body: bytes) -> None:
+        """POST `launch` (whose JSON is `body`) to the agent at `url`, retried; its tasks are reported lost when
+        the agent refuses it or stays unreachable."""
         placements = launch.launches
         reason = f"worker agent {url} unreachable"
         refused = False
@@ -724,8 +835,25 @@ class LMService:
                 for w, h in self._heartbeats.items()
             },
             "down_nodes": {str(n): why for n, why in core.down.items()} if core else {},
+            "ignored_reports": self.ignored_reports,  # unsigned or forged broker reports (docs/security.md)
             "lost_workers": {w: len(ids) for w, ids in self.liveness.lost.items()},
         }
+
+
+def _what_it_names(body: bytes) -> str:
+    """For a log line about an ignored broker message: the worker, nodes and tasks its body names, if it parses."""
+    if not body:
+        return ""
+    try:
+        msg = BrokerMessage.model_validate_json(body)
+    except ValueError:
+        return f" ({len(body)} bytes that are no broker message)"
+    if msg.heartbeat is not None:
+        return f" (a heartbeat of {msg.heartbeat.worker_id})"
+    if msg.worker_report is not None:
+        items = msg.worker_report.finished
+        return f" (a report of tasks {[i.task_id for i in items[:20]]} on nodes {sorted({i.node for i in items})[:20]})"
+    return " (a message that is no worker's)"
 
 
 def _placement_ids(p: Placement) -> dict[str, object]:

@@ -24,7 +24,7 @@ from megha.common.models import (
     WorkerRegistered,
 )
 from megha.common.settings import WorkerSettings
-from megha.common.transport.rabbit import Broker, lm_key, run_background
+from megha.common.transport.rabbit import Broker, lm_key, report_headers, run_background
 from megha.services.http import CallError, ServiceClient, ids
 from megha.services.worker.drivers import Driver
 from megha.services.worker.exec_driver import ExecDriver
@@ -74,6 +74,7 @@ class WorkerAgent:
             self.drivers = ("burn",)
             self.executor = SimulatedExecutor(self._on_finished)
         self.registered: WorkerRegistered | None = None
+        self._report_key: bytes | None = None  # signs the reports to the LM (None with MEGHA_AUTH=off)
         self._placements: dict[str, Placement] = {}  # launched and not yet reported, by task id
         self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what `_placements` hold
         self._done: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently reported runs, for idempotency
@@ -127,6 +128,8 @@ class WorkerAgent:
                 r = await self._calls.post(f"{self.settings.lm_url}/v1/workers", self.registration())
                 if r.status == 201:
                     self.registered = WorkerRegistered.model_validate_json(r.body)
+                    key = self.registered.report_key
+                    self._report_key = bytes.fromhex(key) if key is not None else None
                     log.info(
                         "registered with LM %d (incarnation %d) as nodes %d..%d, %d tasks running",
                         self.registered.lm,
@@ -189,7 +192,14 @@ class WorkerAgent:
             at=time.time(),
             running=len(self.executor.running()),
         )
-        await self.broker.publish("lm", lm_key(beat.lm), BrokerMessage(heartbeat=beat).model_dump_json().encode())
+        await self._to_lm(beat.lm, BrokerMessage(heartbeat=beat).model_dump_json().encode())
+
+    async def _to_lm(self, lm: int, body: bytes) -> None:
+        """Publish a heartbeat or report to LM `lm`, signed with this agent's report key (docs/topology.md)."""
+        assert self.broker is not None
+        key = self._report_key
+        headers = None if key is None else report_headers(key, lm, self.settings.worker_id, body)
+        await self.broker.publish("lm", lm_key(lm), body, headers)
 
     def launch(self, placements: list[Placement]) -> list[str]:
         """Accept a launch and start its tasks in the background; returns the ids accepted. Idempotent: a run
@@ -377,8 +387,7 @@ class WorkerAgent:
             if self.broker is None:
                 continue
             for lm, finished in reports.items():
-                body = to_json({"worker_report": {"lm": lm, "finished": finished}})
-                await self.broker.publish("lm", lm_key(lm), body)
+                await self._to_lm(lm, to_json({"worker_report": {"lm": lm, "finished": finished}}))
             if events:
                 await self.broker.publish("events", "", to_json({"events": events}))
 
