@@ -463,12 +463,37 @@ class WorkerSettings(UserTokens):
         description="task drivers this agent offers (comma-separated: burn, exec, container); container needs a "
         "Docker engine that answers at start-up (DOCKER_HOST); a simulated agent offers only burn (docs/drivers.md)",
     )
-    task_user: str = Field(
-        "nobody", description="user exec tasks run as when the agent runs as root (otherwise: the agent's own user)"
+    task_uids: str = Field(
+        "900000000-900000999",
+        pattern=r"^[0-9]+-[0-9]+$",
+        description="uids (each also the gid) exec tasks run as, first-last: each running task takes one that no "
+        "process has, so tasks cannot read, signal or ptrace the agent or each other; also bounds the exec tasks "
+        "running at once on a host. Needs an agent running as root; no user or program of the host may use these "
+        "uids (docs/drivers.md)",
+    )
+    task_max_processes: int = Field(
+        512,
+        ge=1,
+        description="processes and threads one exec or container task may have at once (exec: RLIMIT_NPROC of its "
+        "own uid; container: the engine's pids limit); a fork bomb stops there",
+    )
+    exec_as_agent_user: bool = Field(
+        False,
+        description="for an agent that cannot switch uids (not root): offer exec anyway, running every task as the "
+        "agent's own user, where tasks can read the agent's secrets (environment, credential files) and each "
+        "other's processes; logged as a warning at start-up. Unset, such an agent leaves exec out of the drivers it "
+        "offers, saying why in one line at start-up. No effect on an agent that can switch uids",
+    )
+    container_network: str = Field(
+        "bridge",
+        min_length=1,
+        description="Docker network of container tasks: bridge (the engine's default network: outbound access, and "
+        "the host's published ports), none (no network but loopback), or the name of a network",
     )
     task_log_dir: str = Field(
         "",
-        description="folder of the kept stdout and stderr of exec and container tasks (empty: megha-<run id>-<worker "
+        description="folder of the kept stdout and stderr of exec and container tasks, the agent's user's alone "
+        "(0700; refused at start-up when another user owns it or could swap it) (empty: megha-<uid>/<run id>-<worker "
         "id>-task-logs in the system's temp folder)",
     )
     task_log_bytes: int = Field(
@@ -495,6 +520,19 @@ class WorkerSettings(UserTokens):
         if unknown or not value:
             raise ValueError(f"{','.join(unknown) or 'nothing'} is not a driver: list some of {', '.join(DRIVERS)}")
         return list(dict.fromkeys(value))
+
+    @field_validator("task_uids")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        first, last = (int(n) for n in value.split("-"))
+        if not 0 < first <= last < 2**32 - 1:
+            raise ValueError(f"{value}: give first-last with 0 < first <= last < {2**32 - 1} (never root's uid 0)")
+        return value
+
+    def task_uid_range(self) -> range:
+        """MEGHA_TASK_UIDS as a range."""
+        first, last = (int(n) for n in self.task_uids.split("-"))
+        return range(first, last + 1)
 
     def ident(self) -> str:
         return self.worker_id

@@ -1,5 +1,6 @@
-"""Task drivers on the agent: exec (real processes, as `nobody` when the tests run as root, held by cgroups v2 or
-rlimits - on a cgroup v1 host the rlimits), container (the real Docker engine, images built here, never pulled),
+"""Task drivers on the agent: exec (real processes, each as a uid of its own when the tests run as root, else as the
+tests' user by MEGHA_EXEC_AS_AGENT_USER; held by cgroups v2 or rlimits - on a cgroup v1 host the rlimits),
+container (the real Docker engine, images built here, never pulled, no capabilities, a pids limit),
 the kept output and its route, the refusal of a driver an agent does not offer, and an agent that cannot reach
 the Docker engine it was told to use.
 
@@ -39,8 +40,15 @@ from servicekit import needs_rabbitmq, wait_for, wait_until
 pytestmark = pytest.mark.timeout(120)
 
 IMAGE = "megha-base:bookworm"  # built by deploy/images/build.sh; has python3
-PYTHON = "python3"  # the host's, on the minimal PATH an exec task gets, and usable by `nobody`
+PYTHON = "python3"  # the host's, on the minimal PATH an exec task gets, and usable by any uid
 ROOT = os.geteuid() == 0
+TASK_UIDS = WorkerSettings().task_uid_range()
+MAX_PROCESSES = 64
+
+
+def exec_driver(how: enforcement.Cgroups | enforcement.Rlimits | None = None) -> ExecDriver:
+    """The exec driver as an agent makes it; as the tests' own user when they do not run as root."""
+    return ExecDriver("test", TASK_UIDS, MAX_PROCESSES, as_agent_user=not ROOT, how=how)
 
 
 def run_exec(*argv: str, env: dict[str, str] | None = None, workdir: str = "") -> RunSpec:
@@ -53,17 +61,17 @@ def run_container(*argv: str, env: dict[str, str] | None = None, workdir: str = 
 
 @asynccontextmanager
 async def executing(
-    tmp_path: Path, *names: str, log_bytes: int = 1 << 20, on_finished: Any = None
+    tmp_path: Path, *names: str, log_bytes: int = 1 << 20, on_finished: Any = None, network: str = "bridge"
 ) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
     """A real executor offering `names` (besides burn), each driver prepared as an agent's start-up does."""
     logs = TaskLogs(tmp_path / "task-logs", log_bytes, kept=100)
     drivers: dict[str, Driver] = {}
     if "exec" in names:
-        drivers["exec"] = ExecDriver("test", "nobody")
+        drivers["exec"] = exec_driver()
     if "container" in names:
         from megha.services.worker.container_driver import ContainerDriver
 
-        drivers["container"] = ContainerDriver(f"test{uuid.uuid4().hex[:6]}")
+        drivers["container"] = ContainerDriver(f"test{uuid.uuid4().hex[:6]}", MAX_PROCESSES, network)
     for driver in drivers.values():
         await driver.prepare()
     executor = TaskExecutor(on_finished, drivers=drivers, logs=logs, kill_grace=2.0)
@@ -97,8 +105,8 @@ async def test_a_shell_command_finishes_and_its_output_is_kept(tmp_path: Path) -
         assert result.succeeded and result.exit_code == 0, result
         out = logs.read("sh.0", 1, "stdout").decode().splitlines()
         assert out[0] == "hi" and logs.read("sh.0", 1, "stderr") == b"oops\n"
-        # As `nobody` when the agent is root, else as the agent's user; in a scratch folder removed afterwards.
-        assert int(out[1]) == (65534 if ROOT else os.geteuid())
+        # As a uid of its own when the agent is root, else as the agent's user; in a scratch folder removed after.
+        assert int(out[1]) in TASK_UIDS if ROOT else int(out[1]) == os.geteuid()
         assert "megha-sh.0-1-" in out[2] and not Path(out[2]).exists()
 
 
@@ -118,7 +126,7 @@ async def test_a_python_script_gets_its_environment_and_working_directory_only(t
     assert result.succeeded, result
     cwd, names, greeting = logs.read("py.0", 1, "stdout").decode().splitlines()
     assert cwd == str(workdir) and greeting == "hello"
-    assert {"PATH", "HOME", "LANG", "GREETING"} <= set(eval(names)) and "MEGHA_DRIVER_TEST_SECRET" not in names
+    assert set(eval(names)) == {"PATH", "HOME", "LANG", "TMPDIR", "GREETING"}, names  # nothing of the agent's
     assert result.cpu_seconds > 0  # the interpreter's start-up, reaped by the agent with its rusage
 
 
@@ -154,7 +162,7 @@ async def test_processes_that_together_hold_more_than_the_limit_are_killed(tmp_p
         result = await run_to_end(executor, "tree.0", run_exec("sh", "-c", tree), memory_mb=64)
     assert result.error.startswith("exceeded its memory limit of 64 MB"), result.error
     assert result.wall_seconds < 50  # killed, not timed out
-    driver = ExecDriver("test", "nobody")
+    driver = exec_driver()
     await driver.prepare()
     if isinstance(driver.enforcement, enforcement.Rlimits):
         assert "its processes held" in result.error and result.peak_rss_mb > 64
@@ -176,7 +184,7 @@ async def test_the_cgroup_v2_path_writes_the_limits_joins_the_cgroup_and_reads_t
     for name, text in counts.items():
         (run / name).write_text(text)
     logs = TaskLogs(tmp_path / "task-logs", 1 << 20, kept=10)
-    driver = ExecDriver("test", "nobody", how=enforcement.Cgroups(tasks))
+    driver = exec_driver(how=enforcement.Cgroups(tasks))
     assert "cgroups v2 under" in await driver.prepare()
     executor = TaskExecutor(drivers={"exec": driver}, logs=logs)
     try:
@@ -210,7 +218,7 @@ async def test_a_preemption_kills_an_exec_task_and_every_process_of_it(tmp_path:
         leader = int(logs.read("victim.0", 1, "stdout"))
 
         def members() -> list[int]:
-            return enforcement.session_usage({leader}).get(leader, ([], 0))[0]
+            return enforcement.session_members(leader)
 
         await wait_for(lambda: len(members()) == 3, 20, members)
         tree = members()
@@ -289,6 +297,10 @@ def first(*paths):
 print("memory", first("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 print("cpu", first("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
                    "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"))
+print("pids", first("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"))
+status = dict(line.split(":", 1) for line in pathlib.Path("/proc/self/status").read_text().splitlines())
+print("capabilities", status["CapEff"].strip(), status["CapBnd"].strip())
+print("no-new-privileges", status["NoNewPrivs"].strip())
 print("greeting", __import__("os").environ["GREETING"], pathlib.Path.cwd())
 print("to stderr", file=sys.stderr)
 """
@@ -305,6 +317,9 @@ async def test_a_container_runs_python_with_its_limits_and_its_output_is_kept(tm
     out = dict(line.split(" ", 1) for line in logs.read(task_id, 1, "stdout").decode().splitlines())
     assert out["memory"] == str(64 * 2**20)
     assert out["cpu"].split()[0] == "50000"  # 500 millicores: 50 ms of every 100 ms
+    assert out["pids"] == str(MAX_PROCESSES)  # MEGHA_TASK_MAX_PROCESSES
+    assert out["capabilities"] == "0000000000000000 0000000000000000"  # every capability dropped
+    assert out["no-new-privileges"] == "1"
     assert out["greeting"] == "hello /tmp"
     assert logs.read(task_id, 1, "stderr") == b"to stderr\n"
     assert containers_of(task_id) == []  # always removed
@@ -323,6 +338,20 @@ async def test_a_failing_container_and_one_over_its_memory_limit_fail_with_their
     assert failed.exit_code == 4 and failed.error == "exit code 4: oops", failed
     assert over.error.startswith("exceeded its memory limit of 64 MB"), over
     assert containers_of(bad) == containers_of(hog) == []
+
+
+@pytest.mark.docker
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("network", "interfaces"), [("bridge", ["eth0", "lo"]), ("none", ["lo"])])
+async def test_a_container_joins_the_network_the_agent_names(
+    tmp_path: Path, network: str, interfaces: list[str]
+) -> None:
+    """MEGHA_CONTAINER_NETWORK: the engine's default bridge, or none (loopback only)."""
+    task_id = f"net-{uuid.uuid4().hex[:8]}.0"
+    async with executing(tmp_path, "container", network=network) as (executor, logs):
+        result = await run_to_end(executor, task_id, run_container("ls", "/sys/class/net"))
+    assert result.succeeded, result
+    assert logs.read(task_id, 1, "stdout").decode().split() == interfaces
 
 
 @pytest.mark.docker
@@ -505,7 +534,8 @@ def test_a_real_agent_registers_its_drivers_runs_exec_and_container_tasks_and_se
             cluster = httpx.get(f"http://127.0.0.1:{lm_port}/v1/cluster", timeout=5).json()
             assert cluster["partitions"][0]["drivers"] == [["burn", "exec", "container"]], cluster  # registered
             log_text = agent_log.read_text()
-            assert "exec driver: tasks run as" in log_text and "container driver: Docker engine" in log_text
+            assert "exec driver: each task runs as a uid of its own" in log_text, log_text
+            assert "container driver: Docker engine" in log_text
 
             script = "import sys; print('from python'); print(sum(range(10)), file=sys.stderr)"
             box = f"c-{worker_id}.0"

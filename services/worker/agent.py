@@ -26,7 +26,7 @@ from megha.common.models import (
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, lm_key, report_headers, run_background
 from megha.services.http import CallError, ServiceClient, ids
-from megha.services.worker.drivers import Driver
+from megha.services.worker.drivers import Driver, DriverUnavailable
 from megha.services.worker.exec_driver import ExecDriver
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 from megha.services.worker.ledger import NodeLedger
@@ -115,9 +115,20 @@ class WorkerAgent:
 
     async def prepare(self) -> None:
         """Check that every driver this agent offers can run tasks here, and log how each does; raises
-        `StartupError` (say, MEGHA_DRIVERS lists container and the Docker engine does not answer)."""
-        for driver in self._drivers.values():
-            log.info("%s", await driver.prepare())
+        `StartupError` (say, MEGHA_DRIVERS lists container and the Docker engine does not answer, or the kept
+        output's folder is another user's). A driver that cannot run tasks safely here (exec on an agent that cannot
+        switch uids) is left out of the drivers offered, with one line saying why."""
+        if self.logs is not None:
+            self.logs.prepare()
+        for name, driver in list(self._drivers.items()):
+            try:
+                log.info("%s", await driver.prepare())
+            except DriverUnavailable as exc:
+                log.warning("%s", exc)
+                del self._drivers[name]
+                assert isinstance(self.executor, TaskExecutor)
+                self.executor.withdraw(name)
+                self.drivers = tuple(d for d in self.drivers if d != name)
 
     async def register(self, timeout: float = 120.0) -> WorkerRegistered:
         """Register with the LM, retrying until it answers (it may start after us, or be restarting)."""
@@ -432,11 +443,15 @@ def _drivers(settings: WorkerSettings) -> dict[str, Driver]:
     """The driver objects of the drivers MEGHA_DRIVERS lists besides burn."""
     drivers: dict[str, Driver] = {}
     if "exec" in settings.drivers:
-        drivers["exec"] = ExecDriver(settings.worker_id, settings.task_user)
+        drivers["exec"] = ExecDriver(
+            settings.worker_id, settings.task_uid_range(), settings.task_max_processes, settings.exec_as_agent_user
+        )
     if "container" in settings.drivers:
         from megha.services.worker.container_driver import ContainerDriver  # imports the Docker SDK
 
-        drivers["container"] = ContainerDriver(settings.worker_id)
+        drivers["container"] = ContainerDriver(
+            settings.worker_id, settings.task_max_processes, settings.container_network
+        )
     return drivers
 
 

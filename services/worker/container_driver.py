@@ -3,11 +3,14 @@ limits from its request.
 
 A run is one container, ``megha-<worker>-<task>-<attempt>``, labelled with the task (``megha.task``,
 ``megha.attempt``, ``megha.worker``): ``nano_cpus`` from the CPU request, ``mem_limit`` (and as much with swap,
-so none) from the memory request. The agent attaches to its output before starting it, copies stdout and
-stderr into the run's log, waits for it, and learns from the engine whether the kernel's OOM killer stopped it.
-A preemption or the duration limit sends SIGTERM, then SIGKILL; the container is always removed. An image the
-engine does not have is pulled, as ``docker run`` would. The container runs as its image's user: the engine's
-isolation, not the exec driver's user switch, keeps it from the host.
+so none) from the memory request, ``pids_limit`` MEGHA_TASK_MAX_PROCESSES (a fork bomb stops there). It runs with
+every capability dropped and no new privileges (a set-user-ID program in the image gains nothing), its own IPC
+namespace (a private /dev/shm, counted in its memory limit), on the network MEGHA_CONTAINER_NETWORK names (the
+engine's default bridge unless told), and with the task's `env` only: nothing of the agent's environment. It runs
+as its image's user. The agent attaches to its output before starting it, copies stdout and stderr into the run's
+log, waits for it, and learns from the engine whether the kernel's OOM killer stopped it. A preemption or the
+duration limit sends SIGTERM, then SIGKILL; the container is always removed. An image the engine does not have is
+pulled, as ``docker run`` would.
 
 The SDK's calls block: short ones run in asyncio's default threads; the long ones (following the output,
 waiting for the exit) run in a thread of their own per run, on a client with no read timeout.
@@ -57,8 +60,12 @@ def container_name(worker_id: str, task_id: str, attempt: int) -> str:
 class ContainerDriver(Driver):
     name = "container"
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, max_processes: int, network: str = "bridge") -> None:
+        """`max_processes`: the pids limit of each container (MEGHA_TASK_MAX_PROCESSES); `network`: the Docker
+        network containers join (MEGHA_CONTAINER_NETWORK)."""
         self._worker_id = worker_id
+        self._max_processes = max_processes
+        self._network = network
         self._client: docker.DockerClient | None = None  # calls that return at once (60 s timeout)
         self._follow: docker.DockerClient | None = None  # following output and waiting: no read timeout
 
@@ -74,7 +81,10 @@ class ContainerDriver(Driver):
             raise StartupError(
                 f"MEGHA_DRIVERS lists container, but the Docker engine does not answer at {where}: {_one_line(exc)}"
             ) from None
-        return f"container driver: Docker engine {version.get('Version', '?')} at {where}"
+        return (
+            f"container driver: Docker engine {version.get('Version', '?')} at {where}; containers run with no "
+            f"capabilities, no new privileges, at most {self._max_processes} processes, on network {self._network}"
+        )
 
     async def start(self, task_id: str, attempt: int, spec: RunSpec, limits: Limits, log: RunLog) -> Run:
         if not spec.image:
@@ -90,6 +100,11 @@ class ContainerDriver(Driver):
             "mem_limit": limits.memory_mb * MIB,
             "memswap_limit": limits.memory_mb * MIB,
             "nano_cpus": limits.cpu_millicores * 1_000_000,
+            "pids_limit": self._max_processes,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges:true"],
+            "ipc_mode": "private",
+            "network_mode": self._network,
             "labels": {"megha.task": task_id, "megha.attempt": str(attempt), "megha.worker": self._worker_id},
             "name": name,
         }

@@ -38,6 +38,11 @@ class Exit:
     memory_how: str = ""
 
 
+class DriverUnavailable(Exception):
+    """A driver this agent cannot offer safely here, and leaves out of the drivers it offers (one line saying why);
+    the agent still starts. Unlike a `StartupError`, which stops the agent."""
+
+
 class Run(ABC):
     """One task's execution by a driver."""
 
@@ -60,7 +65,8 @@ class Driver(ABC):
     @abstractmethod
     async def prepare(self) -> str:
         """Check at start-up that this driver can run tasks here (idempotent); raises `StartupError` saying why
-        not. Returns a line for the log saying how it runs them."""
+        not, or `DriverUnavailable` when the agent should start without it. Returns a line for the log saying how
+        it runs them."""
 
     @abstractmethod
     async def start(self, task_id: str, attempt: int, spec: RunSpec, limits: Limits, log: RunLog) -> Run:

@@ -1,5 +1,12 @@
-"""How the exec driver holds a task to its CPU and memory request: cgroups v2 where the agent can create child
-cgroups, rlimits and the agent's own watch of the task's processes otherwise (docs/drivers.md compares them).
+"""How the exec driver holds a task to its request and apart from the agent and from other tasks: a uid of its own
+per run, a process limit, CPU and memory through cgroups v2 where the agent can create child cgroups, rlimits and
+the agent's own watch of the task's processes otherwise (docs/drivers.md compares them).
+
+Isolation (`TaskUids`, `signal_uid`, `kill_uid`, `purge_uid`): each run takes a uid (also its gid) of its own from
+MEGHA_TASK_UIDS, leased host-wide with a lock file (so several agents of one host never share one) and only when no
+process of that uid is left. The run's processes are signalled all at once with kill(-1) from a child that became
+the uid, so one that left the session is still reached; when the run ends every process of the uid is killed and
+what it left in the shared temporary folders and System V IPC is removed, before the uid is free again.
 
 `detect` chooses once, at start-up, and says why cgroups v2 could not be used:
 
@@ -11,21 +18,32 @@ cgroups, rlimits and the agent's own watch of the task's processes otherwise (do
   moves itself into a leaf ``megha-agent``, as Docker-in-Docker does - only when it is the only process there.
   Not run on the development machine (a cgroup v1 host): docs/drivers.md says so.
 - `Rlimits`: memory is capped per process by RLIMIT_DATA (an allocation beyond it fails in the program), and the
-  agent sums the resident memory of the run's session every WATCH_SECONDS and kills it when over the request. CPU
-  cannot be capped by an rlimit: the run is only nice'd (NICE), so it yields to the agent and burn tasks.
+  agent sums the resident memory of the run's processes (those of its uid, or of its session when it runs as the
+  agent's user), with what its uid holds in /dev/shm and System V shared memory, every WATCH_SECONDS and kills it
+  when over the request. CPU cannot be capped by an rlimit: the run is only nice'd (NICE), so it yields to the
+  agent and burn tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import fcntl
 import os
+import pwd
 import resource
+import shutil
 import signal
+import stat
+import tempfile
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from megha.common.lifecycle import StartupError
 from megha.services.worker.drivers import Limits
 
 CGROUP_PERIOD_US = 100_000
@@ -36,7 +54,20 @@ NICE = 10
 """Rlimits: the niceness exec runs get, their CPU being uncapped."""
 CONTROLLERS = ("cpu", "memory")
 MIB = 1024 * 1024
+KILL_WAIT_SECONDS = 10.0
+"""How long the end of a run waits for the processes of its uid to be gone after SIGKILL (one stuck in the kernel
+may take a while); a uid with a process left is not leased again until it is gone."""
+UID_LOCKS = Path("/run/megha-task-uids")
+"""Where agents of one host lease task uids: a lock file per uid, held (flock) while a run has it."""
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+"""Folders every uid may write to: what a run's uid left at their top level is removed when the run ends."""
+SETUID_CAPABILITIES = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_SETGID": 6, "CAP_SETUID": 7}
+"""What the agent needs to give runs uids of their own: switch to the uid, hand it its scratch folder, and remove
+what the uid left behind (root has them all, unless they were dropped)."""
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_NO_NEW_PRIVS = 38
+_IPC_RMID = 0
 
 
 class CgroupsUnusable(Exception):
@@ -213,10 +244,18 @@ def detect(worker_id: str) -> Cgroups | Rlimits:
         return Rlimits(str(exc))
 
 
-def child_setup(cgroup_procs: str | None, data_bytes: int | None, nice: int, uid: int | None, gid: int) -> None:
+def child_setup(
+    cgroup_procs: str | None,
+    data_bytes: int | None,
+    nice: int,
+    max_processes: int | None,
+    uid: int | None,
+    gid: int,
+) -> None:
     """Run in the task's process between fork and exec (subprocess's preexec_fn): join its cgroup (as the agent's
-    user still), no core dumps, cap its data segment, lower its priority, then become `uid`. Uses only modules
-    imported already and no locks, as code between fork and exec must."""
+    user still), no core dumps, cap its data segment and its uid's processes, lower its priority, no new privileges
+    from set-user-ID programs or file capabilities, then become `uid` and `gid` with no other group. Uses only
+    modules imported already and no locks, as code between fork and exec must."""
     if cgroup_procs is not None:
         fd = os.open(cgroup_procs, os.O_WRONLY)
         try:
@@ -226,29 +265,343 @@ def child_setup(cgroup_procs: str | None, data_bytes: int | None, nice: int, uid
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if data_bytes is not None:
         resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))
+    if max_processes is not None:  # counted per real uid: only meaningful for a uid of the run's own
+        resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
     if nice:
         os.nice(nice)
+    if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     if uid is not None:
         os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
 
 
-def session_usage(sessions: set[int]) -> dict[int, tuple[list[int], int]]:
-    """For each of `sessions` (by session id), its live processes and their resident memory in bytes, from /proc
-    (a process that left the session with setsid is not counted)."""
-    found: dict[int, tuple[list[int], int]] = {}
+# ------------------------------------------------------------------------------------------- processes, by uid
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process, as /proc/<pid>/status shows it (not `stat`: a process that made itself non-dumpable shows its
+    /proc folder as root's, but its status still names its uids)."""
+
+    pid: int
+    uids: tuple[int, ...]  # real, effective, saved, file system
+    sid: int  # its session, as this agent's pid namespace numbers it (-1 when the kernel does not say)
+    rss: int  # resident bytes
+    zombie: bool
+
+
+def processes() -> Iterator[Process]:
+    """Every process, from /proc (one that ends while it is read is left out)."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
+            with open(f"/proc/{entry.name}/status", "rb") as f:
+                text = f.read()
         except OSError:
-            continue  # it ended while we looked
-        sid = int(fields[3])
-        if sid in sessions and fields[0] != b"Z":
-            pids, rss = found.get(sid, ([], 0))
-            pids.append(int(entry.name))
-            found[sid] = (pids, rss + int(fields[21]) * _PAGE)
+            continue
+        uids = _status_field(text, b"Uid")
+        if not uids:
+            continue
+        sid = _status_field(text, b"NSsid")
+        rss = _status_field(text, b"VmRSS")
+        yield Process(
+            pid=int(entry.name),
+            uids=tuple(int(u) for u in uids),
+            sid=int(sid[0]) if sid else -1,
+            rss=int(rss[0]) * 1024 if rss else 0,
+            zombie=_status_field(text, b"State")[:1] == [b"Z"],
+        )
+
+
+def _status_field(text: bytes, name: bytes) -> list[bytes]:
+    """The values of one line of /proc/<pid>/status ([] when it has no such line)."""
+    at = text.find(b"\n" + name + b":")
+    if at < 0:
+        return []
+    end = text.find(b"\n", at + 1)
+    return text[at + len(name) + 2 : end if end >= 0 else None].split()
+
+
+def live_processes(uid: int) -> list[int]:
+    """The pids of the live (not zombie) processes that have `uid` as any of their uids."""
+    return [p.pid for p in processes() if uid in p.uids and not p.zombie]
+
+
+def session_members(sid: int) -> list[int]:
+    """The pids of the live processes of session `sid` (a process that left it with setsid is not one)."""
+    return [p.pid for p in processes() if p.sid == sid and not p.zombie]
+
+
+def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], int]:
+    """Bytes held by each of `uids` (the resident memory of its processes, what it holds in /dev/shm and System V
+    shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
+    ``("uid", uid)`` and ``("sid", sid)``. Shared pages are counted in every process that maps them, and a /dev/shm
+    file that is mapped is counted twice: an over-estimate, never an under-estimate."""
+    held: dict[tuple[str, int], int] = {}
+    for p in processes():
+        if p.zombie:
+            continue
+        if p.uids[0] in uids:
+            held[("uid", p.uids[0])] = held.get(("uid", p.uids[0]), 0) + p.rss
+        if p.sid in sessions:
+            held[("sid", p.sid)] = held.get(("sid", p.sid), 0) + p.rss
+    for uid, size in shared_memory_bytes(uids).items():
+        held[("uid", uid)] = held.get(("uid", uid), 0) + size
+    return held
+
+
+def shared_memory_bytes(uids: set[int], shm: str = "/dev/shm") -> dict[int, int]:
+    """What each of `uids` holds in memory outside its processes: files it owns in /dev/shm (a tmpfs: its pages are
+    memory), with everything in folders it owns there, and System V shared memory segments no process has
+    attached (an attached segment's touched pages are in its processes' resident memory)."""
+    found: dict[int, int] = {}
+    if not uids:
+        return found
+    with contextlib.suppress(OSError), os.scandir(shm) as entries:
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_uid not in uids:
+                continue
+            size = st.st_blocks * 512
+            if stat.S_ISDIR(st.st_mode):
+                for folder, _, files in os.walk(entry.path):
+                    for name in files:
+                        with contextlib.suppress(OSError):
+                            size += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            found[st.st_uid] = found.get(st.st_uid, 0) + size
+    for row in _sysvipc("shm"):
+        uid = int(row["uid"])
+        if uid in uids and row.get("nattch") == "0":
+            found[uid] = found.get(uid, 0) + int(row.get("rss", row["size"]))
     return found
+
+
+def _sysvipc(kind: str) -> list[dict[str, str]]:
+    """The rows of /proc/sysvipc/<kind> (shm, msg or sem) by column name; [] when the kernel has none."""
+    try:
+        lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+    except OSError:
+        return []
+    if not lines:
+        return []
+    header = lines[0].split()
+    return [dict(zip(header, line.split())) for line in lines[1:]]
+
+
+# --------------------------------------------------------------------------------------------------- task uids
+
+
+@dataclass(frozen=True)
+class UidLease:
+    """A uid (and the gid of the same number) one run holds; `lock` is the open lock file that holds it."""
+
+    uid: int
+    lock: int
+
+    @property
+    def gid(self) -> int:
+        return self.uid
+
+
+class TaskUids:
+    """The uids runs take, one each (MEGHA_TASK_UIDS), leased host-wide: a uid is taken only when no agent of the
+    host holds its lock file and no live process has it. A uid that zombies still hold (killed, not yet reaped by
+    the host's init) is taken only when no other is free: zombies count against the uid's process limit."""
+
+    def __init__(self, uids: range, locks: Path = UID_LOCKS) -> None:
+        self.uids = uids
+        self._locks_path = locks
+        self._locks: int | None = None  # the lock folder, opened by `prepare`
+        self._next = 0  # where the next lease starts looking, so that uids are reused as late as possible
+
+    def prepare(self) -> None:
+        """Check the range is usable here (raises `StartupError` saying why not) and open the lock folder."""
+        if self._locks is not None:
+            return
+        taken = sorted(f"{u.pw_name} ({u.pw_uid})" for u in pwd.getpwall() if u.pw_uid in self.uids)
+        if taken:
+            raise StartupError(
+                f"MEGHA_TASK_UIDS={describe_range(self.uids)} holds the uids of users of this host ({', '.join(taken)}"
+                "): tasks would act as them; choose a range no user, group or program uses"
+            )
+        locks = self._locks_path
+        if not locks.parent.is_dir():  # no /run: a private folder in the system's temp folder instead
+            locks = Path(tempfile.gettempdir()) / "megha-task-uids"
+        self._locks = private_folder(locks, "the task uids' lock folder")
+
+    def lease(self) -> UidLease:
+        """A uid for a new run; raises `OSError` (EAGAIN) when every uid of the range is held or has processes."""
+        self.prepare()
+        assert self._locks is not None
+        live: set[int] = set()
+        zombies: set[int] = set()
+        for p in processes():
+            (zombies if p.zombie else live).update(uid for uid in p.uids if uid in self.uids)
+        count = len(self.uids)
+        for i in range(2 * count):  # the second round takes uids only zombies hold
+            uid = self.uids[(self._next + i) % count]
+            if uid in live or (uid in zombies and i < count):
+                continue
+            fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._locks)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if live_processes(uid):  # the agent that released it a moment ago left one: not free after all
+                os.close(fd)
+                continue
+            self._next = (self._next + i + 1) % count
+            purge_uid(uid)  # what an earlier run left, should its agent have died before removing it
+            return UidLease(uid, fd)
+        raise OSError(
+            errno.EAGAIN,
+            f"every task uid of MEGHA_TASK_UIDS={describe_range(self.uids)} is taken, by running tasks or processes "
+            "they left (see them with ps -eo uid,pid,stat,cmd)",
+        )
+
+    def release(self, lease: UidLease) -> None:
+        os.close(lease.lock)
+
+
+def describe_range(uids: range) -> str:
+    return f"{uids.start}-{uids.stop - 1}"
+
+
+def signal_uid(uid: int, signum: int) -> None:
+    """Send `signum` to every process of `uid` at once: kill(-1) from a child process that became `uid`. The kernel
+    signals every process that child may signal in one pass that no fork can slip through, so a fork bomb cannot
+    outrun it, and a process that left its session is reached. The child does not run a new program, so it works
+    when the uid is at its process limit. Needs CAP_SETUID."""
+    if uid <= 0:
+        raise ValueError(f"uid {uid}: only a task's uid is signalled this way")
+    with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setresuid(uid, uid, uid)
+            if os.getresuid() == (uid, uid, uid):  # never kill(-1) as anyone else
+                os.kill(-1, signum)
+                code = 0
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def kill_uid(uid: int, within: float = KILL_WAIT_SECONDS) -> list[int]:
+    """SIGKILL every process of `uid` and wait until none is alive; returns those still alive after `within`
+    seconds (none, unless one is stuck in the kernel)."""
+    deadline = time.monotonic() + within
+    while True:
+        signal_uid(uid, signal.SIGKILL)
+        left = live_processes(uid)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.01)
+
+
+def purge_uid(uid: int) -> None:
+    """Remove what `uid` left where every uid may write: its entries at the top of SHARED_FOLDERS (and of the
+    system's temp folder) and its System V shared memory segments, message queues and semaphore sets. Called when
+    none of its processes is left, so nothing of it adds more meanwhile."""
+    if uid <= 0:
+        raise ValueError(f"uid {uid}: only what a task's uid left is removed")
+    for path in {*SHARED_FOLDERS, tempfile.gettempdir()}:
+        try:
+            folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            with os.scandir(folder) as entries:
+                left = [e for e in entries if _owner(e) == uid]
+            for entry in left:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.name, dir_fd=folder, ignore_errors=True)
+                    else:
+                        os.unlink(entry.name, dir_fd=folder)
+        finally:
+            os.close(folder)
+    for kind, key, remove in (("shm", "shmid", _LIBC.shmctl), ("msg", "msqid", _LIBC.msgctl)):
+        for row in _sysvipc(kind):
+            if uid in (int(row["uid"]), int(row["cuid"])):
+                remove(int(row[key]), _IPC_RMID, None)
+    for row in _sysvipc("sem"):
+        if uid in (int(row["uid"]), int(row["cuid"])):
+            _LIBC.semctl(int(row["semid"]), 0, _IPC_RMID)
+
+
+def _owner(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return -1
+
+
+def why_no_uid_switch(uids: range) -> str | None:
+    """Why this agent cannot give runs the uids of `uids` (None: it can): the capabilities it lacks, or a range its
+    user namespace does not map."""
+    try:
+        effective = int(_status_field(Path("/proc/self/status").read_bytes(), b"CapEff")[0], 16)
+    except (OSError, IndexError, ValueError):
+        effective = 0
+    missing = [name for name, bit in SETUID_CAPABILITIES.items() if not effective >> bit & 1]
+    if missing:
+        return f"it runs as uid {os.geteuid()} without {', '.join(missing)}"
+    for kind in ("uid", "gid"):
+        try:
+            extents = [
+                tuple(map(int, line.split())) for line in Path(f"/proc/self/{kind}_map").read_text().splitlines()
+            ]
+        except OSError:
+            continue
+        if not any(inside <= uids.start and uids.stop <= inside + count for inside, _, count in extents):
+            mapped = "; ".join(f"{inside}-{inside + count - 1}" for inside, _, count in extents)
+            return (
+                f"its user namespace maps {kind}s {mapped} only, not MEGHA_TASK_UIDS={describe_range(uids)} "
+                f"(/proc/self/{kind}_map)"
+            )
+    return None
+
+
+def private_folder(path: Path, what: str) -> int:
+    """Open `path` (O_NOFOLLOW), a folder only this agent's user may enter, creating it and missing parents 0700;
+    tightens one it owns to 0700. Raises `StartupError` for a link, a file, a folder of another user, or one in a
+    folder another user may write to (unless sticky, as /tmp is): it could be swapped for another."""
+    euid = os.geteuid()
+    missing = []
+    at = path
+    while not os.path.lexists(at) and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    try:
+        for folder in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o700)
+        parent = os.stat(path.parent)
+        if parent.st_uid not in (0, euid) or (parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX):
+            raise StartupError(
+                f"{what} {path}: its parent folder belongs to uid {parent.st_uid} or others may write to it "
+                f"(mode {stat.S_IMODE(parent.st_mode):o})"
+            )
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        how = "is a link or not a folder" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror or str(exc)
+        raise StartupError(f"{what} {path}: {how}") from None
+    st = os.fstat(fd)
+    if st.st_uid != euid:
+        os.close(fd)
+        raise StartupError(f"{what} {path} belongs to uid {st.st_uid}, not to this agent's user (uid {euid})")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.fchmod(fd, 0o700)
+    return fd

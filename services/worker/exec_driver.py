@@ -1,13 +1,22 @@
-"""The exec driver: a task's command run as an unprivileged process of its own session, held to its request.
+"""The exec driver: a task's command run as a uid of its own, in a session of its own, held to its request.
 
-The command (argv, no shell) runs with a minimal environment (PATH, HOME, LANG, then the task's `env`), in the
-task's `workdir` or else a scratch folder of its own (deleted when the run ends), in a new session, and as
-MEGHA_TASK_USER (default `nobody`) when the agent runs as root, otherwise as the agent's own user. Its CPU and
-memory are enforced as `enforcement.detect` chose at start-up: cgroups v2 or rlimits.
+Each run leases a uid (and the gid of the same number) from MEGHA_TASK_UIDS that no other process has
+(`enforcement.TaskUids`): it cannot read, signal or ptrace the agent or another run, and the agent's environment
+(/proc/<pid>/environ) and its secret files are closed to it. The command (argv, no shell) runs with a minimal
+environment (PATH, HOME, LANG, TMPDIR, then the task's `env`: nothing of the agent's), umask 077, in the task's
+`workdir` or else its scratch folder (0700 and the run's uid's, in the system's temp folder under a random name,
+deleted when the run ends; also its TMPDIR), with no new privileges (a set-user-ID program does not make it root),
+at most MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), and its CPU and memory
+enforced as `enforcement.detect` chose at start-up: cgroups v2 or rlimits.
+
+An agent that cannot switch uids (not root, or root without the capabilities for it) does not offer exec
+(`DriverUnavailable`, one line at start-up), unless MEGHA_EXEC_AS_AGENT_USER: then runs take the agent's own uid,
+as a warning at start-up says, with no process limit (it would count the agent's own) and found by their session.
 
 The agent reaps the process itself (``os.wait4`` when its pidfd says it ended) to learn the CPU time it and the
-children it waited for used. When it ends, whatever it left in its session (or cgroup) is killed, so its output
-pipes close and nothing of it outlives the run.
+children it waited for used. When it ends, every process of its uid (or what it left in its session or cgroup) is
+killed, so its output pipes close and nothing of it outlives the run, even a process that left the session; what
+the uid left in the shared temporary folders and System V IPC is removed, and only then is the uid free again.
 """
 
 from __future__ import annotations
@@ -17,7 +26,6 @@ import contextlib
 import functools
 import logging
 import os
-import pwd
 import re
 import resource
 import shutil
@@ -28,10 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megha.common.lifecycle import StartupError
 from megha.services.worker import enforcement
-from megha.services.worker.drivers import Driver, Exit, Limits, Run
-from megha.services.worker.enforcement import MIB, Cgroups, Rlimits
+from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
+from megha.services.worker.enforcement import MIB, Cgroups, Rlimits, TaskUids, UidLease, describe_range
 from megha.services.worker.tasklogs import RunLog, Stream, folder_name
 
 if TYPE_CHECKING:
@@ -40,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TASK_UMASK = 0o077
+"""What a task creates is its own uid's alone unless it says otherwise."""
 PIPE_DRAIN_SECONDS = 2.0
 """How long output is still read after the run's processes are gone (a process that left its session may hold
 the pipes open)."""
@@ -47,17 +56,31 @@ the pipes open)."""
 _ALLOCATION_FAILED = re.compile(r"MemoryError|Cannot allocate memory|out of memory|bad_alloc", re.IGNORECASE)
 """Rlimits: what a program typically prints when an allocation fails at its RLIMIT_DATA."""
 
+WatchKey = tuple[str, int]
+"""What the memory watch sums for a run: ("uid", its uid), or ("sid", its session) when it runs as the agent's user."""
+
 
 class ExecDriver(Driver):
     name = "exec"
 
-    def __init__(self, worker_id: str, task_user: str, how: Cgroups | Rlimits | None = None) -> None:
-        """`how`: how CPU and memory are enforced; None: as `enforcement.detect` chooses at `prepare`."""
+    def __init__(
+        self,
+        worker_id: str,
+        task_uids: range,
+        max_processes: int,
+        as_agent_user: bool = False,
+        how: Cgroups | Rlimits | None = None,
+    ) -> None:
+        """`task_uids`: the uids runs take, one each (MEGHA_TASK_UIDS); `max_processes`: the processes and threads
+        a run may have (MEGHA_TASK_MAX_PROCESSES); `as_agent_user`: when the agent cannot switch uids, run tasks as
+        its own user rather than not offer exec (MEGHA_EXEC_AS_AGENT_USER); `how`: how CPU and memory are enforced,
+        None: as `enforcement.detect` chooses at `prepare`."""
         self._worker_id = worker_id
-        self._task_user = task_user
+        self._uids = TaskUids(task_uids)
+        self._max_processes = max_processes
+        self._as_agent_user = as_agent_user
         self._enforcement = how
-        self._prepared = False
-        self._ids: tuple[int, int] | None = None  # uid and gid the runs take, None: the agent's own
+        self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
         self._watch = _MemoryWatch()
 
     @property
@@ -65,38 +88,61 @@ class ExecDriver(Driver):
         """How CPU and memory are enforced, once `prepare` chose."""
         return self._enforcement
 
+    @property
+    def isolated(self) -> bool | None:
+        """Whether runs take uids of their own (False: the agent's, by MEGHA_EXEC_AS_AGENT_USER), once prepared."""
+        return self._isolated
+
     async def prepare(self) -> str:
-        if not self._prepared:
-            if os.geteuid() == 0:
-                try:
-                    user = pwd.getpwnam(self._task_user)
-                except KeyError:
-                    raise StartupError(
-                        f"MEGHA_TASK_USER={self._task_user}: no such user (exec tasks run as this user when the "
-                        "agent runs as root)"
-                    ) from None
-                if user.pw_uid == 0:
-                    raise StartupError(f"MEGHA_TASK_USER={self._task_user} is root: exec tasks never run as root")
-                self._ids = (user.pw_uid, user.pw_gid)
+        if self._isolated is None:
+            uids = describe_range(self._uids.uids)
+            problem = enforcement.why_no_uid_switch(self._uids.uids)
+            if problem is None:
+                self._uids.prepare()
+                self._isolated = True
+            elif os.geteuid() == 0:
+                raise DriverUnavailable(
+                    f"exec driver not offered: this agent runs as root but cannot give each task a uid of its own "
+                    f"({problem}), and exec tasks never run as root"
+                )
+            elif not self._as_agent_user:
+                raise DriverUnavailable(
+                    f"exec driver not offered: this agent cannot give each task a uid of its own from "
+                    f"MEGHA_TASK_UIDS={uids} ({problem}), and exec tasks do not run as the agent's user; run the "
+                    "agent as root, or set MEGHA_EXEC_AS_AGENT_USER=true to run them as its user anyway (every task "
+                    "can then read the agent's secrets)"
+                )
+            else:
+                log.warning(
+                    "MEGHA_EXEC_AS_AGENT_USER=true: exec tasks run as this agent's own user (uid %d), so EVERY TASK "
+                    "CAN READ THE AGENT'S SECRETS (its environment: credential, API tokens; its secret files), read "
+                    "and signal the other tasks, and outlive its run; run the agent as root to give each task a uid "
+                    "of its own (docs/drivers.md)",
+                    os.geteuid(),
+                )
+                self._isolated = False
             if self._enforcement is None:
                 self._enforcement = enforcement.detect(self._worker_id)
-            self._prepared = True
         assert self._enforcement is not None
-        who = f"user {self._task_user}" if self._ids is not None else "the agent's own user"
-        return f"exec driver: tasks run as {who}; CPU and memory enforced with {self._enforcement.describe()}"
+        if self._isolated:
+            who = f"a uid of its own from {describe_range(self._uids.uids)}, at most {self._max_processes} processes"
+        else:
+            who = f"this agent's own user (uid {os.geteuid()}: MEGHA_EXEC_AS_AGENT_USER), no process limit"
+        return f"exec driver: each task runs as {who}; CPU and memory enforced with {self._enforcement.describe()}"
 
     async def start(self, task_id: str, attempt: int, spec: RunSpec, limits: Limits, log: RunLog) -> Run:
         if not spec.command:
             raise ValueError("an exec task needs a command")
         await self.prepare()
         how = self._enforcement
-        scratch = None if spec.workdir else Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
-        cgroup = None
+        lease = await asyncio.to_thread(self._uids.lease) if self._isolated else None
+        scratch = cgroup = None
         try:
-            if scratch is not None and self._ids is not None:
-                os.chown(scratch, *self._ids)
+            scratch = Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
+            if lease is not None:
+                os.chown(scratch, lease.uid, lease.gid)
             cwd = spec.workdir or str(scratch)
-            env = {"PATH": BASE_PATH, "HOME": cwd, "LANG": "C.UTF-8"} | dict(spec.env)
+            env = {"PATH": BASE_PATH, "HOME": cwd, "LANG": "C.UTF-8", "TMPDIR": str(scratch)} | dict(spec.env)
             if isinstance(how, Cgroups):
                 cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
             setup = functools.partial(
@@ -104,11 +150,12 @@ class ExecDriver(Driver):
                 None if cgroup is None else str(cgroup / "cgroup.procs"),
                 None if cgroup is not None else limits.memory_mb * MIB,
                 0 if cgroup is not None else enforcement.NICE,
-                None if self._ids is None else self._ids[0],
-                -1 if self._ids is None else self._ids[1],
+                None if lease is None else self._max_processes,
+                None if lease is None else lease.uid,
+                -1 if lease is None else lease.gid,
             )
             # preexec_fn, not user=: the process joins its cgroup before it gives up the agent's privileges. It
-            # calls only os and resource functions, so the agent's other threads cannot deadlock it.
+            # calls only os, resource and libc functions, so the agent's other threads cannot deadlock it.
             process = subprocess.Popen(
                 list(spec.command),
                 stdin=subprocess.DEVNULL,
@@ -116,13 +163,15 @@ class ExecDriver(Driver):
                 stderr=subprocess.PIPE,
                 cwd=cwd,
                 env=env,
+                umask=TASK_UMASK,
                 start_new_session=True,
                 preexec_fn=setup,
             )
         except BaseException:
-            _clean_up(cgroup, scratch)
+            _clean_up(cgroup, scratch, lease, self._uids)
             raise
-        run = _ExecRun(process, log, limits, cgroup, scratch, self._watch if cgroup is None else None)
+        watch = self._watch if cgroup is None else None
+        run = _ExecRun(process, log, limits, cgroup, scratch, lease, self._uids, watch)
         try:
             await run.begin()
         except BaseException:
@@ -139,6 +188,8 @@ class _ExecRun(Run):
         limits: Limits,
         cgroup: Path | None,
         scratch: Path | None,
+        lease: UidLease | None,
+        uids: TaskUids,
         watch: _MemoryWatch | None,
     ) -> None:
         self._process = process
@@ -146,7 +197,11 @@ class _ExecRun(Run):
         self._limits = limits
         self._cgroup = cgroup
         self._scratch = scratch
+        self._lease = lease
+        self._uids = uids
         self._watch = watch
+        self._key: WatchKey = ("uid", lease.uid) if lease is not None else ("sid", process.pid)
+        self._released = False  # the uid went back to the pool: signalling it would reach another run
         self._over_memory_mb: float | None = None  # what the watch saw when it killed the run
         self._peak_bytes = 0
         self._pumps: list[tuple[asyncio.BaseTransport, asyncio.Future[None]]] = []
@@ -164,7 +219,7 @@ class _ExecRun(Run):
         self._pidfd = os.pidfd_open(process.pid)
         loop.add_reader(self._pidfd, self._reap)
         if self._watch is not None:
-            self._watch.add(process.pid, self._seen)
+            self._watch.add(self._key, self._seen)
 
     def _reap(self) -> None:
         pid, status, usage = os.wait4(self._process.pid, os.WNOHANG)
@@ -177,7 +232,7 @@ class _ExecRun(Run):
         self._exited.set_result(usage)
 
     def _seen(self, resident: int) -> None:
-        """The memory watch's look at the run: its processes hold `resident` bytes."""
+        """The memory watch's look at the run: its processes (and its uid's shared memory) hold `resident` bytes."""
         self._peak_bytes = max(self._peak_bytes, resident)
         if resident > self._limits.memory_mb * MIB and self._over_memory_mb is None:
             self._over_memory_mb = resident / MIB
@@ -187,7 +242,18 @@ class _ExecRun(Run):
         assert self._exited is not None
         try:
             usage = await self._exited
-            self._signal(signal.SIGKILL)  # what it left behind
+            if self._lease is not None:  # every process of its uid, wherever it went
+                left = await asyncio.to_thread(enforcement.kill_uid, self._lease.uid)
+                if left:
+                    log.warning(
+                        "exec run of uid %d: processes %s still alive %g s after SIGKILL; the uid is not taken "
+                        "again until they are gone",
+                        self._lease.uid,
+                        left,
+                        enforcement.KILL_WAIT_SECONDS,
+                    )
+            else:
+                self._signal(signal.SIGKILL)  # what it left behind
             drained = [done for _, done in self._pumps]
             await asyncio.wait(drained, timeout=PIPE_DRAIN_SECONDS)
             cpu = usage.ru_utime + usage.ru_stime
@@ -200,8 +266,9 @@ class _ExecRun(Run):
             for transport, _ in self._pumps:
                 transport.close()
             if self._watch is not None:
-                self._watch.forget(self._process.pid)
-            await asyncio.to_thread(_clean_up, self._cgroup, self._scratch)
+                self._watch.forget(self._key)
+            self._released = True
+            await asyncio.to_thread(_clean_up, self._cgroup, self._scratch, self._lease, self._uids)
         exit_code = self._process.returncode
         assert exit_code is not None
         # Not ru_maxrss: it counts the agent's memory the child had between fork and exec.
@@ -222,7 +289,12 @@ class _ExecRun(Run):
         self._signal(signal.SIGKILL)
 
     def _signal(self, signum: int) -> None:
-        """Signal every process of the run: its cgroup, or its session (and process group)."""
+        """Signal every process of the run: its uid's, or its cgroup's, or its session's (and process group's)."""
+        if self._released:
+            return
+        if self._lease is not None:
+            enforcement.signal_uid(self._lease.uid, signum)
+            return
         if self._cgroup is not None:
             if signum == signal.SIGKILL:
                 enforcement.kill_all(self._cgroup)
@@ -232,13 +304,14 @@ class _ExecRun(Run):
         sid = self._process.pid
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(sid, signum)
-        for pid in enforcement.session_usage({sid}).get(sid, ([], 0))[0]:
+        for pid in enforcement.session_members(sid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
 
-def _clean_up(cgroup: Path | None, scratch: Path | None) -> None:
-    """Remove a run's cgroup (killing what is left in it) and its scratch folder."""
+def _clean_up(cgroup: Path | None, scratch: Path | None, lease: UidLease | None, uids: TaskUids) -> None:
+    """Remove a run's cgroup (killing what is left in it) and its scratch folder, remove what its uid left in the
+    shared folders, and give the uid back."""
     if cgroup is not None:
         try:
             enforcement.remove(cgroup)
@@ -246,6 +319,11 @@ def _clean_up(cgroup: Path | None, scratch: Path | None) -> None:
             log.warning("could not remove cgroup %s: %s", cgroup, exc)
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
+    if lease is not None:
+        try:
+            enforcement.purge_uid(lease.uid)
+        finally:
+            uids.release(lease)
 
 
 class _Pump(asyncio.Protocol):
@@ -265,27 +343,30 @@ class _Pump(asyncio.Protocol):
 
 
 class _MemoryWatch:
-    """Rlimits: every WATCH_SECONDS, the resident memory of each exec run's session, summed, shown to the run
-    (which kills itself when over its limit). One scan of /proc serves every run."""
+    """Rlimits: every WATCH_SECONDS, what each exec run holds (its uid's processes and shared memory, or its
+    session's processes), shown to the run, which kills itself when over its limit. One scan of /proc serves every
+    run."""
 
     def __init__(self) -> None:
-        self._runs: dict[int, Callable[[int], None]] = {}
+        self._runs: dict[WatchKey, Callable[[int], None]] = {}
         self._watching: asyncio.Task[None] | None = None
 
-    def add(self, sid: int, seen: Callable[[int], None]) -> None:
-        self._runs[sid] = seen
+    def add(self, key: WatchKey, seen: Callable[[int], None]) -> None:
+        self._runs[key] = seen
         if self._watching is None or self._watching.done():
             self._watching = asyncio.get_running_loop().create_task(self._watch(), name="megha-exec-memory-watch")
 
-    def forget(self, sid: int) -> None:
-        self._runs.pop(sid, None)
+    def forget(self, key: WatchKey) -> None:
+        self._runs.pop(key, None)
 
     async def _watch(self) -> None:
         while self._runs:
-            # In a thread: reading every /proc/<pid>/stat of a busy host takes a while.
-            usage = await asyncio.to_thread(enforcement.session_usage, set(self._runs))
-            for sid, (_, resident) in usage.items():
-                seen = self._runs.get(sid)
+            uids = {n for kind, n in self._runs if kind == "uid"}
+            sessions = {n for kind, n in self._runs if kind == "sid"}
+            # In a thread: reading every /proc/<pid>/status of a busy host takes a while.
+            held = await asyncio.to_thread(enforcement.memory_usage, uids, sessions)
+            for key, resident in held.items():
+                seen = self._runs.get(key)
                 if seen is not None:
                     seen(resident)
             await asyncio.sleep(enforcement.WATCH_SECONDS)

@@ -269,6 +269,10 @@ class TaskExecutor(_Executor):
     def drivers(self) -> tuple[str, ...]:
         return ("burn", *self._drivers)
 
+    def withdraw(self, name: str) -> None:
+        """Stop offering driver `name` (its `prepare` found it cannot run tasks safely here)."""
+        self._drivers.pop(name, None)
+
     def pid(self, task_id: str) -> int | None:
         """The pid (and process-group id) of a running task's burn process, None if it is not running."""
         process = self._processes.get(task_id)

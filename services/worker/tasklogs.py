@@ -7,22 +7,33 @@ are deleted (never one whose task still runs). A task id is the folder's name wh
 any other id is percent-encoded (a long one hashed), so no id can reach outside the folder.
 
 Burn tasks print nothing worth keeping and get no folder. Files are written by the agent from the runs' pipes
-(or the Docker engine's stream): a task never writes here itself.
+(or the Docker engine's stream): a task never writes here itself. Everything is the agent's user's alone: the
+folder is 0700 (`enforcement.private_folder` refuses one another user owns or could swap), its folders 0700, its
+files 0600; each is opened relative to its parent without following a link (O_NOFOLLOW), a new file only created
+(O_EXCL), and anything that is not a plain file of its own (a link, a FIFO, a second hard link) is neither
+written nor served.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote
 
 from megha.services.logroutes import Stream
+from megha.services.worker.enforcement import private_folder
+
+log = logging.getLogger(__name__)
 
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 
@@ -43,14 +54,47 @@ def folder_name(task_id: str) -> str:
     return encoded if len(encoded) <= 200 else "%" + hashlib.sha256(task_id.encode()).hexdigest()
 
 
-class RotatingFile:
-    """One stream of one run: appends to ``path``; once it holds `limit` bytes it becomes ``path.1``."""
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NOT_PLAIN = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO, errno.EPERM)
+"""What opening a planted link, folder, FIFO or second hard link fails with (O_NOFOLLOW, O_DIRECTORY, O_NONBLOCK,
+the link count checked)."""
 
-    def __init__(self, path: Path, limit: int) -> None:
-        self.path = path
+
+def _open_folder(parent: int, name: str, create: bool = False) -> int:
+    """A folder in `parent` (a folder's descriptor), never through a link; made 0700 when `create` and missing."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent)
+    return os.open(name, _FOLDER, dir_fd=parent)
+
+
+def _open_file(folder: int, name: str, append: bool) -> BinaryIO:
+    """A plain file of `folder`, never through a link: for appending (created 0600, O_EXCL, when missing), or for
+    reading. Raises OSError (EPERM) for anything else there: a FIFO, a device, a file with a second hard link."""
+    common = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    if append:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | common, 0o600, dir_fd=folder)
+        except FileExistsError:
+            fd = os.open(name, os.O_WRONLY | os.O_APPEND | common, dir_fd=folder)
+    else:
+        fd = os.open(name, os.O_RDONLY | common, dir_fd=folder)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{name} is not a plain file of its own (a link planted there?)")
+    return os.fdopen(fd, "ab" if append else "rb")
+
+
+class RotatingFile:
+    """One stream of one run: appends to `name` in `folder`; once it holds `limit` bytes it becomes ``name.1``."""
+
+    def __init__(self, folder: int, name: str, limit: int) -> None:
+        self.folder = folder
+        self.name = name
         self.limit = limit
-        self._file = path.open("ab")
-        self._size = self._file.tell()
+        self._file = _open_file(folder, name, append=True)
+        self._size = self._file.seek(0, os.SEEK_END)
 
     def write(self, data: bytes) -> None:
         while data:
@@ -65,8 +109,8 @@ class RotatingFile:
 
     def _rotate(self) -> None:
         self._file.close()
-        self.path.replace(self.path.with_name(self.path.name + ".1"))
-        self._file = self.path.open("ab")
+        os.replace(self.name, self.name + ".1", src_dir_fd=self.folder, dst_dir_fd=self.folder)
+        self._file = _open_file(self.folder, self.name, append=True)
         self._size = 0
 
     def close(self) -> None:
@@ -74,12 +118,16 @@ class RotatingFile:
 
 
 class RunLog:
-    """Where one run (task and attempt) writes its stdout and stderr; remembers stderr's end for the reason."""
+    """Where one run (task and attempt) writes its stdout and stderr; remembers stderr's end for the reason.
+    `folder` is the run's folder (a descriptor this log owns and closes)."""
 
-    def __init__(self, folder: Path, limit: int) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
-        self._files = {stream: RotatingFile(folder / stream, limit) for stream in STREAMS}
+    def __init__(self, folder: int, limit: int) -> None:
+        self._folder = folder
+        try:
+            self._files = {stream: RotatingFile(folder, stream, limit) for stream in STREAMS}
+        except BaseException:
+            os.close(folder)
+            raise
         self._stderr_end = b""
 
     def write(self, stream: Stream, data: bytes) -> None:
@@ -95,6 +143,7 @@ class RunLog:
     def close(self) -> None:
         for file in self._files.values():
             file.close()
+        os.close(self._folder)
 
 
 class TaskLogs:
@@ -104,17 +153,39 @@ class TaskLogs:
         self.root = root
         self.limit = limit
         self.kept = kept
-        # Task folders oldest first (what an earlier life of the agent left included), and those in use. The
-        # folder itself is made by the first run that keeps output.
-        folders = sorted((p for p in root.iterdir() if p.is_dir()), key=_mtime) if root.is_dir() else []
-        self._folders: OrderedDict[str, None] = OrderedDict((p.name, None) for p in folders)
+        self._root: int | None = None  # the folder, opened by `prepare`
+        # Task folders oldest first (what an earlier life of the agent left included), and those in use.
+        self._folders: OrderedDict[str, None] = OrderedDict()
         self._open: dict[str, int] = {}
+
+    def prepare(self) -> None:
+        """Create the folder (0700) or check the one there is only this agent's user's, and learn the task folders
+        an earlier life of the agent left; raises `StartupError` saying why it cannot be used. Idempotent."""
+        if self._root is not None:
+            return
+        self._root = private_folder(self.root, "MEGHA_TASK_LOG_DIR")
+        found = []
+        with os.scandir(self._root) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        found.append((st.st_mtime, entry.name))
+        self._folders = OrderedDict((name, None) for _, name in sorted(found))
 
     def open(self, task_id: str, attempt: int) -> RunLog:
         """A new run's log (an attempt run again, after a preemption, appends); deletes the oldest task folders
-        beyond `kept`. `close(task_id, run_log)` when the run ends."""
+        beyond `kept`. `close(task_id, run_log)` when the run ends. Raises OSError when the run's folder or files
+        cannot be made (one is a link, say)."""
+        self.prepare()
+        assert self._root is not None
         name = folder_name(task_id)
-        run_log = RunLog(self.root / name / str(attempt), self.limit)
+        task = _open_folder(self._root, name, create=True)
+        try:
+            run = _open_folder(task, str(attempt), create=True)
+        finally:
+            os.close(task)
+        run_log = RunLog(run, self.limit)
         self._folders[name] = None
         self._folders.move_to_end(name)
         self._open[name] = self._open.get(name, 0) + 1
@@ -131,46 +202,74 @@ class TaskLogs:
             self._open.pop(name, None)
 
     def _prune(self) -> None:
+        assert self._root is not None
         excess = len(self._folders) - self.kept
         for name in [n for n in self._folders if n not in self._open][: max(0, excess)]:
             del self._folders[name]
-            shutil.rmtree(self.root / name, ignore_errors=True)
+            try:
+                if stat.S_ISDIR(os.lstat(name, dir_fd=self._root).st_mode):
+                    shutil.rmtree(name, dir_fd=self._root, ignore_errors=True)
+                else:  # a link or file put there: removed, never followed
+                    os.unlink(name, dir_fd=self._root)
+            except OSError:
+                continue
 
     def attempts(self, task_id: str) -> list[int] | None:
         """The attempts of the task whose output is kept here, oldest first; None when there is no folder."""
-        folder = self.root / folder_name(task_id)
+        self.prepare()
+        assert self._root is not None
         try:
-            return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-        except (FileNotFoundError, NotADirectoryError):
+            task = _open_folder(self._root, folder_name(task_id))
+        except OSError:
             return None
+        try:
+            return sorted(int(name) for name in os.listdir(task) if name.isdigit())
+        finally:
+            os.close(task)
 
     def read(self, task_id: str, attempt: int, stream: Stream, tail: int | None = None) -> bytes:
-        """What is kept of one stream of one run (the rotated file first), its last `tail` bytes when given."""
-        path = self.root / folder_name(task_id) / str(attempt) / stream
+        """What is kept of one stream of one run (the rotated file first), its last `tail` bytes when given. What
+        is not a plain file of its own (a link planted there, say) is left out, with a warning."""
+        self.prepare()
+        assert self._root is not None
         parts = []
-        for part in (path.with_name(stream + ".1"), path):
-            with contextlib.suppress(FileNotFoundError):
-                parts.append(_read_end(part, tail))
+        try:
+            task = _open_folder(self._root, folder_name(task_id))
+            try:
+                run = _open_folder(task, str(attempt))
+            finally:
+                os.close(task)
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            log.warning("task %s attempt %d: its output folder is not served: %s", task_id, attempt, exc)
+            return b""
+        try:
+            for name in (stream + ".1", stream):
+                try:
+                    with _open_file(run, name, append=False) as f:
+                        parts.append(_read_end(f, tail))
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno not in _NOT_PLAIN:
+                        raise
+                    log.warning("task %s attempt %d: %s is not served: %s", task_id, attempt, name, exc)
+        finally:
+            os.close(run)
         data = b"".join(parts)
         return data if tail is None else data[-tail:] if tail else b""
 
 
-def _read_end(path: Path, tail: int | None) -> bytes:
-    with path.open("rb") as f:
-        if tail is not None:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - tail))
-        return f.read()
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+def _read_end(f: BinaryIO, tail: int | None) -> bytes:
+    if tail is not None:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - tail))
+    return f.read()
 
 
 def default_log_dir(run_id: str, worker_id: str) -> Path:
-    """Where an agent keeps task output when MEGHA_TASK_LOG_DIR is not set: under the system's temp folder, named
-    after its deployment (MEGHA_RUN_ID) and itself, so that a later deployment reusing task ids starts afresh."""
-    return Path(tempfile.gettempdir()) / f"megha-{run_id}-{worker_id}-task-logs"
+    """Where an agent keeps task output when MEGHA_TASK_LOG_DIR is not set: in a folder of its user's alone in the
+    system's temp folder (``megha-<uid>``, 0700, checked at start-up), named after its deployment (MEGHA_RUN_ID) and
+    itself, so that a later deployment reusing task ids starts afresh."""
+    return Path(tempfile.gettempdir()) / f"megha-{os.geteuid()}" / f"{run_id}-{worker_id}-task-logs"

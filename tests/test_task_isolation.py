@@ -1,0 +1,499 @@
+"""Attacks of one exec task on the agent and on other tasks, with real processes: each running task is a uid of its
+own, so a task that dumps every environment and secret file finds no secret, cannot read another task's files or
+kept output, nor signal it; a fork bomb stops at the process limit and nothing of its uid outlives its run; what a
+task leaves in shared memory is counted and removed; a link planted in the output folder is never followed. And an
+agent that cannot switch uids does not offer exec (one line at start-up) unless told to run tasks as its own user.
+
+The agent is this test process (a `TaskExecutor` with the exec driver an agent makes), run as root here; the
+unprivileged agent is a child of it that became `nobody` before it made its agent. docs/drivers.md, "Isolation"."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import stat
+import tempfile
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_services_http import NOWHERE
+
+from megha.common.core.task import RunSpec
+from megha.common.lifecycle import StartupError
+from megha.common.settings import WorkerSettings
+from megha.services.worker import enforcement
+from megha.services.worker.agent import WorkerAgent
+from megha.services.worker.exec_driver import ExecDriver
+from megha.services.worker.executor import ExecutionResult, TaskExecutor
+from megha.services.worker.tasklogs import TaskLogs, default_log_dir
+
+from servicekit import wait_for
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the agent switches uids only as root; run these tests as root"),
+]
+
+TASK_UIDS = WorkerSettings().task_uid_range()
+NOBODY = 65534
+PYTHON = "python3"  # the host's, on an exec task's PATH
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+
+
+def uid_processes(uid: int) -> list[int]:
+    """Live (not zombie) processes with `uid` as any of their uids, read from /proc without the agent's code."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            lines = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if str(uid) in lines["Uid"].split() and not lines["State"].strip().startswith("Z"):
+            found.append(int(status.parent.name))
+    return found
+
+
+@asynccontextmanager
+async def agent(logs_root: Path, max_processes: int = 64) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
+    """An executor with the exec driver as an agent makes it from its settings, prepared as at its start-up."""
+    logs = TaskLogs(logs_root, 1 << 20, kept=100)
+    logs.prepare()
+    driver = ExecDriver("iso", TASK_UIDS, max_processes)
+    await driver.prepare()
+    assert driver.isolated
+    executor = TaskExecutor(drivers={"exec": driver}, logs=logs, kill_grace=1.0)
+    try:
+        yield executor, logs
+    finally:
+        await executor.shutdown()
+
+
+def sh(script: str, **env: str) -> RunSpec:
+    return RunSpec("exec", ("sh", "-c", script), env=tuple(env.items()))
+
+
+def python(script: str, **env: str) -> RunSpec:
+    return RunSpec("exec", (PYTHON, "-c", script), env=tuple(env.items()))
+
+
+async def run_to_end(executor: TaskExecutor, task_id: str, spec: RunSpec, memory_mb: int = 256) -> ExecutionResult:
+    await executor.start(task_id, 500, memory_mb, 0.0, spec)
+    return await executor.wait(task_id)
+
+
+async def started(executor: TaskExecutor, logs: TaskLogs, task_id: str, spec: RunSpec, lines: int) -> list[str]:
+    """Start a task that prints `lines` lines and then waits; those lines."""
+    await executor.start(task_id, 500, 256, 0.0, spec)
+
+    def printed() -> list[str]:
+        return logs.read(task_id, 1, "stdout").decode().splitlines()
+
+    await wait_for(lambda: len(printed()) >= lines, 30, lambda: (printed(), logs.read(task_id, 1, "stderr")))
+    return printed()
+
+
+@pytest.fixture
+def logs_root() -> Iterator[Path]:
+    """The agent's default folder of kept output (in the system's temp folder), removed afterwards."""
+    root = default_log_dir(f"iso-{uuid.uuid4().hex[:8]}", "w0")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------- uids of their own
+
+
+@pytest.mark.asyncio
+async def test_each_running_task_has_a_uid_and_gid_of_its_own_never_the_agent_s(logs_root: Path) -> None:
+    async with agent(logs_root) as (executor, logs):
+        printed = [
+            await started(executor, logs, f"who.{i}", sh("id -u; id -g; id -G; exec sleep 60"), 3) for i in range(3)
+        ]
+        for i in range(3):
+            await executor.kill(f"who.{i}")
+    uids = [int(uid) for uid, _, _ in printed]
+    assert len(set(uids)) == 3 and all(uid in TASK_UIDS for uid in uids), printed
+    assert all(gid == uid and groups == uid for uid, gid, groups in printed)  # no other group, the agent's least
+
+
+# ------------------------------------------------------------------------------------------------------ secrets
+
+DUMP = r"""
+echo "== own environment"; env
+for f in /proc/[0-9]*/environ; do echo "== $f"; tr '\0' '\n' < "$f" 2>&1; done
+echo "== agent's environment"; tr '\0' '\n' < /proc/$AGENT/environ 2>&1
+echo "== secret file"; cat "$SECRET_FILE" 2>&1
+echo "== other task's file"; cat "$OTHER/secret" 2>&1
+echo "== other task's kept output"; cat "$LOGS/victim.0/1/stdout" 2>&1; ls "$LOGS" 2>&1
+echo "== signal the other task"; kill -TERM "$VICTIM" 2>&1 && echo "signalled"
+echo "== end"
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_task_that_dumps_every_environment_and_secret_file_finds_nothing_of_the_agent_or_other_tasks(
+    logs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's environment holds a secret (as MEGHA_CREDENTIAL does), and a secret file 0600 sits in a folder
+    anyone may enter (as /secrets in the image); a victim task of another user holds its token in its environment,
+    its own file in its scratch folder and its output in the agent's kept output. The attacker reads none of them
+    and cannot signal the victim."""
+    agent_secret, file_secret, victim_token, victim_file = (secrets.token_hex(16) for _ in range(4))
+    monkeypatch.setenv("MEGHA_CREDENTIAL", agent_secret)
+    folder = Path(tempfile.mkdtemp(prefix="megha-secrets-"))
+    folder.chmod(0o755)
+    secret_file = folder / "credential"
+    secret_file.write_text(file_secret)
+    secret_file.chmod(0o600)
+    victim = f"echo $$; pwd; echo {victim_file} > secret; echo output-$TOKEN; exec sleep 60"
+    try:
+        async with agent(logs_root) as (executor, logs):
+            pid, cwd, _ = await started(executor, logs, "victim.0", sh(victim, TOKEN=victim_token), 3)
+            env = {"AGENT": str(os.getpid()), "SECRET_FILE": str(secret_file), "OTHER": cwd, "LOGS": str(logs_root)}
+            result = await run_to_end(executor, "attacker.0", sh(DUMP, VICTIM=pid, **env))
+            dump = logs.read("attacker.0", 1, "stdout").decode() + logs.read("attacker.0", 1, "stderr").decode()
+            assert executor.running() == ["victim.0"]  # still alive: the attacker's signal did not reach it
+            await executor.kill("victim.0")
+    finally:
+        shutil.rmtree(folder)
+    assert result.succeeded, result
+    assert "== own environment" in dump and "== end" in dump and f"/proc/{pid}/environ" in dump  # it ran
+    assert "Permission denied" in dump and "Operation not permitted" in dump and "signalled" not in dump, dump
+    for name, value in [
+        ("the agent's environment", agent_secret),
+        ("the agent's secret file", file_secret),
+        ("the other task's environment", victim_token),
+        ("the other task's file", victim_file),
+        ("the other task's kept output", f"output-{victim_token}"),
+    ]:
+        assert value not in dump, f"the task read {name}"
+    assert "MEGHA_" not in dump.partition("== /proc/")[0], "the agent's environment reached the task"
+
+
+# ----------------------------------------------------------------------------------------- processes and memory
+
+BOMB = r"""
+import os, resource, sys, time
+limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+print(os.getuid(), limit, flush=True)
+if limit > 64:
+    sys.exit(99)  # no process limit: the bomb would take the machine down, so the test fails on this instead
+if os.fork() == 0:
+    os.setsid()  # out of the run's session, as an escaping process does
+    while True:  # every process forks for ever; a fork refused at the limit is tried again
+        try:
+            os.fork()
+        except OSError:
+            time.sleep(0.01)
+
+def mine():
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            uid = open(f"/proc/{pid}/status").read().split("\nUid:")[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        n += uid == str(os.getuid())
+    return n
+
+deadline = time.monotonic() + 30
+while (n := mine()) < limit and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(n, flush=True)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_fork_bomb_stops_at_the_process_limit_and_nothing_of_its_uid_outlives_its_run(
+    logs_root: Path,
+) -> None:
+    """The bomb leaves the run's session and forks for ever; the run's main process exits 0 once its uid holds as
+    many processes as the limit allows. When the run ends, none of them is left."""
+    async with agent(logs_root, max_processes=16) as (executor, logs):
+        result = await run_to_end(executor, "bomb.0", python(BOMB), memory_mb=2048)
+        (uid, limit), (count,) = (line.split() for line in logs.read("bomb.0", 1, "stdout").decode().splitlines())
+        left = uid_processes(int(uid))
+    assert result.succeeded, (result, logs.read("bomb.0", 1, "stderr"))
+    assert int(limit) == 16 and int(count) == 16  # it reached the limit and went no further
+    assert left == []  # the moment the run has ended
+
+
+@pytest.mark.asyncio
+async def test_a_preempted_task_s_processes_are_all_killed_even_those_that_left_its_session(
+    logs_root: Path,
+) -> None:
+    escape = "id -u; setsid sleep 1000 & setsid sh -c 'sleep 1001 & wait' & echo forked; exec sleep 60"
+    async with agent(logs_root) as (executor, logs):
+        uid, _ = await started(executor, logs, "escape.0", sh(escape), 2)
+        await wait_for(lambda: len(uid_processes(int(uid))) == 4, 20, lambda: uid_processes(int(uid)))
+        assert await executor.kill("escape.0")
+        assert uid_processes(int(uid)) == []
+
+
+SHM_HOG = """
+import os, time
+print(os.getuid(), flush=True)
+with open(f"/dev/shm/megha-hog-{os.getpid()}", "wb") as f:
+    for _ in range(100):
+        f.write(b"x" * 2**20)  # 100 MB in a tmpfs: memory no process of the task holds
+print("written", flush=True)
+time.sleep(60)
+"""
+
+LEAVE_BEHIND = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+segment = libc.shmget(0, 2**20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+assert segment >= 0, ctypes.get_errno()
+for folder in ("/dev/shm", "/tmp", "/var/tmp"):
+    with open(f"{folder}/megha-left-{os.getuid()}", "w") as f:
+        f.write("left behind")
+print(os.getuid(), segment)
+"""
+
+
+@pytest.mark.asyncio
+async def test_shared_memory_counts_against_the_task_s_memory_and_what_a_task_leaves_behind_is_removed(
+    logs_root: Path,
+) -> None:
+    async with agent(logs_root) as (executor, logs):
+        hog = await run_to_end(executor, "shm.0", python(SHM_HOG), memory_mb=64)
+        hog_uid = int(logs.read("shm.0", 1, "stdout").split()[0])
+        left = await run_to_end(executor, "left.0", python(LEAVE_BEHIND))
+    assert hog.error.startswith("exceeded its memory limit of 64 MB"), hog
+    assert not [p for p in Path("/dev/shm").iterdir() if p.stat().st_uid == hog_uid]
+    assert left.succeeded, left
+    uid, segment = (int(n) for n in logs.read("left.0", 1, "stdout").split())
+    for folder in ("/dev/shm", "/tmp", "/var/tmp"):
+        assert not Path(f"{folder}/megha-left-{uid}").exists(), folder
+    ipc = Path("/proc/sysvipc/shm").read_text().splitlines()
+    assert not [row for row in ipc[1:] if row.split()[1] == str(segment)], ipc
+
+
+# --------------------------------------------------------------------------------------------------- kept output
+
+
+@pytest.mark.asyncio
+async def test_the_kept_output_is_the_agent_s_alone(logs_root: Path) -> None:
+    async with agent(logs_root) as (executor, _):
+        assert (await run_to_end(executor, "out.0", sh("echo hi"))).succeeded
+    assert logs_root.parent.name == f"megha-{os.geteuid()}"  # not a name any user could take first
+    for path, mode in [(logs_root.parent, 0o700), (logs_root, 0o700), (logs_root / "out.0" / "1", 0o700)]:
+        st = path.lstat()
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == mode, path
+    assert stat.S_IMODE((logs_root / "out.0" / "1" / "stdout").stat().st_mode) == 0o600
+
+
+def test_a_kept_output_folder_another_user_owns_or_could_swap_is_refused_at_start_up(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(StartupError, match="belongs to uid 65534"):
+        TaskLogs(theirs, 100, 10).prepare()
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir(mode=0o777)
+    open_to_all.chmod(0o777)
+    with pytest.raises(StartupError, match="others may write to it"):
+        TaskLogs(open_to_all / "logs", 100, 10).prepare()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(StartupError, match="is a link"):
+        TaskLogs(tmp_path / "link", 100, 10).prepare()
+
+
+@pytest.mark.asyncio
+async def test_a_link_planted_in_the_output_folder_is_not_followed(logs_root: Path, tmp_path: Path) -> None:
+    """Links planted where a run's output goes (a run's file, a task's folder) are not written through, and links
+    or hard links put in place of kept output are not served: the files they point at stay as they were."""
+    precious = tmp_path / "precious"
+    precious.write_text("precious")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    async with agent(logs_root) as (executor, logs):
+        (logs_root / "planted.0" / "1").mkdir(parents=True)
+        (logs_root / "planted.0" / "1" / "stdout").symlink_to(precious)
+        (logs_root / "folder.0").symlink_to(elsewhere, target_is_directory=True)
+        for task_id in ("planted.0", "folder.0"):
+            with pytest.raises(OSError):
+                await executor.start(task_id, 500, 64, 0.0, sh("echo overwritten"))
+        assert executor.running() == []
+
+        assert (await run_to_end(executor, "done.0", sh("echo mine"))).succeeded
+        assert (await run_to_end(executor, "done.1", sh("echo mine"))).succeeded
+    assert precious.read_text() == "precious" and list(elsewhere.iterdir()) == []
+    stdout = logs_root / "done.0" / "1" / "stdout"
+    stdout.unlink()
+    stdout.symlink_to(precious)
+    hard = logs_root / "done.1" / "1" / "stdout"
+    hard.unlink()
+    hard.hardlink_to(precious)
+    assert logs.read("done.0", 1, "stdout") == b"" and logs.read("done.1", 1, "stdout") == b""
+
+
+# ---------------------------------------------------------------------------------------- an unprivileged agent
+
+
+def in_child(become: Callable[[], None], call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`call()` in a child of this process that first ran `become()` (gave up its privileges), its result through a
+    pipe as JSON. A child, not a new program: this interpreter may sit where an unprivileged user cannot reach."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            try:
+                become()
+                result = call()
+            except BaseException:
+                result = {"error": traceback.format_exc()}
+            with os.fdopen(write, "wb") as out:
+                out.write(json.dumps(result).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        body = answer.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and body, body
+    result: dict[str, Any] = json.loads(body)
+    assert "error" not in result, result["error"]
+    return result
+
+
+def become_nobody() -> None:
+    """uid and gid `nobody`, no other group: no capability left."""
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+
+
+def drop_capabilities() -> None:
+    """Still uid 0, but with no capability at all, as in a container started with `--cap-drop ALL`."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words, all 0
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def start_agent(**settings: Any) -> dict[str, Any]:
+    """An agent made and started (`prepare`, as its app's start-up does): what it logged, the drivers it offers and
+    registers, and, when it offers exec, the uid an exec task ran as."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.levelname} {record.getMessage()}")
+
+    megha = logging.getLogger("megha")
+    megha.addHandler(Keep())
+    megha.setLevel(logging.INFO)
+
+    async def start() -> dict[str, Any]:
+        worker = WorkerAgent(WorkerSettings(worker_id="w0", lm_url=NOWHERE, **settings), None)
+        await worker.prepare()
+        found: dict[str, Any] = {
+            "drivers": list(worker.drivers),
+            "registered": json.loads(worker.registration())["drivers"],
+        }
+        if "exec" in worker.drivers:
+            assert isinstance(worker.executor, TaskExecutor) and worker.logs is not None
+            await worker.executor.start("who.0", 500, 64, 0.0, RunSpec("exec", ("id", "-u")))
+            found["error"] = (await worker.executor.wait("who.0")).error or None
+            found["task_uid"] = worker.logs.read("who.0", 1, "stdout").decode().strip()
+            if found["error"] is None:
+                del found["error"]
+        await worker.close()
+        return found
+
+    return asyncio.run(start()) | {"lines": lines}
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    """A deployment name for an agent running as `nobody`; its kept output's folder is removed afterwards."""
+    run_id = f"iso-{uuid.uuid4().hex[:8]}"
+    yield run_id
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"megha-{NOBODY}" / f"{run_id}-w0-task-logs", ignore_errors=True)
+
+
+def test_an_agent_that_cannot_switch_uids_does_not_offer_exec_and_says_so_in_one_line(run_id: str) -> None:
+    started = in_child(become_nobody, lambda: start_agent(drivers="burn,exec", run_id=run_id))
+    assert started["drivers"] == started["registered"] == ["burn"]  # what its LM, and so the GMs, learn
+    about_exec = [line for line in started["lines"] if "exec" in line]
+    assert len(about_exec) == 1, started["lines"]
+    assert about_exec[0].startswith("WARNING exec driver not offered: this agent cannot give each task a uid of its")
+    assert "uid 65534 without CAP_CHOWN" in about_exec[0] and "MEGHA_EXEC_AS_AGENT_USER=true" in about_exec[0]
+
+
+def test_the_opt_in_runs_exec_tasks_as_the_agent_s_own_user_and_says_so_loudly(run_id: str) -> None:
+    settings = {"drivers": "burn,exec", "exec_as_agent_user": True, "run_id": run_id}
+    started = in_child(become_nobody, lambda: start_agent(**settings))
+    assert started["drivers"] == started["registered"] == ["burn", "exec"]
+    assert started["task_uid"] == str(NOBODY)
+    warnings = [line for line in started["lines"] if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "EVERY TASK CAN READ THE AGENT'S SECRETS" in warnings[0], started["lines"]
+    assert any("exec driver: each task runs as this agent's own user (uid 65534" in line for line in started["lines"])
+
+
+def test_root_without_the_capabilities_to_switch_uids_does_not_offer_exec_never_running_tasks_as_root(
+    tmp_path: Path,
+) -> None:
+    settings = {"drivers": "burn,exec", "exec_as_agent_user": True, "task_log_dir": str(tmp_path / "logs")}
+    started = in_child(drop_capabilities, lambda: start_agent(**settings))
+    assert started["drivers"] == started["registered"] == ["burn"]
+    about_exec = [line for line in started["lines"] if "exec" in line]
+    assert len(about_exec) == 1, started["lines"]
+    assert "exec driver not offered: this agent runs as root but cannot give each task a uid" in about_exec[0]
+    assert about_exec[0].endswith("exec tasks never run as root")
+
+
+def test_signalling_a_uid_reaches_only_that_uid() -> None:
+    """The kill(-1) the agent sends as a run's uid: the processes of another task uid, and the agent, stay."""
+    target, bystander = TASK_UIDS[-1], TASK_UIDS[-2]
+    children = []
+    for uid in (target, bystander):
+        ready, tell = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setresuid(uid, uid, uid)
+                os.write(tell, b"!")
+                signal.pause()
+            finally:
+                os._exit(0)
+        os.close(tell)
+        assert os.read(ready, 1) == b"!"  # it is `uid` now
+        os.close(ready)
+        children.append(pid)
+    try:
+        enforcement.signal_uid(target, signal.SIGTERM)
+        _, status = os.waitpid(children[0], 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert os.waitpid(children[1], os.WNOHANG) == (0, 0)  # the other uid's process still runs
+    finally:
+        os.kill(children[1], signal.SIGKILL)
+        os.waitpid(children[1], 0)
+    with pytest.raises(ValueError):
+        enforcement.signal_uid(0, signal.SIGTERM)
