@@ -399,7 +399,8 @@ def submit(
     except ValidationError as exc:
         errors = validation_error_body(exc).detail
         raise CtlError(f"{source}: " + "; ".join(f"{e.field}: {e.message}" for e in errors), USAGE) from None
-    gm, accepted = _post(ctl, submission.model_dump(mode="json", exclude_none=True))
+    # Only what the job names: a user's token submits as that user when the job names none (the GM refuses another).
+    gm, accepted = _post(ctl, submission.model_dump(mode="json", exclude_unset=True, exclude_none=True))
     if ctl.as_json:
         ctl.emit(accepted)
     else:

@@ -8,6 +8,7 @@ ones run GMs, an LM and an agent with the exec driver as separate processes, as 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -16,10 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from pydantic import SecretStr
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.settings import GMSettings
+from megha.ctl import cli
 from megha.deploy.local import LocalDeployment
 from megha.services.gm.app import create_app
 from megha.services.gm.jobs import JobIds
@@ -382,3 +385,30 @@ def test_a_gm_made_id_does_not_repeat_after_the_gm_restarts_from_its_journal_or_
         third = made()
     seen = first + second + third
     assert len(set(seen)) == len(seen) == 9 and all(GM_MADE.match(i) for i in seen), seen
+
+
+@needs_rabbitmq
+def test_the_cli_with_a_users_token_reads_its_own_queue_and_its_jobs_by_the_names_it_chose(
+    deployment: LocalDeployment,
+) -> None:
+    """`megha queues` reads GET /v1/queues (not /metrics) and a user may run it; `megha job status` and `job logs`
+    take the name the user chose, and `--task` its task's number or `<name>.<i>`."""
+    gm0 = deployment.gm_urls[0]
+
+    def megha(*args: str) -> str:
+        env = {"COLUMNS": "200", "MEGHA_GM_URL": gm0, "MEGHA_GM_URLS": "", "MEGHA_API_TOKEN": TOKENS["alice"]}
+        result = CliRunner().invoke(cli, list(args), env=env)
+        assert result.exit_code == 0, (args, result.output, result.exception)
+        return result.output
+
+    accepted = json.loads(megha("job", "submit", "--tasks", "1", "--duration", "0.05", "--job-id", "cli-1", "--json"))
+    assert accepted["job_id"] == "alice~cli-1", accepted
+    wait_until(lambda: json.loads(megha("job", "status", "cli-1", "--json"))["state"] == "finished", 60)
+    (answer,) = json.loads(megha("queues", "--json"))
+    assert answer["state"] is None and answer["tasks"] == {} and answer["queues"]["queues"] == []  # no fair scheduling
+    assert "alice~cli-1" in megha("job", "status", "cli-1")
+    r = httpx.post(f"{gm0}/v1/jobs", json=echo("alice-cli-output", "cli-2"), headers=as_user("alice"), timeout=10)
+    assert r.status_code == 201, r.text
+    wait_until(lambda: json.loads(megha("job", "status", "cli-2", "--json"))["state"] == "finished", 60)
+    for task in ("0", "cli-2.0", "alice~cli-2.0"):
+        assert megha("job", "logs", "cli-2", "--task", task) == "alice-cli-output\n", task
