@@ -87,18 +87,25 @@ def _module(service: dict[str, Any]) -> str | None:
     return argv[2] if argv[:2] == ["python", "-m"] and len(argv) > 2 else None
 
 
-def _settings_from_env(model: type[ServiceSettings], env: dict[str, str]) -> ServiceSettings:
-    """The model as the service would build it in a container whose environment is exactly `env`, its secrets
-    volume holding what the compose demo's secrets service makes."""
+def _settings_from_env(model: type[ServiceSettings], env: dict[str, str], secrets: Path | None) -> ServiceSettings:
+    """The model as the service would build it in a container whose environment is exactly `env`, with the folder
+    `secrets` mounted at /secrets."""
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
             if key.upper().startswith("MEGHA_"):
                 mp.delenv(key)
         for key, value in env.items():
             if key.endswith("_FILE") and value.startswith(f"{SECRETS_MOUNT}/"):
-                value = str(_made_secrets() / value.removeprefix(f"{SECRETS_MOUNT}/"))
+                assert secrets is not None, f"{key}={value}, but no secrets volume is mounted at {SECRETS_MOUNT}"
+                value = str(secrets / value.removeprefix(f"{SECRETS_MOUNT}/"))
             mp.setenv(key, value)
         return model()
+
+
+def _settings(compose: dict[str, dict[str, Any]], name: str) -> ServiceSettings:
+    """Service `name`'s settings as its container builds them, its secrets those the secrets service makes."""
+    service = compose[name]
+    return _settings_from_env(MODELS[_module(service) or ""], _environment(service), _secrets_folder(compose, name))
 
 
 def _secrets_service() -> dict[str, Any]:
@@ -107,16 +114,47 @@ def _secrets_service() -> dict[str, Any]:
 
 
 @functools.cache
-def _made_secrets() -> Path:
-    """The compose demo's secrets, made by its secrets service's command into a folder of this test run's."""
-    service = _secrets_service()
-    argv = list(service["command"])
-    assert argv[:4] == ["python", "-m", "megha.deploy.secrets", SECRETS_MOUNT], argv
+def _made_secrets(command: tuple[str, ...], run_id: str) -> Path:
+    """A compose set's secrets, made by its secrets service's command into a folder of this test run's (in place of
+    its volume `secrets`, and each service's volume in its subfolder, as the secrets service mounts them)."""
+    argv = list(command)
+    assert argv[:4] == ["python", "-m", SECRETS_MODULE, SECRETS_MOUNT], argv
+    options = argv[4:]
+    if "--ready" in options:  # a file of the secrets container's own
+        del options[options.index("--ready") : options.index("--ready") + 2]
     folder = Path(tempfile.mkdtemp(prefix="megha-compose-secrets-"))
     atexit.register(shutil.rmtree, folder, True)
-    run_id = ["--run-id", service["environment"]["MEGHA_RUN_ID"]]
-    assert make_secrets_main([str(folder), *(a for a in argv[4:] if a != "--stay"), *run_id]) == 0
+    assert make_secrets_main([str(folder), *(a for a in options if a != "--stay"), "--run-id", run_id]) == 0
     return folder
+
+
+def _volume(volume: str | dict[str, Any]) -> tuple[str, str, str]:
+    """(source, target, rw or ro) of a volume in short (`source:target[:mode]`, a bare `target`) or long form."""
+    if isinstance(volume, dict):
+        return str(volume.get("source", "")), volume["target"], "ro" if volume.get("read_only") else "rw"
+    parts = volume.split(":")
+    if len(parts) == 1:
+        return "", parts[0], "rw"
+    return parts[0], parts[1], parts[2] if len(parts) > 2 else "rw"
+
+
+def _secrets_volumes(service: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The service's mounts of the secrets service's volumes (`secrets`, `secrets-<service>`)."""
+    volumes = map(_volume, service.get("volumes", []))
+    return [v for v in volumes if v[0] == "secrets" or v[0].startswith("secrets-")]
+
+
+def _secrets_folder(compose: dict[str, dict[str, Any]], name: str) -> Path | None:
+    """What service `name` sees at /secrets: the subfolder of the made secrets where the secrets service writes the
+    volume `name` mounts there (None: it mounts none)."""
+    mounted = [source for source, target, _ in _secrets_volumes(compose[name]) if target == SECRETS_MOUNT]
+    if not mounted:
+        return None
+    maker = compose["secrets"]
+    made = _made_secrets(tuple(maker["command"]), maker["environment"]["MEGHA_RUN_ID"])
+    written = {source: target for source, target, _ in _secrets_volumes(maker)}
+    assert mounted[0] in written, f"{name} mounts {mounted[0]}, which the secrets service does not write"
+    return made / PurePosixPath(written[mounted[0]]).relative_to(SECRETS_MOUNT)
 
 
 def _healthcheck(service: dict[str, Any]) -> str:
@@ -162,11 +200,7 @@ def compose(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
 def megha(compose: dict[str, dict[str, Any]]) -> dict[str, ServiceSettings]:
     """Every Megha service (one that runs a module of MODELS) -> its settings, built from its environment."""
     try:
-        return {
-            name: _settings_from_env(MODELS[module], _environment(svc))
-            for name, svc in compose.items()
-            if (module := _module(svc)) in MODELS
-        }
+        return {name: _settings(compose, name) for name, svc in compose.items() if _module(svc) in MODELS}
     except ValueError:
         pytest.skip("a service's settings do not validate (test_values_validate says which)")
 
@@ -223,10 +257,9 @@ def test_every_megha_variable_is_a_field_of_the_services_model(compose: dict[str
 
 def test_values_validate(compose: dict[str, dict[str, Any]]) -> None:
     for name, svc in compose.items():
-        module = _module(svc)
-        if module in MODELS:
+        if _module(svc) in MODELS:
             try:
-                _settings_from_env(MODELS[module], _environment(svc))
+                _settings(compose, name)
             except ValueError as exc:
                 pytest.fail(f"{name}: {exc}")
 
@@ -305,19 +338,11 @@ def test_loadgen_submits_to_every_gm_in_gm_id_order_once_they_are_healthy(
             assert deps.get(gm_name) == "service_healthy", f"{name} must wait for {gm_name} to be healthy"
 
 
-def _volume_target(volume: str | dict[str, str]) -> str:
-    """The path inside the container: `source:target[:mode]`, a bare `target`, or the long form's target."""
-    if isinstance(volume, dict):
-        return volume["target"]
-    parts = volume.split(":")
-    return parts[1] if len(parts) > 1 else parts[0]
-
-
 def test_loadgen_writes_its_report_to_a_mounted_volume(
     compose: dict[str, dict[str, Any]], megha: dict[str, ServiceSettings]
 ) -> None:
     for name, lg in _of(megha, LoadgenSettings).items():
-        targets = [_volume_target(v) for v in compose[name].get("volumes", [])]
+        targets = [_volume(v)[1] for v in compose[name].get("volumes", [])]
         assert lg.out in targets, f"{name}: MEGHA_OUT={lg.out} is not a mounted volume ({targets})"
 
 
@@ -339,29 +364,117 @@ def test_one_run_id(megha: dict[str, ServiceSettings]) -> None:
     assert run_ids == {_secrets_service()["environment"]["MEGHA_RUN_ID"]}, "the broker users are made for another run"
 
 
-def test_secrets_come_from_the_secrets_volume_each_role_its_own_broker_user(
+def _maker_services(compose: dict[str, dict[str, Any]]) -> list[str]:
+    """The services the secrets service makes a folder for (its --services)."""
+    argv = list(compose["secrets"]["command"])
+    return argv[argv.index("--services") + 1].split(",")
+
+
+def test_no_service_but_secrets_mounts_the_root_or_another_services_secrets(compose: dict[str, dict[str, Any]]) -> None:
+    """Each container sees only its own secrets: the root material (the cluster secret every credential is issued
+    from, the operator's token, the broker's passwords) stays in the secrets service's volume `secrets`, and every
+    other service mounts at most one secrets volume, its own, read-only at /secrets; no two share one."""
+    maker = compose["secrets"]
+    assert maker.get("user") == "0:0", "the secrets service gives each folder to the user its service runs as"
+    assert ("secrets", SECRETS_MOUNT, "rw") in _secrets_volumes(maker), "the secrets service writes `secrets`"
+    folders = {source: target for source, target, _ in _secrets_volumes(maker) if source != "secrets"}
+    services = _maker_services(compose)
+    assert folders == {f"secrets-{name}": f"{SECRETS_MOUNT}/{name}" for name in services}, folders
+    mounting = set()
+    for name, svc in compose.items():
+        if name == "secrets":
+            continue
+        mounted = _secrets_volumes(svc)
+        assert mounted in ([], [(f"secrets-{name}", SECRETS_MOUNT, "ro")]), f"{name} mounts {mounted}"
+        mounting |= {name} if mounted else set()
+        assert not any(key.startswith("MEGHA_CLUSTER_SECRET") for key in _environment(svc)), name
+    assert mounting == set(services), "the secrets service makes a folder for each service that mounts one"
+    assert {name for name, svc in compose.items() if _module(svc) in MODELS} | {"rabbitmq"} <= mounting
+
+
+def test_each_service_reads_exactly_its_own_secrets_from_files(
     compose: dict[str, dict[str, Any]], megha: dict[str, ServiceSettings]
 ) -> None:
+    """A service's folder holds the files its settings name, no more: a GM, LM or agent its own credential (issued
+    for its role and id), a GM or LM the users' tokens as digests only, the load generator the operator's token, and
+    each its role's broker user; RabbitMQ its definitions. Nothing secret is in an environment."""
+    maker = compose["secrets"]
+    made = _made_secrets(tuple(maker["command"]), maker["environment"]["MEGHA_RUN_ID"])
+    root = {path.read_text().strip() for path in made.iterdir() if path.is_file() and "url" not in path.name}
     for name, s in megha.items():
-        env, svc = _environment(compose[name]), compose[name]
-        assert "MEGHA_AMQP_URL" not in env, f"{name}: the broker URL (its password) must come from a secret file"
-        assert f"secrets:{SECRETS_MOUNT}:ro" in svc.get("volumes", []), f"{name}: mounts no secrets volume read-only"
-        role = ROLES[type(s)]
-        assert env["MEGHA_AMQP_URL_FILE"] == f"{SECRETS_MOUNT}/amqp-url-{role}", f"{name}: another role's user"
-        assert urlsplit(s.amqp_url).username == broker_user(s.run_id, role), name
+        env, role, folder = _environment(compose[name]), ROLES[type(s)], _secrets_folder(compose, name)
+        assert folder is not None, f"{name}: mounts no secrets"
+        for setting in SECRET_SETTINGS:
+            assert f"MEGHA_{setting}".upper() not in env, f"{name}: MEGHA_{setting.upper()} must come from a file"
+        read = {PurePosixPath(v).name for k, v in env.items() if k.endswith("_FILE") and v.startswith(SECRETS_MOUNT)}
+        assert {p.name for p in folder.iterdir()} == read, f"{name}: its folder holds other files than it reads"
+        for path in folder.iterdir():
+            held = path.read_text().strip()
+            assert held not in root or (role, path.name) == ("loadgen", "operator-token"), f"{name}: {path.name}"
+        assert env["MEGHA_AMQP_URL_FILE"] == f"{SECRETS_MOUNT}/amqp-url", name
+        assert urlsplit(s.amqp_url).username == broker_user(s.run_id, role), f"{name}: another role's user"
         assert s.auth == "on", f"{name}: MEGHA_AUTH"
         if isinstance(s, LoadgenSettings):
-            assert env["MEGHA_API_TOKEN_FILE"] == f"{SECRETS_MOUNT}/operator-token"
-        else:
-            assert env["MEGHA_CLUSTER_SECRET_FILE"] == f"{SECRETS_MOUNT}/cluster-secret", name
-            assert env["MEGHA_API_TOKENS_FILE"] == f"{SECRETS_MOUNT}/api-tokens", name
+            assert s.api_token.get_secret_value() == (made / "operator-token").read_text().strip(), name
+            continue
+        credential = s.own_credential()
+        assert (credential.role, credential.ident) == (role, s.ident()) and not s.holds_root(), name
+        tokens = s.api_tokens.get_secret_value()
+        assert all(line.split("=", 1)[1].startswith("sha256:") for line in tokens.split()), f"{name}: a token"
+        assert bool(tokens) == (role in ("gm", "lm")), f"{name}: API tokens only where an operator calls it"
     broker = compose["rabbitmq"]
     assert _depends_on(broker).get("secrets") == "service_healthy", "RabbitMQ must wait for its users' definitions"
-    assert f"secrets:{SECRETS_MOUNT}:ro" in broker["volumes"]
     erl_args = broker["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
-    assert f'-rabbit load_definitions "{SECRETS_MOUNT}/rabbitmq-definitions.json"' in erl_args, erl_args
-    writable = {f"secrets:{SECRETS_MOUNT}", f"secrets:{SECRETS_MOUNT}:rw"}
-    assert writable & set(compose["secrets"]["volumes"]), "the secrets service writes the secrets volume"
+    assert f'-rabbit load_definitions "{SECRETS_MOUNT}/definitions.json"' in erl_args, erl_args
+    assert [p.name for p in _secrets_folder(compose, "rabbitmq").iterdir()] == ["definitions.json"]  # type: ignore[union-attr]
+    ready = maker["command"][maker["command"].index("--ready") + 1]
+    assert _healthcheck(maker) == f"CMD test -f {ready}", "healthy once this container wrote every file"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the secrets service runs as root: only root gives files away")
+def test_each_services_secrets_are_readable_by_the_user_it_runs_as_only(compose: dict[str, dict[str, Any]]) -> None:
+    """The image's megha user (uid 1000) owns a GM's, LM's or the load generator's folder; the agents run as root
+    (to run each exec task under a uid of its own) and own theirs; RabbitMQ reads its own through the group."""
+    for name in _maker_services(compose):
+        folder = _secrets_folder(compose, name)
+        assert folder is not None
+        user = compose[name].get("user")
+        uid = int(user.split(":")[0]) if user else 1000  # the image's USER
+        assert (user == "0:0") == name.startswith("worker-"), f"{name}: runs as {user}; agents as root"
+        group = name == "rabbitmq"
+        if group:
+            assert compose[name]["group_add"] == ["1000"], "RabbitMQ reads its definitions through the group"
+        for path in (folder, *folder.iterdir()):
+            mode = path.stat().st_mode & 0o777
+            expected = (0o750 if group else 0o700) if path.is_dir() else (0o640 if group else 0o600)
+            assert (path.stat().st_uid, mode) == (uid, expected), f"{name}: {path.name} {oct(mode)}"
+
+
+def test_the_secrets_are_kept_across_runs_and_bad_service_names_refused(tmp_path: Path) -> None:
+    """A second run keeps every secret and credential (RabbitMQ's definitions differ only in their salts), writes
+    no file twice by name, and names a bad or repeated service with exit status 2."""
+    argv = [str(tmp_path), "--run-id", "demo", "--services", "gm-0,lm-1,worker-a,loadgen,rabbitmq"]
+    assert make_secrets_main(argv) == 0
+
+    def snapshot() -> dict[str, str]:
+        return {
+            str(p.relative_to(tmp_path)): p.read_text()
+            for p in tmp_path.rglob("*")
+            if p.is_file() and "defin" not in p.name
+        }
+
+    first = snapshot()
+    assert {name for name in first if "/" in name} == {
+        *(f"{s}/{f}" for s in ("gm-0", "lm-1") for f in ("credential", "api-tokens", "amqp-url")),
+        "worker-a/credential",
+        "worker-a/amqp-url",
+        "loadgen/operator-token",
+        "loadgen/amqp-url",
+    }
+    assert make_secrets_main(argv) == 0
+    assert snapshot() == first
+    for bad in ("gm-x", "gm-0,gm-0", "lm-01", "nobody", "worker-"):
+        assert make_secrets_main([str(tmp_path), "--services", bad]) == 2, bad
 
 
 DEPLOY_FILES = [

@@ -3,8 +3,10 @@
 The load generator must exit 0 with every task finished exactly once and its report written, and the project's
 Prometheus must have scraped every GM, LM and agent: started again after the run (as a user does to look back at
 it), it answers what the run did, and every expression of the Grafana dashboard runs on it and has data. `down -v`
-must then leave no container, network or volume of the project behind. The demo's own file is used as a laptop user
-runs it; a small override only moves the report from ./out to a temporary directory.
+must then leave no container, network or volume of the project behind. Each container must have seen only its own
+secrets: only the secrets service mounts the root material, and an agent's container finds its own credential and
+broker URL and nothing else (no cluster secret, no operator token, no secret in its environment). The demo's own file
+is used as a laptop user runs it; a small override only moves the report from ./out to a temporary directory.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ RUN = "1h"
 """A range that holds the whole run, for queries asked after it."""
 RATE_INTERVAL = "10s"
 """What Grafana makes of $__rate_interval with the 2 s scrape interval (4 scrapes) and a 5 s step."""
+AGENT = "worker-0-0"
+AGENT_VIEW = """
+import json, os
+from megha.common.auth import Credential
+with open("/secrets/credential") as handle:
+    credential = Credential.decode(handle.read())
+view = {"files": sorted(os.listdir("/secrets")), "credential": [credential.role, credential.ident]}
+print(json.dumps({**view, "uid": os.getuid(), "env": dict(os.environ)}))
+"""
+"""Run in an agent's container: the secrets it sees, whose credential it holds, its uid and its environment."""
 
 
 def _anonymous_volumes(project: str) -> list[str]:
@@ -83,6 +95,34 @@ def _check_prometheus_saw_the_run(tasks: int) -> None:
         assert answer["result"], f"the dashboard's {expr} has no data for the run"
 
 
+def _check_each_container_saw_only_its_own_secrets(compose: list[str], env: dict[str, str], project: str) -> None:
+    """The run's containers mounted no secrets volume but their own (the secrets service alone the root material,
+    volume `secrets`), and an agent's container, as its service runs it, sees at /secrets its own credential and broker
+    URL only, runs as root, and holds none of the root secrets in its environment."""
+    containers = run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"], 60).stdout
+    inspected = run(["docker", "inspect", *containers.split()], 60)
+    assert inspected.returncode == 0, inspected.stderr
+    for container in json.loads(inspected.stdout):
+        service = container["Config"]["Labels"]["com.docker.compose.service"]
+        if service == "secrets":
+            continue
+        mounts = [m for m in container["Mounts"] if m.get("Name", "").startswith(f"{project}_secrets")]
+        own = [(m["Name"], m["Destination"], m["RW"]) for m in mounts]
+        assert own in ([], [(f"{project}_secrets-{service}", "/secrets", False)]), f"{service} mounted {own}"
+
+    cat = ["cat", "/secrets/cluster-secret", "/secrets/operator-token"]
+    root = run([*compose, "run", "--rm", "--no-deps", "-T", "secrets", *cat], 120, cwd=ROOT, env=env)
+    held = root.stdout.split()  # the cluster secret, the operator's token
+    assert root.returncode == 0 and len(held) == 2, root.stderr
+    seen = run([*compose, "run", "--rm", "--no-deps", "-T", AGENT, "python", "-c", AGENT_VIEW], 120, cwd=ROOT, env=env)
+    assert seen.returncode == 0, seen.stderr
+    view = json.loads(seen.stdout.strip().splitlines()[-1])
+    assert view["files"] == ["amqp-url", "credential"], f"{AGENT} sees {view['files']} at /secrets"
+    assert view["credential"] == ["worker", AGENT] and view["uid"] == 0, view
+    leaked = [key for key, value in view["env"].items() if any(secret in value for secret in held)]
+    assert not leaked, f"{AGENT}'s environment holds a root secret in {leaked}"
+
+
 def test_compose_demo_replays_every_task_exactly_once_and_leaves_nothing_behind(tmp_path: Path) -> None:
     images = build_images()
     out = tmp_path / "out"
@@ -113,6 +153,7 @@ def test_compose_demo_replays_every_task_exactly_once_and_leaves_nothing_behind(
         with (out / "tasks.csv").open() as handle:
             completions = [int(row["completions"]) for row in csv.DictReader(handle)]
         assert len(completions) == counts["tasks"] and set(completions) == {1}, "a task did not finish exactly once"
+        _check_each_container_saw_only_its_own_secrets(compose, env, project)
 
         started = run([*compose, "start", "prometheus"], 120, cwd=ROOT, env=env)
         assert started.returncode == 0, started.stderr

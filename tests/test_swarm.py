@@ -106,18 +106,43 @@ def _environment(service: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+AGENT_SLOTS = 2
+"""Agents per LM with-secrets.sh makes credentials for by default (MEGHA_AGENTS_PER_LM, as in the stack)."""
+
+
 @functools.cache
 def _made_secrets() -> Path:
-    """The generator's files, as with-secrets.sh makes them for the stack's default run id."""
+    """The generator's files, as with-secrets.sh makes them for the stack's default run id: a folder per service of
+    the stack, an agent's per task slot (worker-<lm>-<slot>)."""
     folder = Path(tempfile.mkdtemp(prefix="megha-swarm-secrets-"))
     atexit.register(shutil.rmtree, folder, True)
-    assert make_secrets_main([str(folder), "--run-id", "swarm", "--broker", "amqp://rabbitmq:5672/"]) == 0
+    agents = [f"worker-{lm}-{slot}" for lm in (0, 1) for slot in range(1, AGENT_SLOTS + 1)]
+    services = ",".join(["gm-0", "gm-1", "lm-0", "lm-1", *agents, "loadgen", "rabbitmq"])
+    argv = [str(folder), "--run-id", "swarm", "--broker", "amqp://rabbitmq:5672/", "--services", services]
+    assert make_secrets_main(argv) == 0
     return folder
 
 
+@functools.cache
+def _secret_files() -> dict[str, Path]:
+    """The stack's secret (its key, as its external name <prefix>-<service>-<file> names it) -> the generator's file
+    behind it as a task of slot 1 sees it: an agent service's secrets are templates over its agents' files."""
+    found = {}
+    for folder in (p for p in _made_secrets().iterdir() if p.is_dir()):
+        service = folder.name
+        if agent := re.fullmatch(r"(worker-\d+)-(\d+)", service):
+            if agent[2] != TEMPLATES["{{.Task.Slot}}"]:
+                continue
+            service = agent[1]
+        for path in folder.iterdir():
+            found[f"{service}-{path.name.removesuffix('.json')}".replace("-", "_")] = path
+    return found
+
+
 def _secret_file(source: str) -> Path:
-    """The generator's file behind the stack's secret `source` (its external name ends with the file's name)."""
-    return next(p for p in _made_secrets().iterdir() if p.name.removesuffix(".json").replace("-", "_") == source)
+    """The generator's file behind the stack's secret `source`."""
+    assert source in _secret_files(), f"the generator makes no file for the secret {source}"
+    return _secret_files()[source]
 
 
 def _settings(service: dict[str, Any]) -> ServiceSettings:
@@ -163,27 +188,53 @@ def test_every_megha_service_runs_a_known_module_with_valid_settings(stack: dict
 
 
 @STACK_TESTS
-def test_each_service_is_granted_its_roles_secrets_only(stack: dict[str, Any]) -> None:
+def test_each_service_is_granted_its_own_secrets_only(stack: dict[str, Any]) -> None:
+    """A GM or LM its own credential, the users' tokens as digests and its role's broker user; an agent its own
+    credential (a template: each task slot its own agent's) and its broker user, readable by root, which it runs
+    as; the load generator the operator's token; RabbitMQ its definitions. No secret holds the cluster secret, and
+    no two services share one."""
     assert "guest" not in json.dumps(stack), "no guest account"
+    expected_files = {
+        "gm": {"credential", "api_tokens", "amqp_url"},
+        "lm": {"credential", "api_tokens", "amqp_url"},
+        "worker": {"credential", "amqp_url"},
+        "loadgen": {"operator_token", "amqp_url"},
+    }
+    granted_to: dict[str, list[str]] = {}
     for name, s in _megha(stack).items():
         svc = stack["services"][name]
         role = ROLE_OF[type(s)]
-        granted = {x["source"] for x in svc["secrets"]}
-        own = {"operator_token"} if role == "loadgen" else {"cluster_secret", "api_tokens"}
-        expected = {f"amqp_url_{role}", *own}
-        assert granted == expected, f"{name}: secrets {granted}"
-        assert all(x["uid"] == "1000" and x["mode"] == 0o400 for x in svc["secrets"]), f"{name}: readable by others"
-        assert "MEGHA_AMQP_URL" not in _environment(svc), f"{name}: the broker URL must come from a secret"
+        granted = {x["target"]: x["source"] for x in svc["secrets"]}
+        for source in granted.values():
+            granted_to.setdefault(source, []).append(name)
+        assert set(granted) == expected_files[role], f"{name}: secrets {granted}"
+        own = name.replace("-", "_")
+        assert all(source == f"{own}_{target}" for target, source in granted.items()), f"{name}: {granted}"
+        uid = "0" if role == "worker" else "1000"
+        assert svc.get("user") == ("0:0" if role == "worker" else None), f"{name}: runs as {svc.get('user')}"
+        assert all(x["uid"] == uid and x["mode"] == 0o400 for x in svc["secrets"]), f"{name}: readable by others"
+        env = _environment(svc)
+        assert not {f"MEGHA_{x}".upper() for x in SECRET_SETTINGS} & set(env), f"{name}: a secret in its environment"
         url = urlsplit(s.amqp_url)
         assert url.hostname == "rabbitmq" and url.username == broker_user(s.run_id, role), f"{name}: {url.username}"
         assert s.auth == "on", f"{name}: MEGHA_AUTH"
+        if role == "loadgen":
+            continue
+        credential = s.own_credential()
+        assert (credential.role, credential.ident) == (role, s.ident()) and not s.holds_root(), name
+        tokens = s.api_tokens.get_secret_value()
+        assert all(line.split("=", 1)[1].startswith("sha256:") for line in tokens.split()), f"{name}: a token"
     broker = stack["services"]["rabbitmq"]
     assert [x["source"] for x in broker["secrets"]] == ["rabbitmq_definitions"]
     erl_args = broker["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
     assert '-rabbit load_definitions "/run/secrets/rabbitmq_definitions"' in erl_args, erl_args
+    shared = {source: names for source, names in granted_to.items() if len(names) > 1}
+    assert not shared, f"secrets granted to more than one service: {shared}"
+    cluster_secret = (_made_secrets() / "cluster-secret").read_text().strip()
     for key, secret in stack["secrets"].items():
         assert secret.get("external"), "the secrets are created with docker secret create, not kept in a file"
-        assert secret["name"] == f"megha-{_secret_file(key).name.removesuffix('.json')}", secret
+        assert secret["name"] == f"megha-{key.replace('_', '-')}", secret
+        assert cluster_secret not in _secret_file(key).read_text(), f"{key} holds the cluster secret"
 
 
 @STACK_TESTS
@@ -446,6 +497,30 @@ def _diagnostics(stack: str) -> str:
     return "\n".join(lines)
 
 
+AGENT_SECRETS = """
+import json, os, socket
+from megha.common.auth import Credential
+with open("/run/secrets/credential") as handle:
+    credential = Credential.decode(handle.read())
+files = sorted(os.listdir("/run/secrets"))
+print(json.dumps({"files": files, "credential": [credential.role, credential.ident], "host": socket.gethostname()}))
+"""
+"""Run in an agent's container: the secrets it sees, and whose credential it holds."""
+
+
+def _check_each_agent_holds_its_own_credential(stack: str) -> None:
+    """Every agent task, given its service's one credential secret (a template), reads its own agent's credential,
+    and no secret but its own and its broker user."""
+    for lm in (0, 1):
+        service = f"{stack}_worker-{lm}"
+        containers = _docker("ps", "-q", "--filter", f"label=com.docker.swarm.service.name={service}").split()
+        assert len(containers) == 2, f"{service}: containers {containers}"
+        for container in containers:
+            seen = json.loads(_docker("exec", container, "python", "-c", AGENT_SECRETS))
+            assert seen["files"] == ["amqp_url", "credential"], seen
+            assert seen["credential"] == ["worker", seen["host"]], f"{service}: another agent's credential: {seen}"
+
+
 @pytest.fixture
 def images() -> Images:
     """Built before the swarm is made: a build that fails leaves the engine alone."""
@@ -505,6 +580,7 @@ def test_swarm_stack_replays_a_trace_and_leaves_nothing_behind(images: Images, s
             assert state is not None and state["ready"], state
             assert set(state["heartbeats"]) <= {f"worker-{lm}-1", f"worker-{lm}-2"}, state["heartbeats"]
             assert state["workers"] == 2, state
+        _check_each_agent_holds_its_own_credential(stack)
 
         _docker("service", "scale", "--detach", f"{stack}_loadgen=1")
         loadgen = f"{stack}_loadgen"
