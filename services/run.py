@@ -45,13 +45,6 @@ def _load(model: type[S], command: str) -> S:
     settings = load_settings(model, command)
     use_log_format(settings.log_format)
     use_tls_ca(settings.tls_ca)
-    if settings.holds_root():
-        logging.getLogger("megha").warning(
-            "%s holds the deployment's root secret (MEGHA_CLUSTER_SECRET without MEGHA_CREDENTIAL): whoever reads "
-            "it can sign as any GM, LM or agent; give each service only its own credential (`megha credential "
-            "issue`, docs/security.md)",
-            command,
-        )
     return settings
 
 
@@ -60,6 +53,12 @@ def _serve(app: object, settings: ServiceSettings) -> None:
     the handler `configure_logging` put on the root logger, in the service's format. Its access log (a line per
     request, on the path of every launch) is on at log level debug only. With MEGHA_TLS_CERT and MEGHA_TLS_KEY it
     serves HTTPS only."""
+    if settings.holds_root():  # said once its app configured the log format
+        logging.getLogger("megha").warning(
+            "this service holds the deployment's root secret (MEGHA_CLUSTER_SECRET without MEGHA_CREDENTIAL): "
+            "whoever reads it can sign as any GM, LM or agent; give each service only its own credential (`megha "
+            "credential ROLE ID`, docs/security.md)"
+        )
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=settings.host,

@@ -121,6 +121,9 @@ def test_every_line_of_a_service_is_a_json_object_uvicorn_s_included(lm_output: 
     access = json.loads(_uvicorn_lines(lines)["GET /healthz"])
     assert access["logger"] == "uvicorn.access" and access["level"] == "INFO"
     assert not any("color_message" in e for e in entries)  # uvicorn's coloured copy of the message stays out
+    # Given the root secret instead of its own credential, the service says once that it holds the root.
+    root = [e for e in entries if "holds the deployment's root secret" in e["message"]]
+    assert len(root) == 1 and root[0]["level"] == "WARNING", root
 
 
 @needs_rabbitmq
