@@ -1,12 +1,34 @@
 """The GM's write-ahead journal: what is appended is replayed, a damaged tail is skipped, a rewrite keeps only
-what it is given."""
+what it is given; and a GM restarting from its journal (`GMService.recover`) runs again only what neither runs nor
+ended, however many finished tasks it keeps."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 
+import pytest
+
+from megha.common.core.cluster import ClusterSpec, PartitionSpec
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import (
+    Completions,
+    FinishedTask,
+    LaunchBatch,
+    LaunchResponse,
+    Output,
+    Send,
+    StopRequest,
+    WorkerLaunch,
+    WorkerReport,
+)
+from megha.common.core.recovery import lm_report
+from megha.common.models import DeltaModel, EndedRun, GMRecovery, JobSubmission, PlacementModel
+from megha.common.settings import GMSettings
 from megha.services.gm.journal import Journal
+from megha.services.gm.service import GMService
 
 
 def test_records_are_replayed_and_a_line_cut_short_by_a_crash_is_skipped(tmp_path: Path) -> None:
@@ -45,3 +67,138 @@ def test_a_rewrite_keeps_only_the_records_given_and_appends_after_them(tmp_path:
 def test_a_missing_journal_replays_as_empty(tmp_path: Path) -> None:
     replayed = Journal.replay(tmp_path / "none.journal")
     assert (replayed.jobs, replayed.ends, replayed.damaged) == ([], {}, 0)
+
+
+# ------------------------------------------------------------------ a GM restarting from its journal (in-process)
+# The GM service runs in-process against an LM core (`LocalMaster`) that the test drives: the GM's calls to its LM
+# (the claim, the launch batches) are handed to that core by hand, so the test decides what reached the LM before
+# the crash. MEGHA_FINISHED_TASKS_KEPT is small, so replaying the journal's ends forgets finished jobs.
+
+SPEC = ClusterSpec(((PartitionSpec(0, 0, ((4000, 8192),) * 3, (0, 0, 0)),),))  # one LM, one GM, three nodes
+
+
+class _Life:
+    """One life of GM 0 with its journal in `journal_dir`, and what it sent its LM."""
+
+    def __init__(self, journal_dir: Path, kept: int, lm: LocalMaster) -> None:
+        settings = GMSettings(
+            lm_urls=["http://127.0.0.1:9"], journal_dir=str(journal_dir), run_id="t", finished_tasks_kept=kept
+        )
+        self.service = GMService(settings)
+        self.service.adopt(SPEC)
+        self.lm = lm
+        self.sent: list[Output] = []
+        self.service._dispatch = self.sent.extend  # type: ignore[method-assign]
+
+        async def claim() -> list[GMRecovery]:
+            report = lm_report(lm, 0)
+            return [
+                GMRecovery(
+                    lm=0,
+                    incarnation=0,
+                    delta=DeltaModel.plain(report.delta),
+                    running=[PlacementModel.plain(p) for p in report.running],
+                    ended=[EndedRun(task_id=t, attempt=a, error=e) for t, a, e in report.ended],
+                )
+            ]
+
+        self.service._claim = claim  # type: ignore[method-assign]
+
+    def batches(self) -> list[LaunchBatch]:
+        """The launch batches sent since the last call."""
+        sent, self.sent[:] = list(self.sent), []
+        return [o.msg for o in sent if isinstance(o, Send) and isinstance(o.msg, LaunchBatch)]
+
+    def launch(self, batches: list[LaunchBatch]) -> dict[str, int]:
+        """The LM gets `batches`, and the GM its answers; returns the node of each task launched."""
+        nodes: dict[str, int] = {}
+        core = self.service.core
+        assert core is not None
+        for batch in batches:
+            for out in self.lm.handle(batch, time.time()):
+                if isinstance(out.msg, LaunchResponse):
+                    core.handle(out.msg, time.time())
+                elif isinstance(out.msg, WorkerLaunch):
+                    nodes |= {p.task.task_id: p.node for p in out.msg.launches}
+        return nodes
+
+    def finish(self, task_id: str, node: int) -> None:
+        """The task's run ends on its worker: the LM reports it, the GM gets the completion."""
+        core = self.service.core
+        assert core is not None
+        for out in self.lm.handle(WorkerReport(0, [FinishedTask(task_id, node, gm=0)]), time.time()):
+            if isinstance(out.msg, Completions):
+                core.handle(out.msg, time.time())
+
+    async def submit(self, job_id: str, tasks: int = 1) -> None:
+        task = {"duration": 60.0, "cpu_millicores": 500, "memory_mb": 256}
+        await self.service.submit(
+            JobSubmission.model_validate({"job_id": job_id, "tasks": [task] * tasks}), time.time()
+        )
+
+
+def _ends(path: Path) -> list[str]:
+    """The task ids of the journal's end records, in order, repeats included."""
+    return [r["end"] for r in map(json.loads, path.read_text().splitlines()) if "end" in r]
+
+
+@pytest.mark.parametrize("kept", [0, 1])
+def test_a_gm_restarting_from_a_journal_with_more_finished_tasks_than_it_keeps_loses_nothing(
+    tmp_path: Path, kept: int
+) -> None:
+    """Replaying the ends forgets finished jobs beyond MEGHA_FINISHED_TASKS_KEPT, as the GM did when they ended:
+    recovery goes on, runs again only what neither runs nor ended, adopts what runs, and ends nothing twice.
+    Before the fix it failed with a KeyError on the tasks of the first job forgotten."""
+    lm = LocalMaster(0, SPEC.partitions[0], ended_runs_kept=100)  # a restarting GM learns which runs ended
+
+    async def lives() -> None:
+        first = _Life(tmp_path, kept, lm)
+        await first.service.recover()  # a GM's start: nothing journaled yet
+        for job_id, tasks in (("done-1", 1), ("done-2", 1), ("half", 2)):
+            await first.submit(job_id, tasks)
+        nodes = first.launch(first.batches())
+        assert sorted(nodes) == ["done-1.0", "done-2.0", "half.0", "half.1"]
+        for task_id in ("done-1.0", "done-2.0", "half.0"):
+            first.finish(task_id, nodes[task_id])
+        assert "done-1" not in first.service.jobs.jobs  # forgotten: more than `kept` finished tasks were held
+        await first.submit("late")  # its launch is lost in the crash: the LM never hears of it
+        await first.submit("dropped")  # the same, and cancelled: the crash came once the cancel was durable
+        assert sorted(p.task.task_id for b in first.batches() for p in b.placements) == ["dropped.0", "late.0"]
+        assert first.service.journal is not None
+        await first.service.journal.append_durably({"cancel": "dropped", "at": time.time()})  # cancel()'s 1st step
+        first.service.journal.close()  # the crash
+        path = first.service.journal_path()
+        assert _ends(path) == ["done-1.0", "done-2.0", "half.0"]
+
+        second = _Life(tmp_path, kept, lm)
+        await second.service.recover()
+        jobs, core = second.service.jobs, second.service.core
+        assert core is not None
+        assert not [o for o in second.sent if isinstance(o.msg, StopRequest)]  # no run of `dropped` to stop
+        batches = second.batches()
+        assert [p.task.task_id for b in batches for p in b.placements] == ["late.0"]  # nothing that ran or ended
+        assert set(core.running) == {"half.1"}  # adopted: it runs on at the LM
+        half = jobs.status("half")
+        assert half is not None and [t.state for t in half.tasks] == ["finished", "launched"]
+        # The only end announced now is the cancel of the task the crash left queued.
+        assert [(t.task_id, kind) for t, kind, *_ in jobs.ended_here] == [("dropped.0", "cancelled")]
+        assert not {"done-1", "done-2"} & set(jobs.jobs)  # forgotten, as the first life would have been by now
+        dropped = jobs.status("dropped")
+        if kept:
+            assert dropped is not None and (dropped.state, dropped.tasks[0].state) == ("cancelled", "cancelled")
+        else:
+            assert dropped is None  # forgotten as soon as it ended
+        held = _ends(path)  # the journal rewritten to what the table holds
+        assert len(held) == len(set(held)) and "half.0" in held
+
+        # The recovered GM carries on: what ran on and what was queued again end, once each.
+        nodes = second.launch(batches)
+        assert list(nodes) == ["late.0"]
+        second.finish("late.0", nodes["late.0"])
+        second.finish("half.1", core.running["half.1"].node)
+        assert _ends(path)[len(held) :] == ["late.0", "half.1"]
+        assert jobs.unfinished() == 0 and core.running == {}
+        assert second.service.journal is not None
+        second.service.journal.close()
+
+    asyncio.run(lives())

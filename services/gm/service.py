@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import time
@@ -94,7 +93,6 @@ class GMService:
         self._lock = asyncio.Lock()
         self._calls = ServiceClient(settings.http_timeout, authorization=settings.credentials())
         self._tasks: set[asyncio.Task[None]] = set()
-        self._job_numbers = itertools.count()
         self._accepting: set[str] = set()  # job ids being journaled
         self._reserved: dict[str, int] = {}  # tasks of jobs being journaled, per user (the submission bound)
 
@@ -168,11 +166,8 @@ class GMService:
         core = self.core
         assert core is not None
         job_id = sub.job_id
-        if job_id is None:
-            job_id = f"g{self.settings.gm_id}-{next(self._job_numbers)}"
-            while job_id in self.jobs.jobs or job_id in self._accepting:  # a client may have chosen this name
-                job_id = f"g{self.settings.gm_id}-{next(self._job_numbers)}"
-        elif job_id in self.jobs.jobs or job_id in self._accepting:
+        assert job_id is not None, "the GM route names every job (JobIds, or the id the user chose)"
+        if job_id in self.jobs.jobs or job_id in self._accepting:
             raise DuplicateJob(f"job {job_id} already exists")
         if not self.serving:
             raise NotServing(f"GM {self.settings.gm_id} is changing hands; submit again in a few seconds")
@@ -288,6 +283,7 @@ class GMService:
         states = await self._claim()
         now = time.time()
         tasks: list[TaskSpec] = []
+        ended: set[str] = set()  # accepted tasks the journal shows ended
         if replayed is not None:
             if replayed.damaged:
                 log.warning("journal %s: %d damaged lines skipped", self.journal_path(), replayed.damaged)
@@ -299,6 +295,9 @@ class GMService:
                     continue
                 self.observer.job_arrived(job, self.settings.gm_id, arrived)
                 tasks.extend(job.tasks)
+            # Read from the journal, not the job table: restoring the ends forgets finished jobs (their tasks too)
+            # beyond MEGHA_FINISHED_TASKS_KEPT, as it did when they ended.
+            ended = {t.task_id for t in tasks if t.task_id in replayed.ends}
             for task_id, (how, reason) in replayed.ends.items():
                 self._restore_end(task_id, how, reason, now)
         reports = [
@@ -307,22 +306,22 @@ class GMService:
             )
             for s in states
         ]
-        ended = {t.task_id for t in tasks if self.jobs.tasks[t.task_id].state in ENDED}
         plan = plan_recovery(self.settings.gm_id, tasks, ended, reports)
         for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM
             self._restore_end(task_id, "failed" if reason else "finished", reason, now)
         self.observer.decided(plan.running, now)
-        cancels = [job_id for job_id in (replayed.cancels if replayed is not None else ()) if job_id in self.jobs.jobs]
+        cancels = {job_id for job_id in (replayed.cancels if replayed is not None else ()) if job_id in self.jobs.jobs}
         for job_id in cancels:
             self.jobs.jobs[job_id].cancelled = True
-        queued = [t for t in plan.queued if not self.jobs.jobs[t.job_id].cancelled]
+        queued = [t for t in plan.queued if t.job_id not in cancels]
         for task in plan.queued:
-            if self.jobs.jobs[task.job_id].cancelled:
-                self.observer.task_cancelled(task, now)  # cancelled before the crash, while still queued
+            if task.job_id in cancels:  # cancelled before the crash, while still queued
+                self.observer.task_cancelled(task, now)
         async with self._lock:
             outputs = self.core.recover(plan.deltas, plan.running, queued, now)
             for job_id in cancels:  # their runs the LMs still hold are stopped now
-                outputs += self._cancel_open(job_id)
+                if job_id in self.jobs.jobs:  # a job whose last tasks were just cancelled may be forgotten already
+                    outputs += self._cancel_open(job_id)
         if replayed is not None:
             self.journal = Journal(self.journal_path())
             self.journal.rewrite(self._journal_records(replayed))
