@@ -96,10 +96,12 @@ UserName = Annotated[str, Field(pattern=USER_NAME.pattern)]
 """A user a submission names: 1-64 letters, digits or _ . @ - (as API tokens' users are); user names go into job
 ids (`scoped_job_id`), which travel in URLs and as task ids."""
 JOB_SCOPE = "~"
-"""Between the user and the name of a job id a user chose: `<user>~<name>` (neither may hold it)."""
+"""Between the user and the name of a job id a user chose, `<user>~<name>`, and before the GM-made id that makes it
+unique, `<user>~<name>~<gm-made id>` (none of them holds it)."""
 JobId = Annotated[str, Field(pattern=r"^([A-Za-z0-9_.@-]{1,64}~)?[A-Za-z0-9_.-]{1,64}$")]
 """A job id a client may choose: a name of 1-64 letters, digits or _ . -, or the name in a user's scope,
-`<user>~<name>` (`scoped_job_id`). Task ids are f"{job_id}.{i}"."""
+`<user>~<name>` (`scoped_job_id`); the GM makes the job's id unique, `<user>~<name>~<gm-made id>`. Task ids are
+f"{job_id}.{i}"."""
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Timestamp = Annotated[float, Field(allow_inf_nan=False)]
 ConstraintId = Annotated[int, Field(ge=0, le=NUM_CONSTRAINTS - 1)]
@@ -242,7 +244,8 @@ class JobSubmission(WireModel):
 
     With authentication on, every user a submission names (`user`, each task's `user`) must be the caller unless
     the caller is an operator, and a user who names none submits as itself. A job id a user chooses lives in that
-    user's scope: the GM answers it as `<user>~<job_id>` (docs/security.md, "Identities and privacy")."""
+    user's scope, made unique: the GM answers it as `<user>~<job_id>~<gm-made id>`, and the name finds the job while
+    the GM holds it (docs/security.md, "Identities and privacy")."""
 
     tasks: Annotated[list[TaskRequest], Field(min_length=1, max_length=MAX_TASKS_PER_JOB)]
     user: UserName = "default"

@@ -529,8 +529,9 @@ def logs(ctl: Ctl, job_id: str, task_id: str | None, stream: str, attempt: int |
     status = body(gm, response)
     tasks, full_id = status["tasks"], status["job_id"]  # the job's id: `job_id` in the caller's scope, maybe
     if task_id is not None:
-        short = task_id.startswith(f"{job_id}.")  # the task of the job's name, as the caller chose it
-        named = (task_id, f"{full_id}.{task_id}", full_id + task_id[len(job_id) :] if short else task_id)
+        prefix, _, index = task_id.rpartition(".")  # `<the job's id or name>.<i>`, or `<i>`
+        mine = prefix in (job_id, full_id) or full_id.startswith(f"{prefix}~")  # a name, maybe with its scope
+        named = (task_id, f"{full_id}.{task_id}", f"{full_id}.{index}" if mine else task_id)
         chosen = [t for t in tasks if t["task_id"] in named]
         if not chosen:
             raise CtlError(f"job {job_id} has no task {task_id} (its tasks: {tasks[0]['task_id']} ..)", REFUSED)

@@ -164,11 +164,14 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             target = peers.service_for(sub, gm)
         except NotHere as exc:
             return refuse(503, exc, "gm")
+        naming, held = ids_of(target), target.jobs.jobs
         if sub.job_id is None:
-            identity = target.settings.gm_id
-            if identity not in job_ids:
-                job_ids[identity] = JobIds(identity, target.jobs.jobs, time.time())
-            sub = sub.model_copy(update={"job_id": job_ids[identity].next(target.jobs.jobs)})
+            sub = sub.model_copy(update={"job_id": naming.next(held)})
+        elif JOB_SCOPE in sub.job_id:  # a user's name, made unique
+            try:
+                sub = sub.model_copy(update={"job_id": naming.named(sub.job_id, held)})
+            except ValueError as exc:
+                return refuse(409, exc, "job_id")
         try:
             job = await target.submit(sub, arrived)
         except Unschedulable as exc:
@@ -181,6 +184,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             refused = refuse(429, exc, "user")
             refused.headers["Retry-After"] = str(SUBMIT_AGAIN_AFTER)
             return refused
+        naming.accepted(job.job_id)
         accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=target.settings.gm_id)
         return json_response(accepted, 201)
 
@@ -192,10 +196,21 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         who = principal(request)
         for name in (job_id,) if JOB_SCOPE in job_id else (job_id, scoped_job_id(who.name, job_id)):
             for holder in (service, peers.stand_in):
-                job = None if holder is None else holder.jobs.jobs.get(name)
-                if holder is not None and job is not None and who.may_act_for(job.user):
-                    return holder, name
+                if holder is None:
+                    continue
+                held = holder.jobs.jobs
+                full_id = name if name in held else ids_of(holder).resolve(name, held)
+                job = None if full_id is None else held.get(full_id)
+                if job is not None and who.may_act_for(job.user):
+                    return holder, full_id  # type: ignore[return-value]
         return None
+
+    def ids_of(holder: GMService) -> JobIds:
+        """The job ids of the GM identity `holder` serves."""
+        identity = holder.settings.gm_id
+        if identity not in job_ids:
+            job_ids[identity] = JobIds(identity, holder.jobs.jobs, time.time())
+        return job_ids[identity]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(404))
     async def job_status(job_id: str, request: Request) -> Response:
@@ -234,8 +249,10 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         if found is None or status is None:
             return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
         holder, full_id = found
-        if full_id != job_id and task_id.startswith(f"{job_id}."):
-            task_id = full_id + task_id[len(job_id) :]
+        for name in (job_id, scoped_job_id(principal(request).name, job_id)):  # `<name>.<i>`, `<user>~<name>.<i>`
+            if full_id != name and task_id.startswith(f"{name}."):
+                task_id = full_id + task_id[len(name) :]
+                break
         task = next((t for t in status.tasks if t.task_id == task_id), None)
         if task is None:
             return error(404, f"job {job_id} has no task {task_id}", "task_id")
