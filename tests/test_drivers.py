@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -577,3 +578,15 @@ def test_a_real_agent_registers_its_drivers_runs_exec_and_container_tasks_and_se
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+def test_an_agent_given_the_old_task_user_setting_says_it_is_no_longer_read(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from megha.common.settings import WorkerSettings
+    from megha.services.worker.app import create_app
+
+    monkeypatch.setenv("MEGHA_TASK_USER", "nobody")
+    with caplog.at_level(logging.WARNING):
+        create_app(WorkerSettings(auth="off"), use_broker=False)
+    assert any("MEGHA_TASK_USER is no longer read" in r.getMessage() for r in caplog.records), caplog.text

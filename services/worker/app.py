@@ -9,6 +9,7 @@ its node has free, a task running here as another run); 503 before the agent has
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -54,6 +55,11 @@ LOGS_ANSWER = (
 
 def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
     log = configure_logging(settings.log_level, settings.worker_id)
+    if os.environ.get("MEGHA_TASK_USER"):  # replaced (2026-11-24): one user for every task let tasks reach each other
+        log.warning(
+            "MEGHA_TASK_USER is no longer read: each exec task runs as a uid of its own from MEGHA_TASK_UIDS "
+            "(docs/drivers.md, Isolation)"
+        )
     broker = settings.broker() if use_broker else None
     agent = WorkerAgent(settings, broker)
 
