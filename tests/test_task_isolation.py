@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -19,14 +20,17 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 from test_services_http import NOWHERE
 
 from megha.common.core.task import RunSpec
@@ -34,7 +38,9 @@ from megha.common.lifecycle import StartupError
 from megha.common.settings import WorkerSettings
 from megha.services.worker import enforcement
 from megha.services.worker.agent import WorkerAgent
-from megha.services.worker.exec_driver import ExecDriver
+from megha.services.worker.drivers import Limits
+from megha.services.worker.enforcement import TaskUids, UidLease
+from megha.services.worker.exec_driver import ExecDriver, _MemoryWatch
 from megha.services.worker.executor import ExecutionResult, TaskExecutor
 from megha.services.worker.tasklogs import TaskLogs, default_log_dir
 
@@ -48,6 +54,7 @@ pytestmark = [
 TASK_UIDS = WorkerSettings().task_uid_range()
 NOBODY = 65534
 PYTHON = "python3"  # the host's, on an exec task's PATH
+TRUE = RunSpec("exec", ("true",))
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -281,6 +288,230 @@ async def test_shared_memory_counts_against_the_task_s_memory_and_what_a_task_le
         assert not Path(f"{folder}/megha-left-{uid}").exists(), folder
     ipc = Path("/proc/sysvipc/shm").read_text().splitlines()
     assert not [row for row in ipc[1:] if row.split()[1] == str(segment)], ipc
+
+
+# ------------------------------------------------------------------------------------------- many runs at once
+
+MANY = 80
+NEIGHBOURS = 8
+
+
+def neighbour(stop: threading.Event, wronged: list[str]) -> None:
+    """What the agent's other threads do while runs start and end (scan /proc, open uid lock files, remove what a
+    uid left), only faster: open /dev/null, check each descriptor is /dev/null still, close it. A descriptor closed
+    or replaced under this thread is one the driver closed that was not its own (as a pipe closed twice is)."""
+    null = os.stat("/dev/null")
+    while not stop.is_set():
+        for fd in [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC) for _ in range(8)]:
+            try:
+                st = os.fstat(fd)
+                os.close(fd)
+            except OSError as exc:
+                wronged.append(f"descriptor {fd}: {exc}")
+                continue
+            if (st.st_dev, st.st_ino) != (null.st_dev, null.st_ino):
+                wronged.append(f"descriptor {fd} was no longer /dev/null")
+
+
+def test_many_tasks_started_at_once_under_uvloop_all_start_and_finish_and_no_other_descriptor_is_closed(
+    logs_root: Path,
+) -> None:
+    """An agent's loop is uvloop (uvicorn's), and a big batch starts MANY short runs at once, while threads open
+    and close files as the agent's do. Every run starts and finishes, and no descriptor of another thread is closed
+    under it: uvloop's pipe transport closed each output pipe twice (MagicStack/uvloop#763), and the second close
+    took whatever another thread had just opened with that number (the /proc scan of a uid lease, a uid's lock
+    file, a run's output folder or its next pipe). Under asyncio's own loop every other test here runs."""
+
+    async def many() -> list[ExecutionResult]:
+        async with agent(logs_root) as (executor, _):
+            return list(await asyncio.gather(*(run_to_end(executor, f"many.{i}", TRUE) for i in range(MANY))))
+
+    stop, wronged = threading.Event(), []
+    beside = [threading.Thread(target=neighbour, args=(stop, wronged), daemon=True) for _ in range(NEIGHBOURS)]
+    for thread in beside:
+        thread.start()
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            results = runner.run(many())
+    finally:
+        stop.set()
+        for thread in beside:
+            thread.join()
+    failed = [(r.task_id, r.error) for r in results if not r.succeeded]
+    assert not failed, f"{len(failed)} of {MANY} runs failed: {failed[:5]}"
+    assert not wronged, wronged[:5]
+
+
+# -------------------------------------------------------------------------------------------- leases of uids
+
+
+def as_uid(uid: int) -> int:
+    """A child process that became `uid` (and waits for a signal); its pid once it is `uid`."""
+    ready, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            os.write(tell, b"!")
+            signal.pause()
+        finally:
+            os._exit(0)
+    os.close(tell)
+    try:
+        assert os.read(ready, 1) == b"!"
+    finally:
+        os.close(ready)
+    return pid
+
+
+def test_leases_taken_at_once_by_threads_of_two_agents_never_share_a_uid(tmp_path: Path) -> None:
+    """24 leases at once, from the threads of two agents of one host, of 6 uids: each uid is leased once, the
+    other leases are refused (EAGAIN)."""
+    uids = TASK_UIDS[-20:-14]
+    agents = [TaskUids(uids, tmp_path / "locks") for _ in range(2)]
+    at_once = threading.Barrier(24)
+
+    def take(pool: TaskUids) -> UidLease | None:
+        at_once.wait()
+        try:
+            return pool.lease()
+        except OSError as exc:
+            assert exc.errno == errno.EAGAIN, exc
+            return None
+
+    with ThreadPoolExecutor(24) as threads:
+        leases = list(threads.map(take, [agents[i % 2] for i in range(24)]))
+    try:
+        assert sorted(lease.uid for lease in leases if lease is not None) == list(uids)
+    finally:
+        for i, lease in enumerate(leases):
+            if lease is not None:
+                agents[i % 2].release(lease)
+
+
+def test_a_uid_a_process_still_has_is_not_leased_again_until_it_is_gone(tmp_path: Path) -> None:
+    """A run's end gives its uid back even when a process of it would not die (stuck in the kernel): the uid is
+    not leased again while that process lives, and is once it is gone."""
+    pool = TaskUids(TASK_UIDS[-24:-22], tmp_path / "locks")
+    first = pool.lease()
+    left = as_uid(first.uid)
+    try:
+        pool.release(first)
+        second = pool.lease()
+        assert second.uid != first.uid
+        with pytest.raises(OSError) as refused:
+            pool.lease()
+        assert refused.value.errno == errno.EAGAIN
+    finally:
+        os.kill(left, signal.SIGKILL)
+        os.waitpid(left, 0)
+    third = pool.lease()
+    assert third.uid == first.uid
+    pool.release(second)
+    pool.release(third)
+
+
+@pytest.fixture
+def leases(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """The uids the exec driver leases and gives back, as they happen."""
+    seen: dict[str, list[int]] = {"leased": [], "released": []}
+    lease, release = TaskUids.lease, TaskUids.release
+
+    def leasing(self: TaskUids) -> UidLease:
+        taken = lease(self)
+        seen["leased"].append(taken.uid)
+        return taken
+
+    def releasing(self: TaskUids, taken: UidLease) -> None:
+        seen["released"].append(taken.uid)
+        release(self, taken)
+
+    monkeypatch.setattr(TaskUids, "lease", leasing)
+    monkeypatch.setattr(TaskUids, "release", releasing)
+    return seen
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def uid_processes_and_zombies(uid: int) -> list[enforcement.Process]:
+    return [p for p in enforcement.processes() if uid in p.uids]
+
+
+@pytest.mark.asyncio
+async def test_a_start_that_fails_once_its_process_exists_kills_and_reaps_it_and_gives_its_uid_back(
+    logs_root: Path, leases: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process is made, then the driver cannot watch it (no pidfd: out of descriptors): the start fails, and
+    nothing of the run is left: no process of its uid (not even a zombie), no descriptor, and the uid is free."""
+
+    def no_pidfd(pid: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    async with agent(logs_root) as (executor, _):
+        before = open_descriptors()
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+        with pytest.raises(OSError, match="Too many open files"):
+            await executor.start("doomed.0", 500, 256, 0.0, sh("exec sleep 60"))
+        monkeypatch.undo()
+        after = open_descriptors()
+    (uid,) = leases["leased"]
+    assert leases["released"] == [uid]
+    assert uid_processes_and_zombies(uid) == []
+    assert after == before
+
+
+@pytest.mark.asyncio
+async def test_a_run_whose_wait_is_cancelled_is_killed_before_its_uid_is_given_back(
+    logs_root: Path, leases: dict[str, list[int]]
+) -> None:
+    logs = TaskLogs(logs_root, 1 << 20, kept=10)
+    logs.prepare()
+    driver = ExecDriver("iso", TASK_UIDS, 64)
+    await driver.prepare()
+    run_log = logs.open("cancelled.0", 1)
+    try:
+        run = await driver.start("cancelled.0", 1, sh("id -u; exec sleep 60"), Limits(500, 256), run_log)
+        await wait_for(lambda: b"\n" in logs.read("cancelled.0", 1, "stdout"), 20)
+        uid = int(logs.read("cancelled.0", 1, "stdout"))
+        waiting = asyncio.ensure_future(run.wait())
+        await asyncio.sleep(0)  # one turn of the loop: the wait is under way, waiting for the run's end
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    finally:
+        logs.close("cancelled.0", run_log)
+    assert leases["leased"] == leases["released"] == [uid]
+    assert uid_processes_and_zombies(uid) == []
+
+
+@pytest.mark.asyncio
+async def test_what_the_memory_watch_saw_of_a_uid_is_not_shown_to_the_next_run_of_that_uid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch's scan takes a while (in a thread); a run ends and its uid is leased again meanwhile. What the
+    scan saw of the uid (the ended run's processes) is not shown to the new run, which it could kill."""
+    scanning, swapped = threading.Event(), threading.Event()
+    scans = iter([10**12, 1])  # the ended run's memory, then the new run's
+
+    def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], int]:
+        scanning.set()
+        swapped.wait(10)
+        return {("uid", 7): next(scans, 1)}
+
+    monkeypatch.setattr(enforcement, "memory_usage", memory_usage)
+    ended: list[int] = []
+    new: list[int] = []
+    watch = _MemoryWatch()
+    watch.add(("uid", 7), ended.append)
+    await asyncio.to_thread(scanning.wait, 10)
+    watch.forget(("uid", 7))  # the run ends, its uid is given back and leased again
+    watch.add(("uid", 7), new.append)
+    swapped.set()
+    await wait_for(lambda: bool(new), 10)  # the next scan's is the new run's
+    assert ended == [] and new[0] == 1
+    watch.forget(("uid", 7))
 
 
 # --------------------------------------------------------------------------------------------------- kept output

@@ -294,26 +294,27 @@ class Process:
 
 def processes() -> Iterator[Process]:
     """Every process, from /proc (one that ends while it is read is left out)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status", "rb") as f:
-                text = f.read()
-        except OSError:
-            continue
-        uids = _status_field(text, b"Uid")
-        if not uids:
-            continue
-        sid = _status_field(text, b"NSsid")
-        rss = _status_field(text, b"VmRSS")
-        yield Process(
-            pid=int(entry.name),
-            uids=tuple(int(u) for u in uids),
-            sid=int(sid[0]) if sid else -1,
-            rss=int(rss[0]) * 1024 if rss else 0,
-            zombie=_status_field(text, b"State")[:1] == [b"Z"],
-        )
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/status", "rb") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            uids = _status_field(text, b"Uid")
+            if not uids:
+                continue
+            sid = _status_field(text, b"NSsid")
+            rss = _status_field(text, b"VmRSS")
+            yield Process(
+                pid=int(entry.name),
+                uids=tuple(int(u) for u in uids),
+                sid=int(sid[0]) if sid else -1,
+                rss=int(rss[0]) * 1024 if rss else 0,
+                zombie=_status_field(text, b"State")[:1] == [b"Z"],
+            )
 
 
 def _status_field(text: bytes, name: bytes) -> list[bytes]:
@@ -412,7 +413,12 @@ class UidLease:
 class TaskUids:
     """The uids runs take, one each (MEGHA_TASK_UIDS), leased host-wide: a uid is taken only when no agent of the
     host holds its lock file and no live process has it. A uid that zombies still hold (killed, not yet reaped by
-    the host's init) is taken only when no other is free: zombies count against the uid's process limit."""
+    the host's init) is taken only when no other is free: zombies count against the uid's process limit.
+
+    Leases are taken at once by an agent's threads and by the agents of a host: the lock decides. Each lease
+    opens the lock file anew, and flock's locks belong to open files, not processes, so two threads of one agent
+    exclude each other as two agents do. A lease is released (its descriptor closed) when its run's processes are
+    all killed; one left alive (stuck in the kernel) keeps its uid from being leased again until it is gone."""
 
     def __init__(self, uids: range, locks: Path = UID_LOCKS) -> None:
         self.uids = uids
@@ -450,15 +456,22 @@ class TaskUids:
                 continue
             fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._locks)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    free = True
+                except BlockingIOError:
+                    free = False
+                # Not free after all when a process has it: one the run that released it a moment ago left.
+                free = free and not live_processes(uid)
+                if free:
+                    purge_uid(uid)  # what an earlier run left, should its agent have died before removing it
+            except BaseException:  # the lock goes with its descriptor: never held for a lease not made
                 os.close(fd)
-                continue
-            if live_processes(uid):  # the agent that released it a moment ago left one: not free after all
+                raise
+            if not free:
                 os.close(fd)
                 continue
             self._next = (self._next + i + 1) % count
-            purge_uid(uid)  # what an earlier run left, should its agent have died before removing it
             return UidLease(uid, fd)
         raise OSError(
             errno.EAGAIN,

@@ -14,9 +14,15 @@ An agent that cannot switch uids (not root, or root without the capabilities for
 as a warning at start-up says, with no process limit (it would count the agent's own) and found by their session.
 
 The agent reaps the process itself (``os.wait4`` when its pidfd says it ended) to learn the CPU time it and the
-children it waited for used. When it ends, every process of its uid (or what it left in its session or cgroup) is
-killed, so its output pipes close and nothing of it outlives the run, even a process that left the session; what
-the uid left in the shared temporary folders and System V IPC is removed, and only then is the uid free again.
+children it waited for used. It reads the output pipes itself too (`_Pump`: the loop's add_reader, each descriptor
+closed once, by its file object), not through the loop's pipe transports: uvloop's, the agent's loop under uvicorn,
+closes a pipe's descriptor twice (MagicStack/uvloop#763), and when another thread was given that number in between
+(the /proc scan of a uid lease, a uid's lock file, a run's output folder) the second close took its file.
+
+When the run ends, every process of its uid (or what it left in its session or cgroup) is killed, so its output
+pipes close and nothing of it outlives the run, even a process that left the session; what the uid left in the
+shared temporary folders and System V IPC is removed, and only then is the uid free again. A start that fails
+after the process was made does the same.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from megha.services.worker import enforcement
 from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
@@ -49,6 +55,8 @@ log = logging.getLogger(__name__)
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TASK_UMASK = 0o077
 """What a task creates is its own uid's alone unless it says otherwise."""
+READ_BYTES = 256 * 1024
+"""The most of a task's output read from one pipe at a time (what asyncio's pipe transport reads)."""
 PIPE_DRAIN_SECONDS = 2.0
 """How long output is still read after the run's processes are gone (a process that left its session may hold
 the pipes open)."""
@@ -135,7 +143,7 @@ class ExecDriver(Driver):
             raise ValueError("an exec task needs a command")
         await self.prepare()
         how = self._enforcement
-        lease = await asyncio.to_thread(self._uids.lease) if self._isolated else None
+        lease = await self._lease() if self._isolated else None
         scratch = cgroup = None
         try:
             scratch = Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
@@ -168,16 +176,31 @@ class ExecDriver(Driver):
                 preexec_fn=setup,
             )
         except BaseException:
-            _clean_up(cgroup, scratch, lease, self._uids)
+            # Popen may fail after its child became the uid: the uid is killed before it is given back.
+            await asyncio.to_thread(_clean_up, cgroup, scratch, lease, self._uids, kill=True)
             raise
         watch = self._watch if cgroup is None else None
         run = _ExecRun(process, log, limits, cgroup, scratch, lease, self._uids, watch)
         try:
-            await run.begin()
+            run.begin()
         except BaseException:
-            run.kill()
+            await run.abandon()
             raise
         return run
+
+    async def _lease(self) -> UidLease:
+        """A uid for a run, leased in a thread (it reads /proc); given back when it comes should the start be
+        cancelled meanwhile, not held for ever."""
+        leasing = asyncio.ensure_future(asyncio.to_thread(self._uids.lease))
+        try:
+            return await asyncio.shield(leasing)
+        except asyncio.CancelledError:
+            leasing.add_done_callback(self._unwanted)
+            raise
+
+    def _unwanted(self, leasing: asyncio.Future[UidLease]) -> None:
+        if not leasing.cancelled() and leasing.exception() is None:
+            self._uids.release(leasing.result())
 
 
 class _ExecRun(Run):
@@ -204,17 +227,16 @@ class _ExecRun(Run):
         self._released = False  # the uid went back to the pool: signalling it would reach another run
         self._over_memory_mb: float | None = None  # what the watch saw when it killed the run
         self._peak_bytes = 0
-        self._pumps: list[tuple[asyncio.BaseTransport, asyncio.Future[None]]] = []
+        self._pumps: list[_Pump] = []
         self._exited: asyncio.Future[resource.struct_rusage] | None = None
         self._pidfd = -1
 
-    async def begin(self) -> None:
+    def begin(self) -> None:
         loop = asyncio.get_running_loop()
         process = self._process
         for stream, pipe in (("stdout", process.stdout), ("stderr", process.stderr)):
-            done: asyncio.Future[None] = loop.create_future()
-            transport, _ = await loop.connect_read_pipe(functools.partial(_Pump, self._log, stream, done), pipe)
-            self._pumps.append((transport, done))
+            assert pipe is not None
+            self._pumps.append(_Pump(self._log, stream, pipe))
         self._exited = loop.create_future()
         self._pidfd = os.pidfd_open(process.pid)
         loop.add_reader(self._pidfd, self._reap)
@@ -225,11 +247,42 @@ class _ExecRun(Run):
         pid, status, usage = os.wait4(self._process.pid, os.WNOHANG)
         if pid == 0:
             return
-        asyncio.get_running_loop().remove_reader(self._pidfd)
-        os.close(self._pidfd)
+        self._close_pidfd()
         self._process.returncode = os.waitstatus_to_exitcode(status)  # so subprocess never waits for it
         assert self._exited is not None
         self._exited.set_result(usage)
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
+
+    async def abandon(self) -> None:
+        """Undo a start that failed once the process was made (`begin` could not watch it all): kill every process
+        of the run, reap it, close its pipes and give back what it held."""
+        await self._give_back(killed=False)
+
+    async def _give_back(self, killed: bool) -> None:
+        """Stop watching the run and give back what it held: its pipes, its cgroup and scratch folder, its uid.
+        Unless `killed` (every process of the run was killed after it ended), they are killed first and its own
+        process is reaped (a start that failed, a wait cancelled): a uid is never given back with a process of the
+        run left, nor is a process left for no one to watch."""
+        if not killed:
+            self.kill()
+            self._close_pidfd()
+        for pump in self._pumps:
+            pump.close()
+        for pipe in (self._process.stdout, self._process.stderr):  # one `begin` made no pump for yet
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+        if self._watch is not None:
+            self._watch.forget(self._key)
+        self._released = True
+        process = None if killed or self._process.returncode is not None else self._process
+        await asyncio.to_thread(
+            _clean_up, self._cgroup, self._scratch, self._lease, self._uids, process, kill=not killed
+        )
 
     def _seen(self, resident: int) -> None:
         """The memory watch's look at the run: its processes (and its uid's shared memory) hold `resident` bytes."""
@@ -240,22 +293,15 @@ class _ExecRun(Run):
 
     async def wait(self) -> Exit:
         assert self._exited is not None
+        killed = False
         try:
             usage = await self._exited
             if self._lease is not None:  # every process of its uid, wherever it went
-                left = await asyncio.to_thread(enforcement.kill_uid, self._lease.uid)
-                if left:
-                    log.warning(
-                        "exec run of uid %d: processes %s still alive %g s after SIGKILL; the uid is not taken "
-                        "again until they are gone",
-                        self._lease.uid,
-                        left,
-                        enforcement.KILL_WAIT_SECONDS,
-                    )
+                _warn_left(self._lease.uid, await asyncio.to_thread(enforcement.kill_uid, self._lease.uid))
             else:
                 self._signal(signal.SIGKILL)  # what it left behind
-            drained = [done for _, done in self._pumps]
-            await asyncio.wait(drained, timeout=PIPE_DRAIN_SECONDS)
+            killed = True
+            await asyncio.wait([pump.done for pump in self._pumps], timeout=PIPE_DRAIN_SECONDS)
             cpu = usage.ru_utime + usage.ru_stime
             oom_kills = 0
             if self._cgroup is not None:
@@ -263,12 +309,7 @@ class _ExecRun(Run):
                 oom_kills = enforcement.oom_kills(self._cgroup)
                 self._peak_bytes = enforcement.peak_bytes(self._cgroup)
         finally:
-            for transport, _ in self._pumps:
-                transport.close()
-            if self._watch is not None:
-                self._watch.forget(self._key)
-            self._released = True
-            await asyncio.to_thread(_clean_up, self._cgroup, self._scratch, self._lease, self._uids)
+            await self._give_back(killed)
         exit_code = self._process.returncode
         assert exit_code is not None
         # Not ru_maxrss: it counts the agent's memory the child had between fork and exec.
@@ -309,9 +350,23 @@ class _ExecRun(Run):
                 os.kill(pid, signum)
 
 
-def _clean_up(cgroup: Path | None, scratch: Path | None, lease: UidLease | None, uids: TaskUids) -> None:
+def _clean_up(
+    cgroup: Path | None,
+    scratch: Path | None,
+    lease: UidLease | None,
+    uids: TaskUids,
+    process: subprocess.Popen[bytes] | None = None,
+    *,
+    kill: bool = False,
+) -> None:
     """Remove a run's cgroup (killing what is left in it) and its scratch folder, remove what its uid left in the
-    shared folders, and give the uid back."""
+    shared folders, and give the uid back. `kill`: kill every process of the uid first (a start that failed, a wait
+    cancelled; a run's own end killed them already), and reap `process`, the run's own, when given. One call, so
+    that a cancelled caller never leaves it half done."""
+    if kill and lease is not None:
+        _warn_left(lease.uid, enforcement.kill_uid(lease.uid))
+    if process is not None:
+        process.wait()
     if cgroup is not None:
         try:
             enforcement.remove(cgroup)
@@ -326,20 +381,57 @@ def _clean_up(cgroup: Path | None, scratch: Path | None, lease: UidLease | None,
             uids.release(lease)
 
 
-class _Pump(asyncio.Protocol):
-    """Copies one output pipe of a run into its log."""
+def _warn_left(uid: int, left: list[int]) -> None:
+    if left:
+        log.warning(
+            "exec run of uid %d: processes %s still alive %g s after SIGKILL; the uid is not taken again until they "
+            "are gone",
+            uid,
+            left,
+            enforcement.KILL_WAIT_SECONDS,
+        )
 
-    def __init__(self, log: RunLog, stream: Stream, done: asyncio.Future[None]) -> None:
+
+class _Pump:
+    """Copies one output pipe of a run into its log: read when the loop says it is readable (add_reader), closed
+    once, by its file object, at its end or by `close`. Not a pipe transport (module docstring: uvloop's closes the
+    descriptor twice)."""
+
+    def __init__(self, log: RunLog, stream: Stream, pipe: IO[bytes]) -> None:
         self._log = log
         self._stream = stream
-        self._done = done
+        self._pipe = pipe
+        self._fd = pipe.fileno()
+        self._loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        """Resolved when the pipe is closed: at its end (every process holding it gone) or by `close`."""
+        os.set_blocking(self._fd, False)
+        self._loop.add_reader(self._fd, self._read)
 
-    def data_received(self, data: bytes) -> None:
-        self._log.write(self._stream, data)
+    def _read(self) -> None:
+        try:
+            data = os.read(self._fd, READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            log.warning("could not read a task's %s: %s", self._stream, exc)
+            data = b""
+        if not data:
+            self.close()
+            return
+        try:
+            self._log.write(self._stream, data)
+        except Exception:
+            log.exception("could not keep a task's %s; the rest of it is not read", self._stream)
+            self.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._done.done():
-            self._done.set_result(None)
+    def close(self) -> None:
+        if self._pipe.closed:
+            return
+        self._loop.remove_reader(self._fd)
+        self._pipe.close()
+        if not self.done.done():
+            self.done.set_result(None)
 
 
 class _MemoryWatch:
@@ -361,12 +453,15 @@ class _MemoryWatch:
 
     async def _watch(self) -> None:
         while self._runs:
-            uids = {n for kind, n in self._runs if kind == "uid"}
-            sessions = {n for kind, n in self._runs if kind == "sid"}
+            runs = dict(self._runs)
+            uids = {n for kind, n in runs if kind == "uid"}
+            sessions = {n for kind, n in runs if kind == "sid"}
             # In a thread: reading every /proc/<pid>/status of a busy host takes a while.
             held = await asyncio.to_thread(enforcement.memory_usage, uids, sessions)
             for key, resident in held.items():
-                seen = self._runs.get(key)
-                if seen is not None:
+                seen = runs.get(key)
+                # Only to a run watched through the whole scan: a uid given back and leased again meanwhile is
+                # another run's now, and what the scan saw of it was the ended run's.
+                if seen is not None and self._runs.get(key) is seen:
                     seen(resident)
             await asyncio.sleep(enforcement.WATCH_SECONDS)
