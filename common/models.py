@@ -25,6 +25,7 @@ worker -> load generator `TaskEvent`.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Self
@@ -231,6 +232,16 @@ def _aligner(resource_names: Sequence[str]) -> Callable[[int, int], Resources]:
 def scoped_job_id(user: str, job_id: str) -> str:
     """The id of job `job_id` in `user`'s scope: `<user>~<job_id>`, unchanged when `job_id` is scoped already."""
     return job_id if JOB_SCOPE in job_id else f"{user}{JOB_SCOPE}{job_id}"
+
+
+_GM_MADE = re.compile(r"^g(\d{1,4})-[0-9a-z]{1,9}-\d+$")
+
+
+def made_by(job_id: str) -> int | None:
+    """The GM that named job `job_id` (`g<gm>-...`, or a user's `<user>~<name>~g<gm>-...`); None for an id an
+    operator chose."""
+    found = _GM_MADE.match(job_id.rpartition(JOB_SCOPE)[2])
+    return None if found is None else int(found[1])
 
 
 def job_scope(job_id: str) -> str | None:

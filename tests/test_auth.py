@@ -329,6 +329,11 @@ def test_a_service_token_names_the_identity_a_route_acts_as(deployment: LocalDep
     ]:
         r = httpx.request(method, url, json=body, headers=as_lm1, timeout=5)
         assert r.status_code == 403 and "lm 1 may not" in r.text, (method, url, r.text)
+    for task in ("g0-mwuy71mk-0.0", "alice~train-1~g0-mwuy71mk-3.0"):  # GM 0's tasks' output, by the ids it made
+        r = httpx.get(f"{lm}/v1/nodes/0/tasks/{task}/logs", headers=as_gm1, timeout=5)
+        assert r.status_code == 403 and r.json()["detail"][0]["field"] == "task_id", r.text
+        r = httpx.get(f"{lm}/v1/nodes/0/tasks/{task}/logs", headers=deployment.headers_as("gm", "0"), timeout=5)
+        assert r.status_code == 404, r.text  # GM 0 may ask: the agent ran no such task
     state = httpx.get(f"{lm}/v1/gms/0/state", headers=deployment.headers_as("gm", "0"), timeout=5)
     assert state.status_code == 200, state.text  # GM 0 itself may, and its term was not raised by GM 1's claim
     assert httpx.get(f"{lm}/v1/state", headers=deployment.headers, timeout=5).json()["launched"] == 0

@@ -98,7 +98,8 @@ def _check_prometheus_saw_the_run(tasks: int) -> None:
 def _check_each_container_saw_only_its_own_secrets(compose: list[str], env: dict[str, str], project: str) -> None:
     """The run's containers mounted no secrets volume but their own (the secrets service alone the root material,
     volume `secrets`), and an agent's container, as its service runs it, sees at /secrets its own credential and broker
-    URL only, runs as root, and holds none of the root secrets in its environment."""
+    URL only, runs as root, and holds none of the root secrets in its environment; run as a task's uid, it reads
+    none of them."""
     containers = run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"], 60).stdout
     inspected = run(["docker", "inspect", *containers.split()], 60)
     assert inspected.returncode == 0, inspected.stderr
@@ -121,6 +122,12 @@ def _check_each_container_saw_only_its_own_secrets(compose: list[str], env: dict
     assert view["credential"] == ["worker", AGENT] and view["uid"] == 0, view
     leaked = [key for key, value in view["env"].items() if any(secret in value for secret in held)]
     assert not leaked, f"{AGENT}'s environment holds a root secret in {leaked}"
+    # What an exec task of that agent (a uid of MEGHA_TASK_UIDS, no group of the agent's) reads of the secrets.
+    task = ["--user", "900000005:900000005", AGENT, "sh", "-c", "cat /secrets/* /proc/1/environ; ls -a /secrets"]
+    dump = run([*compose, "run", "--rm", "--no-deps", "-T", *task], 120, cwd=ROOT, env=env)
+    assert "Permission denied" in dump.stderr, (dump.stdout, dump.stderr)
+    assert "megha-credential1" not in dump.stdout and "amqp://" not in dump.stdout, dump.stdout
+    assert not any(secret in dump.stdout for secret in held), "a task uid read a root secret"
 
 
 def test_compose_demo_replays_every_task_exactly_once_and_leaves_nothing_behind(tmp_path: Path) -> None:

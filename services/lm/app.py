@@ -24,6 +24,7 @@ from megha.common.models import (
     StopResponse,
     WorkerRegistered,
     WorkerRegistration,
+    made_by,
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import connected, lm_key
@@ -274,6 +275,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         responses={**LOG_RESPONSE, **errors(404, 502, 503)},
     )
     async def task_logs(
+        request: Request,
         node: int,
         task_id: str,
         stream: Stream = STREAM_QUERY,
@@ -281,7 +283,11 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         tail: int | None = TAIL_QUERY,
     ) -> Response:
         """The output (stdout or stderr) a task's run left on the agent that holds `node`: that agent's
-        `GET /v1/tasks/{task_id}/logs`, relayed. 404 names `node` when no agent registered it here."""
+        `GET /v1/tasks/{task_id}/logs`, relayed. 404 names `node` when no agent registered it here. A GM reads the
+        output of the jobs it named only (or those of the GM it stands in for); 403 names `task_id` otherwise."""
+        owner, who = made_by(task_id.rpartition(".")[0]), principal(request)
+        if owner is not None and who.role == "gm" and not acts_as_gm(who, owner, settings.num_gms):
+            return error(403, f"{who} may not read the output of GM {owner}'s task {task_id}", "task_id")
         try:
             reply = await service.task_logs(node, task_id, log_query(stream, attempt, tail))
         except KeyError:
