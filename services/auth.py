@@ -222,7 +222,7 @@ LM_RULES: Rules = {
     "POST /v1/launch": GM,
     "POST /v1/preempt": GM,
     "POST /v1/stop": GM,
-    "GET /v1/gms/{gm}/state": GM,
+    "GET /v1/gms/{gm}/state": GM | OPERATORS,  # a GM its own (route checks); operators any (megha chaos's views)
     "POST /v1/gms/{gm}/claim": GM,
     "GET /v1/state": GM | OPERATORS,
     "GET /v1/nodes/{node}/tasks/{task_id}/logs": GM | OPERATORS,

@@ -336,6 +336,7 @@ def test_a_service_token_names_the_identity_a_route_acts_as(deployment: LocalDep
         assert r.status_code == 404, r.text  # GM 0 may ask: the agent ran no such task
     state = httpx.get(f"{lm}/v1/gms/0/state", headers=deployment.headers_as("gm", "0"), timeout=5)
     assert state.status_code == 200, state.text  # GM 0 itself may, and its term was not raised by GM 1's claim
+    assert httpx.get(f"{lm}/v1/gms/0/state", headers=deployment.headers, timeout=5).status_code == 200  # operator
     assert httpx.get(f"{lm}/v1/state", headers=deployment.headers, timeout=5).json()["launched"] == 0
 
 
