@@ -33,14 +33,15 @@ class BrokerNode:
     """One RabbitMQ node on 127.0.0.1:`port` (guest/guest, loopback only), its data under `base`. Given `tls` (PEM
     files: certificate, key, CA bundle), it also listens for AMQPS on `tls_port` (`tls_url`) with that certificate."""
 
-    def __init__(self, tls: tuple[Path, Path, Path] | None = None) -> None:
+    def __init__(self, tls: tuple[Path, Path, Path] | None = None, port: int | None = None) -> None:
+        """`port`: the AMQP port (default: a free one)."""
         if shutil.which(SERVER) is None:
             raise RuntimeError(f"{SERVER} is not installed (Debian: apt-get install -y rabbitmq-server)")
         # In the system's temporary folder: the Debian wrapper runs the node as the rabbitmq user, who must reach it.
         self.base = Path(tempfile.mkdtemp(prefix="megha-rabbitmq-"))
         self.base.chmod(0o777)
         self.name = f"megha-{uuid.uuid4().hex[:8]}@localhost"
-        self.port = free_port()
+        self.port = port or free_port()
         # Erlang distribution, and the CLI tools' own ports at dist_port + 10000..10010 (RabbitMQ's default), kept
         # above the range services take their ports from (free_port), so neither can take a restarted one's port.
         self.dist_port = free_port(40_000, 50_000)

@@ -21,6 +21,35 @@ SKIP_DOCKER = "MEGHA_SKIP_DOCKER"
 os.environ.setdefault("MEGHA_AUTH", "off")
 
 
+_OWN_BROKER: list[object] = []  # the RabbitMQ node this test run started, if it started one
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The service tests need RabbitMQ at 127.0.0.1:5672. When nothing answers there and Debian's rabbitmq-server is
+    installed, the run starts a node of its own on that port (its data in a temporary folder) and stops it at the
+    end; `rabbitmqctl` then reaches that node (RABBITMQ_NODENAME). Without rabbitmq-server, the tests that need a
+    broker say so: they skip, or fail under CI=true."""
+    from megha.deploy.broker_node import BrokerNode, port_open
+
+    if port_open(5672) or shutil.which("rabbitmq-server") is None:
+        return
+    node = BrokerNode(port=5672)
+    try:
+        node.start()
+    except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
+        node.destroy()
+        config.issue_config_time_warning(pytest.PytestWarning(f"could not start a RabbitMQ node: {exc}"), 2)
+        return
+    os.environ["RABBITMQ_NODENAME"] = node.name
+    _OWN_BROKER.append(node)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for node in _OWN_BROKER:
+        node.destroy()  # type: ignore[attr-defined]
+    _OWN_BROKER.clear()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get(SKIP_DOCKER, "").lower() not in ("1", "true", "yes"):
         return

@@ -22,7 +22,11 @@ def rabbitmq_up() -> bool:
     return True
 
 
-needs_rabbitmq = pytest.mark.skipif(not rabbitmq_up(), reason="needs RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)")
+needs_rabbitmq = pytest.mark.skipif(
+    not rabbitmq_up(),
+    reason="needs RabbitMQ at 127.0.0.1:5672: none answers and rabbitmq-server is not installed (with it, the test "
+    "run starts a node of its own; .ci/run installs it)",
+)
 
 
 class _Deadline:
