@@ -99,20 +99,23 @@ class GlobalMaster:
         self.parked = ParkedShapes()
         self.waiting = self.parked.tasks
         self._next_seq = [0] * cluster.num_lms
-        self._outstanding: list[dict[int, list[Placement]]] = [{} for _ in range(cluster.num_lms)]
-        self._inflight: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
+        # Launch batches sent and not answered yet, per LM: seq -> its placements.
+        self._unanswered_batches: list[dict[int, list[Placement]]] = [{} for _ in range(cluster.num_lms)]
+        # The requests those batches put on each node, per LM: node -> [(seq, request)] (read-your-writes).
+        self._unanswered_requests: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
         self.running: dict[str, Placement] = {}
         self._awaiting_response: set[str] = set()
         self._finished_early: set[str] = set()
         self._schedulable: dict[tuple[int, Resources, str], tuple[str, str] | None] = {}
-        self._grown: list[tuple[int, int]] = []
+        # (LM, node) whose free resources grew in the view since the last drain: parked tasks may fit there.
+        self._freed_nodes: list[tuple[int, int]] = []
         # Newest LM-reported state per node not yet in the view: node -> (free, version, applied_through).
-        self._pending: list[dict[int, tuple[Resources, int, int]]] = [{} for _ in range(cluster.num_lms)]
-        self._has_pending = False
+        self._unapplied_states: list[dict[int, tuple[Resources, int, int]]] = [{} for _ in range(cluster.num_lms)]
+        self._has_unapplied_states = False
         # Preemption requests awaiting their answer, per LM: seq -> (task, LMs still to ask if this one refuses).
         self._preempting: list[dict[int, tuple[TaskSpec, list[int]]]] = [{} for _ in range(cluster.num_lms)]
         self._preempt_shapes: set[Shape] = set()
-        self._extra: list[Output] = []
+        self._sends_to_flush: list[Output] = []  # stop and preemption requests, sent with the next launch batches
         # Cancelled tasks whose run may still be out there (placed, running or being stopped): their end is
         # reported as cancelled, and they never run again.
         self._cancelling: set[str] = set()
@@ -201,7 +204,7 @@ class GlobalMaster:
             elif task_id in self._awaiting_response and task_id not in self._finished_early:
                 self._cancelling.add(task_id)  # an early completion already ended it: nothing to cancel
         for lm, runs in sorted(stops.items()):
-            self._extra.append(Send(lm_address(lm), StopRequest(self.gm_id, lm, runs)))
+            self._sends_to_flush.append(Send(lm_address(lm), StopRequest(self.gm_id, lm, runs)))
         return self._drain(now)
 
     def _remove_queued(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
@@ -223,19 +226,19 @@ class GlobalMaster:
         placing them elsewhere could run them twice) and forgotten, and their requests go back into the view
         (if the LM did launch them, its next report of the node says so). A preemption request counts as
         refused: the task asks the next LM or waits."""
-        placements = self._outstanding[lm].pop(seq, None)
+        placements = self._unanswered_batches[lm].pop(seq, None)
         if placements is not None:
-            inflight = self._inflight[lm]
+            unanswered = self._unanswered_requests[lm]
             self._sync_view()
             for p in placements:
                 view, i = self._locate[lm][p.node]
                 view.set_free(i, tuple(map(min, view.capacity[i], map(add, view.free[i], p.task.request))))
-                self._grown.append((lm, p.node))
-                entries = inflight.get(p.node, [])
+                self._freed_nodes.append((lm, p.node))
+                entries = unanswered.get(p.node, [])
                 if (seq, p.task.request) in entries:
                     entries.remove((seq, p.task.request))
                 if not entries:
-                    inflight.pop(p.node, None)
+                    unanswered.pop(p.node, None)
                 self._awaiting_response.discard(p.task.task_id)
                 if p.task.task_id in self._finished_early:
                     self._finished_early.discard(p.task.task_id)
@@ -321,13 +324,13 @@ class GlobalMaster:
     def _drain(self, now: float) -> list[Output]:
         """Retry parked tasks that a freed node could take, then try every queued task once; batch the
         placements per LM; park what fits nowhere."""
-        if self._has_pending and (self.queue or self.waiting):
+        if self._has_unapplied_states and (self.queue or self.waiting):
             self._sync_view()
         batches: dict[int, list[Placement]] = {}
-        if self._grown:
-            grown, self._grown = self._grown, []
+        if self._freed_nodes:
+            freed, self._freed_nodes = self._freed_nodes, []
             if self.waiting:
-                self._retry_waiting(grown, now, batches)
+                self._retry_waiting(freed, now, batches)
         observer = self.observer
         waiting = self.waiting
         book = self.book
@@ -357,12 +360,12 @@ class GlobalMaster:
                 observer.rescheduled(task, now)
         return self._flush(batches, now)
 
-    def _retry_waiting(self, grown: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]]) -> None:
+    def _retry_waiting(self, freed: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]]) -> None:
         """For each node whose free resources grew, retry (oldest shape first) the parked shapes it could run,
         until the node cannot take any parked request any more."""
         parked_shapes = self.parked
         waiting = self.waiting
-        for lm, node in grown:
+        for lm, node in freed:
             view, i = self._locate[lm][node]
             if not parked_shapes.any_request_fits(view.free[i]):
                 continue
@@ -416,13 +419,13 @@ class GlobalMaster:
 
     def _flush(self, batches: dict[int, list[Placement]], now: float) -> list[Output]:
         """One LaunchBatch per LM, remembered until its response arrives (after any preemption requests)."""
-        outputs, self._extra = self._extra, []
+        outputs, self._sends_to_flush = self._sends_to_flush, []
         for lm, placements in batches.items():
             seq = self._next_seq[lm] = self._next_seq[lm] + 1
-            self._outstanding[lm][seq] = placements
-            inflight = self._inflight[lm]
+            self._unanswered_batches[lm][seq] = placements
+            unanswered = self._unanswered_requests[lm]
             for p in placements:
-                inflight.setdefault(p.node, []).append((seq, p.task.request))
+                unanswered.setdefault(p.node, []).append((seq, p.task.request))
                 self._awaiting_response.add(p.task.task_id)
             self.observer.decided(placements, now)
             outputs.append(Send(lm_address(lm), LaunchBatch(self.gm_id, lm, seq, placements)))
@@ -435,15 +438,15 @@ class GlobalMaster:
     # ------------------------------------------------------------ view upkeep
 
     def _on_response(self, resp: LaunchResponse, now: float) -> None:
-        placements = self._outstanding[resp.lm].pop(resp.seq, None)
+        placements = self._unanswered_batches[resp.lm].pop(resp.seq, None)
         if placements is None:
             return  # a duplicate response; the first one was applied
-        inflight = self._inflight[resp.lm]
+        unanswered = self._unanswered_requests[resp.lm]
         for p in placements:
-            entries = inflight[p.node]
+            entries = unanswered[p.node]
             entries.remove((resp.seq, p.task.request))
             if not entries:
-                del inflight[p.node]
+                del unanswered[p.node]
         self._apply_states(resp.lm, resp.states, resp.delta.applied_through)
         self._apply_delta(resp.delta)
         awaiting = self._awaiting_response
@@ -456,7 +459,7 @@ class GlobalMaster:
             else:
                 self.running[p.task.task_id] = p
                 if cancelling and p.task.task_id in cancelling:
-                    self._extra.append(
+                    self._sends_to_flush.append(
                         Send(lm_address(p.lm), StopRequest(self.gm_id, p.lm, [(p.task.task_id, p.task.attempt)]))
                     )
             if p.repartition:
@@ -494,7 +497,7 @@ class GlobalMaster:
                     continue  # a stale copy of an earlier attempt
                 del running[item.task_id]
             elif item.task_id in self._awaiting_response:
-                placement = self._find_outstanding(msg.lm, item.task_id)
+                placement = self._find_unanswered(msg.lm, item.task_id)
                 if placement is None or placement.task.attempt != item.attempt:
                     continue
                 self._finished_early.add(item.task_id)
@@ -524,9 +527,9 @@ class GlobalMaster:
             self.queue.extendleft(reversed(requeue))
         self._apply_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
 
-    def _find_outstanding(self, lm: int, task_id: str) -> Placement | None:
+    def _find_unanswered(self, lm: int, task_id: str) -> Placement | None:
         """The placement of a task whose launch response has not arrived yet."""
-        for placements in self._outstanding[lm].values():
+        for placements in self._unanswered_batches[lm].values():
             for p in placements:
                 if p.task.task_id == task_id:
                     return p
@@ -560,7 +563,9 @@ class GlobalMaster:
         self.observer.preemption_attempted(task, lm, now)
         self.observer.decided([Placement(task, lm, -1, False, self.gm_id)], now)
         victims_msg = [Victim(user, book.usage_elsewhere(user, lm)) for user in victims]
-        self._extra.append(Send(lm_address(lm), PreemptRequest(self.gm_id, lm, seq, task, victims_msg, book.total)))
+        self._sends_to_flush.append(
+            Send(lm_address(lm), PreemptRequest(self.gm_id, lm, seq, task, victims_msg, book.total))
+        )
         return True
 
     def _on_preempt_response(self, resp: PreemptResponse, now: float) -> None:
@@ -585,7 +590,7 @@ class GlobalMaster:
                 self.running[task.task_id] = resp.placement
                 if task.task_id in self._cancelling:
                     lm = resp.placement.lm
-                    self._extra.append(
+                    self._sends_to_flush.append(
                         Send(lm_address(lm), StopRequest(self.gm_id, lm, [(task.task_id, task.attempt)]))
                     )
             parked = self.waiting.get(shape)
@@ -654,39 +659,39 @@ class GlobalMaster:
         """Keep the newest reported state of each node; they reach the view when it is next needed
         (`_sync_view`), so a node that changed many times in between costs one update."""
         known = self._known_version[lm]
-        pending = self._pending[lm]
-        held_get = pending.get
+        unapplied = self._unapplied_states[lm]
+        held_get = unapplied.get
         for node, free, version in states:
             if version > known[node]:
                 held = held_get(node)
                 if held is None or version > held[1]:
-                    pending[node] = (free, version, applied_through)
-                    self._has_pending = True
+                    unapplied[node] = (free, version, applied_through)
+                    self._has_unapplied_states = True
 
     def _sync_view(self) -> None:
         """Adopt the held LM states, re-applying this GM's own placements on a node that the LM had not
         processed when it read the state (read-your-writes); note which nodes gained free resources."""
-        self._has_pending = False
-        grown = self._grown
-        for lm, pending in enumerate(self._pending):
-            if not pending:
+        self._has_unapplied_states = False
+        freed = self._freed_nodes
+        for lm, unapplied in enumerate(self._unapplied_states):
+            if not unapplied:
                 continue
             known = self._known_version[lm]
             locate = self._locate[lm]
-            inflight = self._inflight[lm]
-            for node, (free, version, applied_through) in pending.items():
+            unanswered = self._unanswered_requests[lm]
+            for node, (free, version, applied_through) in unapplied.items():
                 known[node] = version
-                if inflight and node in inflight:
-                    for seq, request in inflight[node]:
+                if unanswered and node in unanswered:
+                    for seq, request in unanswered[node]:
                         if seq > applied_through:
                             free = tuple(map(sub, free, request))
                 view, i = locate[node]
                 old = view.free[i]
                 if free != old:
                     if any(map(gt, free, old)):
-                        grown.append((lm, node))
+                        freed.append((lm, node))
                     view.set_free(i, free)
-            pending.clear()
+            unapplied.clear()
 
     # ---------------------------------------------------------------- queries
 
