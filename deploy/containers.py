@@ -52,10 +52,21 @@ def docker(*args: str, timeout: float = 60.0, check: bool = True) -> str:
             ["docker", *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
         )
     except subprocess.TimeoutExpired as exc:
-        raise DockerError(f"docker {' '.join(args)} did not end within {timeout:g} s") from exc
+        raise DockerError(f"docker {_shown(args)} did not end within {timeout:g} s") from exc
     if check and done.returncode != 0:
-        raise DockerError(f"docker {' '.join(args)}: {done.stderr.strip()[-1000:]}")
+        raise DockerError(f"docker {_shown(args)}: {done.stderr.strip()[-1000:]}")
     return done.stdout
+
+
+def _shown(args: tuple[str, ...]) -> str:
+    """A docker command as an error message names it: the values of secret variables left out."""
+    secret = ("CREDENTIAL", "AMQP_URL", "TOKEN", "PASS", "SECRET")
+    return " ".join(
+        f"{arg.partition('=')[0]}={arg.partition('=')[2].partition('=')[0]}=***"
+        if arg.startswith("--env=") and any(word in arg.partition("=")[2].partition("=")[0] for word in secret)
+        else arg
+        for arg in args
+    )
 
 
 def amqp_answers(port: int, timeout: float = 2.0) -> bool:
@@ -152,11 +163,7 @@ class ContainerDeployment:
             port = AMQP_PORT if service == BROKER else SERVICE_PORTS[service.split("-")[0]]
             published = not service.startswith("worker-")
             self.containers[service] = Container(
-                service,
-                f"{self.name}-{service}",
-                f"{prefix}.{10 + i}",
-                port,
-                free_port(*PUBLISHED_PORTS) if published else None,
+                service, f"{self.name}-{service}", f"{prefix}.{10 + i}", port, self._host_port() if published else None
             )
         lm_urls = [self.containers[f"lm-{lm}"].inner_url for lm in range(self.lms)]
         broker_user = ["--env=RABBITMQ_DEFAULT_USER=megha", f"--env=RABBITMQ_DEFAULT_PASS={self.broker_password}"]
@@ -234,11 +241,31 @@ class ContainerDeployment:
             return prefix
         raise DockerError("no free /24 in 10.64.0.0/10 for the network")
 
+    def _host_port(self) -> int:
+        """A free port of PUBLISHED_PORTS that no container of this deployment publishes yet (free_port only knows
+        that nothing binds it now: Docker binds it when the container starts)."""
+        taken = {c.host_port for c in self.containers.values()}
+        while (port := free_port(*PUBLISHED_PORTS)) in taken:
+            pass
+        return port
+
     def start_all(self) -> None:
-        """Create the network and start the broker, then every LM with its agents, then the GMs."""
+        """Create the network and start the broker, then every LM with its agents, then the GMs. A published port
+        another program took between the plan and the start is given up for another (a few times)."""
         self._plan(self._create_network())
         for service, container in self.containers.items():
-            docker("run", "--detach", *container.run)
+            for attempt in range(5):
+                try:
+                    docker("run", "--detach", *container.run)
+                    break
+                except DockerError as exc:
+                    if "port is already allocated" not in str(exc) or container.host_port is None or attempt == 4:
+                        raise
+                    docker("rm", "--force", container.name, check=False)
+                    old = f"127.0.0.1:{container.host_port}:{container.port}"
+                    container.host_port = self._host_port()
+                    new = f"127.0.0.1:{container.host_port}:{container.port}"
+                    container.run = [new if arg == old else arg for arg in container.run]
             if service == BROKER:
                 self.wait_broker()
 

@@ -138,3 +138,22 @@ def test_one_trial_of_each_fault_loses_nothing_and_recovers_in_time(name: str, t
     assert (trial.lost, trial.duplicated, trial.failed_with_reason) == (0, 0, 0), trial
     assert trial.finished_once == trial.accepted
     assert trial.recovery_seconds <= config.recovery_target, trial
+
+
+def test_a_container_deployment_publishes_each_service_on_a_port_of_its_own_and_names_no_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Free ports are drawn at random and bound only when Docker starts a container: two services of one plan must
+    not draw the same one. A failed docker command's message shows no secret variable's value."""
+    from megha.deploy import containers
+
+    drawn = iter([61_001, 61_001, 61_002, 61_002, 61_001, 61_003, 61_004, 61_005, 61_006, 61_007, 61_008])
+    monkeypatch.setattr(containers, "free_port", lambda low, high: next(drawn))
+    deployment = containers.ContainerDeployment()
+    deployment._plan("10.99.1")
+    published = [c.host_port for c in deployment.containers.values() if c.host_port is not None]
+    assert len(published) == len(set(published)) == 1 + deployment.lms + deployment.gms, published
+    lm = deployment.containers["lm-0"]
+    shown = containers._shown(("run", *lm.run))
+    assert "--env=MEGHA_CREDENTIAL=***" in shown and "megha-credential1" not in shown
+    assert deployment.broker_password not in shown and "--env=MEGHA_LM_ID=0" in shown
