@@ -703,21 +703,7 @@ def test_root_without_the_capabilities_to_switch_uids_does_not_offer_exec_never_
 def test_signalling_a_uid_reaches_only_that_uid() -> None:
     """The kill(-1) the agent sends as a run's uid: the processes of another task uid, and the agent, stay."""
     target, bystander = TASK_UIDS[-1], TASK_UIDS[-2]
-    children = []
-    for uid in (target, bystander):
-        ready, tell = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setresuid(uid, uid, uid)
-                os.write(tell, b"!")
-                signal.pause()
-            finally:
-                os._exit(0)
-        os.close(tell)
-        assert os.read(ready, 1) == b"!"  # it is `uid` now
-        os.close(ready)
-        children.append(pid)
+    children = [as_uid(uid) for uid in (target, bystander)]
     try:
         enforcement.signal_uid(target, signal.SIGTERM)
         _, status = os.waitpid(children[0], 0)
