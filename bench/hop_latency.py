@@ -1,7 +1,7 @@
 """Benchmark: round-trip time of one LM launch call and one worker-agent launch call, for 1 and 50 placements.
 
 Starts a 1 GM / 1 LM / 1 simulated-agent deployment (RabbitMQ at 127.0.0.1:5672) and times 30 calls of each
-through the client the services call each other with (`megha.services.http.ServiceClient`), so the figure is
+through the client the services call each other with (`megha.services.client.ServiceClient`), so the figure is
 what one hop of a launch costs: the client, the server's HTTP and JSON handling, and the route's work.
 
     python bench/hop_latency.py
@@ -18,7 +18,7 @@ from megha.common.core.messages import LaunchBatch, Placement, WorkerLaunch
 from megha.common.core.task import TaskSpec
 from megha.common.models import LaunchBatchModel, WorkerLaunchModel
 from megha.deploy.local import LocalDeployment
-from megha.services.http import ServiceClient
+from megha.services.client import ServiceClient
 
 NODES = 2000
 CALLS = 30

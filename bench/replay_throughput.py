@@ -6,6 +6,7 @@ workload, run, metrics), simulated tasks per wall second of the event loop (medi
 
     python bench/replay_throughput.py                    # syn_250 (200 jobs) and GOOG_subtrace, reference cluster
     python bench/replay_throughput.py --scenario syn250 --repeat 5
+    python bench/replay_throughput.py --scenario syn250 --decision-costs calibrated
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), action="append", help="default: all")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--decision-costs", default="zero", help="zero or calibrated (docs/decision-time.md)")
     args = parser.parse_args()
     names = args.scenario or sorted(SCENARIOS, reverse=True)
     missing = [n for n in names if not Path(str(SCENARIOS[n]["trace"])).exists()]
@@ -66,7 +68,7 @@ def main() -> int:
     for name in names:
         runs = []
         for i in range(args.repeat):
-            runs.append(run_once(SCENARIOS[name]))
+            runs.append(run_once({**SCENARIOS[name], "decision_costs": args.decision_costs}))
             print(f"  {name} run {i + 1}: {runs[-1]['loop_seconds']:.2f} s", file=sys.stderr)
         loops = [r["loop_seconds"] for r in runs]
         tasks = runs[0]["tasks"]

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from megha.common.auth import MIN_SECRET_CHARS, Credential, Signer, Verifier, parse_api_tokens, root_public
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
+from megha.common.core.policies import QUEUE_ORDERS
 from megha.common.core.task import DRIVERS
 
 if TYPE_CHECKING:
@@ -330,9 +331,27 @@ class GMSettings(FairSettings, UserTokens):
         default_factory=lambda: ["http://127.0.0.1:8100"],
         description="every LM's URL, in LM-id order (JSON list or comma-separated)",
     )
-    matching: Literal["random", "min-constraints"] = Field(
+    matching: Literal["random", "min-constraints", "first-fit"] = Field(
         "random", description="how the GM picks a worker among those that meet a task's constraints"
     )
+    lm_order: Literal["round-robin", "first-fit"] = Field(
+        "round-robin",
+        description="the order the GM searches LMs' partitions: round-robin from the next LM for each task (the "
+        "paper), or LM 0 first for every task (the authors' simulator)",
+    )
+    queue_order: str = Field(
+        "fifo",
+        description="the order the GM serves its queue without fair scheduling: a name registered in "
+        "megha.common.core.policies.QUEUE_ORDERS (fair scheduling serves its user queues instead)",
+    )
+
+    @field_validator("queue_order")
+    @classmethod
+    def _known_queue_order(cls, value: str) -> str:
+        if value not in QUEUE_ORDERS:
+            raise ValueError(f"unknown queue order {value!r}; choose one of {sorted(QUEUE_ORDERS)}")
+        return value
+
     seed: int = Field(0, description="seed of the GM's random choices")
     http_timeout: float = Field(10.0, gt=0, description="seconds for one LM call")
     lm_timeout: float = Field(

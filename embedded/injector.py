@@ -6,13 +6,13 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import Output, Send, WorkerPreempt, worker_address
 from megha.embedded.faults import Fault, Faults, Kind
-from megha.embedded.outages import LMAction, Outages
+from megha.embedded.outages import Later, LMAction, Outages
 
 if TYPE_CHECKING:
     from megha.embedded.system import EmbeddedSystem
@@ -21,34 +21,15 @@ FAULTS = "faults"
 SEED_OFFSETS: dict[Kind, int] = {"worker": 17, "lm": 29, "gm": 43}
 
 
-@dataclass(frozen=True, slots=True)
-class _Strike:
-    fault: Fault
-    scheduled: bool  # drawn from the random process (which then draws the next one)
-
-
-@dataclass(frozen=True, slots=True)
-class _Detect:
-    lm: int
-    node: int
-    silent: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Repair:
-    lm: int
-    node: int
-
-
-def _take_down(lm: LocalMaster, detect: _Detect, now: float) -> list[Output]:
+def _take_down(node: int, silent: float, lm: LocalMaster, now: float) -> list[Output]:
     """LM `lm` takes a silent node out of service and reports its runs lost; it also tells the node's worker to stop
     them, as the services' LM does when a worker it found silent is heard from again (a launch sent before the
     crash was noticed may reach the node after its repair)."""
-    lost = [p.task.task_id for p in lm.tasks_on([detect.node])]
-    reason = f"worker of LM {detect.lm} node {detect.node} silent for {detect.silent:g} s"
-    out = lm.take_down([detect.node], reason, now)
+    lost = [p.task.task_id for p in lm.tasks_on([node])]
+    reason = f"worker of LM {lm.lm_id} node {node} silent for {silent:g} s"
+    out = lm.take_down([node], reason, now)
     if lost:
-        out.append(Send(worker_address(detect.lm), WorkerPreempt(detect.lm, lost)))
+        out.append(Send(worker_address(lm.lm_id), WorkerPreempt(lm.lm_id, lost)))
     return out
 
 
@@ -86,11 +67,11 @@ class FaultInjector:
 
     def start(self, now: float) -> None:
         for fault in self.faults.at:
-            self._post(fault.at, _Strike(fault, scheduled=False))
+            self._post(fault.at, Later(partial(self._strike, fault, False)))
         for kind in self.per_second:
             self._draw_next(kind, now)
 
-    def _post(self, at: float, msg: object) -> None:
+    def _post(self, at: float, msg: Later) -> None:
         self._own_pending += 1
         self.system.loop.post(at, FAULTS, msg)
 
@@ -98,7 +79,7 @@ class FaultInjector:
         rng = self.rngs[kind]
         index, node = rng.choice(self.nodes) if kind == "worker" else (rng.randrange(self._count(kind)), -1)
         at = now + rng.expovariate(self.per_second[kind])
-        self._post(at, _Strike(Fault(kind, at, index, node), scheduled=True))
+        self._post(at, Later(partial(self._strike, Fault(kind, at, index, node), True)))
 
     def _work_left(self) -> bool:
         """Tasks still queued, waiting or running anywhere (a crashed GM's count as they were), or jobs still to
@@ -112,22 +93,23 @@ class FaultInjector:
 
     def handle(self, msg: object, now: float) -> list[Output]:
         self._own_pending -= 1
-        if isinstance(msg, _Strike):
-            self._strike(msg.fault, now)
-            if msg.scheduled and self._work_left():
-                self._draw_next(msg.fault.kind, now)
-            return []
-        if isinstance(msg, _Detect):
-            return self._at_lm(msg.lm, lambda lm, at: _take_down(lm, msg, at), now)
-        if isinstance(msg, _Repair):
-            self.failed.discard((msg.lm, msg.node))
-            self.system.workers[msg.lm].repair({msg.node})
-            return self._at_lm(msg.lm, lambda lm, at: lm.bring_up([msg.node], at), now)
-        if self.outages is not None:
-            return self.outages.handle(msg, now)
-        raise TypeError(f"fault injector cannot handle {type(msg).__name__}")
+        if not isinstance(msg, Later):
+            raise TypeError(f"fault injector cannot handle {type(msg).__name__}")
+        return msg.act(now)
 
-    def _strike(self, fault: Fault, now: float) -> None:
+    def _strike(self, fault: Fault, scheduled: bool, now: float) -> list[Output]:
+        """`fault` strikes; one `scheduled` (drawn from the random process) draws the next while there is work."""
+        self._apply(fault, now)
+        if scheduled and self._work_left():
+            self._draw_next(fault.kind, now)
+        return []
+
+    def _repair(self, lm: int, node: int, now: float) -> list[Output]:
+        self.failed.discard((lm, node))
+        self.system.workers[lm].repair({node})
+        return self._at_lm(lm, lambda core, at: core.bring_up([node], at), now)
+
+    def _apply(self, fault: Fault, now: float) -> None:
         down = self.faults.down(fault)
         if fault.kind == "worker":
             key = (fault.index, fault.node)
@@ -138,8 +120,9 @@ class FaultInjector:
             self.system.workers[fault.index].crash({fault.node})
             if self.outages is not None:
                 self.outages.worker_crashed(fault.index, {fault.node})
-            self._post(now + self.faults.detect, _Detect(fault.index, fault.node, self.faults.detect))
-            self._post(now + down, _Repair(fault.index, fault.node))
+            detect = partial(_take_down, fault.node, self.faults.detect)
+            self._post(now + self.faults.detect, Later(partial(self._at_lm, fault.index, detect)))
+            self._post(now + down, Later(partial(self._repair, fault.index, fault.node)))
             return
         assert self.outages is not None
         if self.outages.strike(fault.kind, fault.index, fault.partition, now, down):

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
-from megha.common.core.lm import VERSION_BITS, LocalMaster
+from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
     DeltaTick,
     LaunchResponse,
@@ -41,6 +42,7 @@ from megha.common.core.messages import (
     WorkerReport,
     gm_address,
 )
+from megha.common.core.node_table import VERSION_BITS
 from megha.common.core.observer import CoreObserver, observe
 from megha.common.core.recovery import LMReport, RunsHeld, lm_report, plan_recovery, runs_held, runs_lost
 from megha.common.core.task import JobSpec, TaskSpec
@@ -119,41 +121,10 @@ class _Deferred:
 
 
 @dataclass(frozen=True, slots=True)
-class _Back:
-    """A crashed LM or GM restarts, or a partition of one heals."""
+class Later:
+    """A step of the fault machinery (a fault, a restart, a message of a recovery), run at its time: `act(now)`."""
 
-    kind: Kind
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class _AskWorkers:
-    """A restarted LM asks its workers to register again."""
-
-    lm: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Rebuild:
-    """The workers' registrations reach a restarted LM, with the runs they hold."""
-
-    lm: int
-    runs: list[Placement]
-
-
-@dataclass(frozen=True, slots=True)
-class _AskLMs:
-    """A restarted GM asks every LM for its report."""
-
-    gm: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Recover:
-    """The LMs' reports reach a restarted GM."""
-
-    gm: int
-    reports: list[LMReport]
+    act: Callable[[float], list[Output]]
 
 
 class Outages:
@@ -164,7 +135,7 @@ class Outages:
     def needed(faults: Faults) -> bool:
         return any(faults.of(kind) or faults.cuts(kind) for kind in ("lm", "gm"))
 
-    def __init__(self, system: EmbeddedSystem, faults: Faults, post: Callable[[float, object], None]) -> None:
+    def __init__(self, system: EmbeddedSystem, faults: Faults, post: Callable[[float, Later], None]) -> None:
         self.system = system
         self.faults = faults
         self.post = post
@@ -260,41 +231,30 @@ class Outages:
         states[index] = "cut" if partition else "down"
         if kind == "lm":  # when it is up again (a restart takes its workers' registration: a hop each way)
             self.lm_back_at[index] = now + down + (0.0 if partition else 2 * self.hop)
-        self.post(now + down, _Back(kind, index))
+        self.post(now + down, Later(partial(self._back, kind, index)))
         return True
 
-    def handle(self, msg: object, now: float) -> list[Output]:
-        if isinstance(msg, _Back):
-            if msg.kind == "gm":
-                return self._gm_back(msg.index, now)
-            return self._lm_back(msg.index, now)
-        if isinstance(msg, _AskLMs):
-            return self._ask_lms(msg.gm, now)
-        if isinstance(msg, _AskWorkers):
-            return self._ask_workers(msg.lm, now)
-        if isinstance(msg, _Rebuild):
-            return self._rebuild(msg.lm, msg.runs, now)
-        if isinstance(msg, _Recover):
-            return self._recover(msg.gm, msg.reports, now)
-        raise TypeError(f"outages cannot handle {type(msg).__name__}")
+    def _back(self, kind: Kind, index: int, now: float) -> list[Output]:
+        """LM or GM `index` is back: cut off, it gets what waited for it; crashed, it starts recovering (a GM asks
+        the LMs for their reports, an LM's workers register again)."""
+        states = self.gm_state if kind == "gm" else self.lm_state
+        if states[index] == "cut":
+            states[index] = "up"
+            return self._deliver_gm(index, now) if kind == "gm" else self._deliver_lm(index, now)
+        states[index] = "recovering"
+        self.post(now + self.hop, Later(partial(self._ask_lms if kind == "gm" else self._ask_workers, index)))
+        return []
 
     # ------------------------------------------------------------------ GMs
-
-    def _gm_back(self, g: int, now: float) -> list[Output]:
-        if self.gm_state[g] == "cut":
-            self.gm_state[g] = "up"
-            return self._deliver_gm(g, now)
-        self.gm_state[g] = "recovering"
-        self.post(now + self.hop, _AskLMs(g))
-        return []
 
     def _ask_lms(self, g: int, now: float) -> list[Output]:
         """The LMs answer a restarted GM (one hop later); an LM that is down or cut off answers once it is back."""
         away = [lm for lm, state in enumerate(self.lm_state) if state != "up"]
         if away:
-            self.post(max(self.lm_back_at[lm] for lm in away) + self.hop, _AskLMs(g))
+            self.post(max(self.lm_back_at[lm] for lm in away) + self.hop, Later(partial(self._ask_lms, g)))
         else:
-            self.post(now + self.hop, _Recover(g, [lm_report(lm, g) for lm in self.system.lms]))
+            reports = [lm_report(lm, g) for lm in self.system.lms]
+            self.post(now + self.hop, Later(partial(self._recover, g, reports)))
         return []
 
     def _recover(self, g: int, reports: list[LMReport], now: float) -> list[Output]:
@@ -319,18 +279,10 @@ class Outages:
 
     # ------------------------------------------------------------------ LMs
 
-    def _lm_back(self, lm: int, now: float) -> list[Output]:
-        if self.lm_state[lm] == "cut":
-            self.lm_state[lm] = "up"
-            return self._deliver_lm(lm, now)
-        self.lm_state[lm] = "recovering"
-        self.post(now + self.hop, _AskWorkers(lm))
-        return []
-
     def _ask_workers(self, lm: int, now: float) -> list[Output]:
         """The workers of a restarted LM register again with the runs they hold (one hop later)."""
         assert self.agents is not None
-        self.post(now + self.hop, _Rebuild(lm, list(self.agents[lm].runs.values())))
+        self.post(now + self.hop, Later(partial(self._rebuild, lm, list(self.agents[lm].runs.values()))))
         return []
 
     def _rebuild(self, lm: int, runs: list[Placement], now: float) -> list[Output]:

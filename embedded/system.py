@@ -7,17 +7,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from megha.common.core.cluster import ClusterSpec
+from megha.common.core.costs import DecisionCosts
 from megha.common.core.fairness.config import FairnessConfig
-from megha.common.core.gm import GlobalMaster, Unschedulable
+from megha.common.core.gm import GlobalMaster
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import DeltaTick, Output, gm_address, lm_address, worker_address
 from megha.common.core.observer import CoreObserver
 from megha.common.core.placement.choice import make_choice
-from megha.common.core.task import JobSpec
+from megha.common.core.policies import gm_policies
 from megha.common.core.worker import SimulatedExecution
-from megha.common.transport.inmemory import EventLoop
 from megha.embedded.faults import Faults
 from megha.embedded.injector import FaultInjector
+from megha.embedded.wiring import SimulatedSystem, Submit
 
 LOADGEN = "loadgen"
 QUIET_TICKS_BEFORE_STOP = 3
@@ -27,7 +28,8 @@ GM_COUNTERS = ("repartitions", "inconsistencies", "reschedules", "preemption_att
 @dataclass(frozen=True, slots=True)
 class EmbeddedConfig:
     """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds;
-    `fairness` turns on user queues, shares and preemption; `faults` crashes workers, LMs and GMs."""
+    `fairness` turns on user queues, shares and preemption; `faults` crashes workers, LMs and GMs; `costs` is the
+    time GMs and LMs take to decide (None: none)."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
@@ -37,34 +39,29 @@ class EmbeddedConfig:
     fairness: FairnessConfig | None = None
     faults: Faults | None = None
     max_attempts: int = 3
+    costs: DecisionCosts | None = None
+    lm_order: str = "round-robin"
+    queue_order: str = "fifo"
 
 
-@dataclass(slots=True)
-class _Submit:
-    job: JobSpec
-
-
-class EmbeddedSystem:
-    """G GMs, L LMs and one simulated-execution worker pool per LM, joined by an EventLoop."""
+class EmbeddedSystem(SimulatedSystem):
+    """G GMs, L LMs and one simulated-execution worker pool per LM, joined by an EventLoop; jobs are submitted to
+    GMs."""
 
     def __init__(self, cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver | None = None) -> None:
-        self.cluster = cluster
-        self.config = config
-        self.observer = observer or CoreObserver()
-        self.loop = EventLoop(config.hop_delay, config.realtime)
+        super().__init__(cluster, config, observer, cluster.num_gms, "GM", gm_address)
         self.loop.background(DeltaTick)
         self.faults = FaultInjector(self, config.faults) if config.faults is not None else None
         self.outages = outages = self.faults.outages if self.faults is not None else None
         self.gms = [self.new_gm(g) for g in range(cluster.num_gms)]
         self.lms = [self.new_lm(lm) for lm in range(cluster.num_lms)]
         self.workers = [SimulatedExecution(lm, self.observer) for lm in range(cluster.num_lms)]
-        self.rejected: list[tuple[JobSpec, str]] = []
         self.retired: Counter[str] = Counter()  # counters of GM and LM cores lost in crashes
         for g in range(cluster.num_gms):
             handler = self._gm_handler(g)
-            self.loop.register(gm_address(g), outages.gm_endpoint(g, handler) if outages else handler)
+            self.loop.register(gm_address(g), outages.gm_endpoint(g, handler) if outages else handler, "gm")
         for lm in self.lms:
-            self.loop.register(lm_address(lm.lm_id), outages.lm_endpoint(lm.lm_id) if outages else lm.handle)
+            self.loop.register(lm_address(lm.lm_id), outages.lm_endpoint(lm.lm_id) if outages else lm.handle, "lm")
         for worker in self.workers:
             endpoint = outages.worker_endpoint(worker) if outages else worker.handle
             self.loop.register(worker_address(worker.lm_id), endpoint)
@@ -74,14 +71,16 @@ class EmbeddedSystem:
         """GM `g`'s core, as it starts (or restarts after a crash)."""
         config = self.config
         outages = self.outages
+        policies = gm_policies(
+            g, self.cluster, config.fairness, make_choice(config.matching), config.queue_order, config.lm_order
+        )
         return GlobalMaster(
             g,
             self.cluster,
-            make_choice(config.matching),
-            config.seed,
-            outages.gm_observer(g) if outages else self.observer,
-            config.fairness,
-            config.max_attempts,
+            seed=config.seed,
+            observer=self.loop.stamped(outages.gm_observer(g) if outages else self.observer),
+            max_attempts=config.max_attempts,
+            policies=policies,
         )
 
     def new_lm(self, lm: int, incarnation: int = 0) -> LocalMaster:
@@ -92,7 +91,7 @@ class EmbeddedSystem:
             lm,
             self.cluster.partitions[lm],
             self.cluster.resource_names,
-            self.observer,
+            self.loop.stamped(self.observer),
             config.delta_interval,
             config.fairness,
             incarnation,
@@ -112,21 +111,11 @@ class EmbeddedSystem:
         def handle(msg: object, now: float) -> list[Output]:
             self._quiet_ticks = 0
             gm = gms[g]
-            if isinstance(msg, _Submit):
-                try:
-                    return gm.submit(msg.job, now)
-                except Unschedulable as exc:
-                    self.rejected.append((msg.job, str(exc)))
-                    return []
+            if isinstance(msg, Submit):
+                return self.accept(gm.submit, msg.job, now)
             return gm.handle(msg, now)
 
         return handle
-
-    def submit(self, gm: int, job: JobSpec) -> None:
-        """The load generator submits `job` to GM `gm` at its submission time; it arrives one hop later."""
-        if not 0 <= gm < len(self.gms):
-            raise ValueError(f"no GM {gm}; this system has {len(self.gms)}")
-        self.loop.post(job.submitted_at + self.config.hop_delay, gm_address(gm), _Submit(job))
 
     def run(self, on_event: Callable[[float], None] | None = None) -> None:
         """Run until every accepted task has finished (or nothing more can happen)."""
@@ -143,11 +132,6 @@ class EmbeddedSystem:
             return False
         self._quiet_ticks += 1
         return self._quiet_ticks <= QUIET_TICKS_BEFORE_STOP * len(self.lms)
-
-    @property
-    def entry_points(self) -> int:
-        """Jobs are submitted to GMs."""
-        return len(self.gms)
 
     def counters(self) -> dict[str, int]:
         """Repartitions, inconsistencies and reschedules summed over GMs (the LM-side counts agree), including

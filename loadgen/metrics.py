@@ -2,8 +2,8 @@
 
 Allocation time and its components follow section III of the Megha paper; JRT delay and utilization follow
 section 2.4 of the constraint-aware paper. The formulas live once, as properties of `TaskRecord` and
-`JobRecord`; this module applies the task formulas column-wise with numpy so a run of millions of tasks
-is summarised in seconds.
+`JobRecord`; this module applies the task formulas column-wise with numpy to the records' columns
+(`TaskColumns`) so a run of millions of tasks is summarised in seconds.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Literal, get_args
 
 import numpy as np
 
-from megha.loadgen.records import JobRecord, TaskRecord
+from megha.loadgen.records import JobRecord, TaskColumns, TaskRecord
 
 #: Percentiles in a Summary: median, p90, p99 and p99.99.
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.99)
@@ -100,15 +99,16 @@ def default_utilization_step(span: float, max_samples: int = MAX_UTILIZATION_SAM
 
 
 def utilization_over_time(
-    tasks: Sequence[TaskRecord],
+    tasks: Sequence[TaskRecord] | TaskColumns,
     total_capacity: tuple[int, ...],
     resource_names: Sequence[str],
     step: float | None = None,
 ) -> UtilizationSeries:
     """Utilization per resource in steps of `step` seconds of the busy span (default `default_utilization_step`)."""
+    tasks = TaskColumns.of(tasks)
     return _utilization(
-        _column(tasks, "started_at", np.float64),
-        _column(tasks, "finished_at", np.float64),
+        tasks.array("started_at", np.float64),
+        tasks.array("finished_at", np.float64),
         _requests(tasks, len(resource_names)),
         total_capacity,
         tuple(resource_names),
@@ -148,7 +148,7 @@ class RunMetrics:
 
 
 def compute_metrics(
-    tasks: Sequence[TaskRecord],
+    tasks: Sequence[TaskRecord] | TaskColumns,
     jobs: Sequence[JobRecord],
     total_capacity: tuple[int, ...],
     resource_names: Sequence[str],
@@ -160,29 +160,30 @@ def compute_metrics(
     the records' times are on (the wall clock unless a simulation says otherwise)."""
     if clock not in get_args(Clock):
         raise ValueError(f"clock must be one of {get_args(Clock)}, got {clock!r}")
-    times = {name: _column(tasks, name, np.float64) for name in _TIME_FIELDS}
-    view = _ColumnView(times)
-    completions = _column(tasks, "completions", np.int64)
-    reasons = list(map(attrgetter("failed_reason"), tasks))
+    tasks = TaskColumns.of(tasks)
+    times = {name: tasks.array(name, np.float64) for name in _TIME_FIELDS}
+    derived = allocation_columns(times)
+    completions = tasks.array("completions", np.int64)
+    reasons = tasks.column("failed_reason")
     failed = np.fromiter(map(bool, reasons), dtype=bool, count=len(tasks))
     rejections = [j.rejected_reason for j in jobs if j.rejected_reason]
     completed = int(np.count_nonzero(completions >= 1))
     return RunMetrics(
-        allocation_time=summarize(TaskRecord.allocation_time.fget(view)),
-        components={name: summarize(getattr(TaskRecord, name).fget(view)) for name in COMPONENTS},
+        allocation_time=summarize(derived["allocation_time"]),
+        components={name: summarize(derived[name]) for name in COMPONENTS},
         jrt_delay=summarize([j.jrt_delay for j in jobs]),
         tasks=len(tasks),
         tasks_completed=completed,
         tasks_failed=int(np.count_nonzero(failed)),
         jobs=len(jobs),
         jobs_rejected=len(rejections),
-        repartitions=int(_column(tasks, "repartitioned", np.int64).sum()),
-        inconsistencies=int(_column(tasks, "inconsistencies", np.int64).sum()),
-        reschedules=int(_column(tasks, "reschedules", np.int64).sum()),
-        attempts=int(_column(tasks, "attempts", np.int64).sum()),
-        preemption_attempts=int(_column(tasks, "preemption_attempts", np.int64).sum()),
-        preemptions=int(_column(tasks, "preemptions", np.int64).sum()),
-        lost_cpu_seconds=float(_column(tasks, "lost_cpu_seconds", np.float64).sum()),
+        repartitions=int(tasks.array("repartitioned", np.int64).sum()),
+        inconsistencies=int(tasks.array("inconsistencies", np.int64).sum()),
+        reschedules=int(tasks.array("reschedules", np.int64).sum()),
+        attempts=int(tasks.array("attempts", np.int64).sum()),
+        preemption_attempts=int(tasks.array("preemption_attempts", np.int64).sum()),
+        preemptions=int(tasks.array("preemptions", np.int64).sum()),
+        lost_cpu_seconds=float(tasks.array("lost_cpu_seconds", np.float64).sum()),
         not_exactly_once=_not_exactly_once(tasks, jobs, completions, failed),
         span=_nan_span(times["arrival"], times["finished_at"]),
         clock=clock,
@@ -206,6 +207,15 @@ def _tally(reasons: Iterable[str]) -> tuple[tuple[str, int], ...]:
     return tuple(Counter(_ID_LISTS.sub("", reason) for reason in reasons).most_common())
 
 
+def allocation_columns(times: dict[str, np.ndarray] | TaskColumns) -> dict[str, np.ndarray]:
+    """Allocation time and its components (`COMPONENTS`), one value per task: the `TaskRecord` formulas applied
+    to the time columns (`times`: the records, or their time columns by name)."""
+    if isinstance(times, TaskColumns):
+        times = {name: times.array(name, np.float64) for name in _TIME_FIELDS}
+    view = _ColumnView(times)
+    return {name: getattr(TaskRecord, name).fget(view) for name in ("allocation_time", *COMPONENTS)}
+
+
 class _ColumnView:
     """Stands in for a `TaskRecord` whose time attributes are numpy columns, so its properties vectorise."""
 
@@ -213,15 +223,11 @@ class _ColumnView:
         self.__dict__.update(columns)
 
 
-def _column(tasks: Sequence[TaskRecord], name: str, dtype: type[np.generic]) -> np.ndarray:
-    return np.fromiter(map(attrgetter(name), tasks), dtype=dtype, count=len(tasks))
-
-
-def _requests(tasks: Sequence[TaskRecord], width: int) -> np.ndarray:
+def _requests(tasks: TaskColumns, width: int) -> np.ndarray:
     if not tasks:
         return np.zeros((0, width), dtype=np.int64)
     try:
-        requests = np.array(list(map(attrgetter("request"), tasks)), dtype=np.int64)
+        requests = np.array(tasks.column("request"), dtype=np.int64)
     except ValueError as exc:
         raise ValueError(f"every task request must have {width} amounts (one per resource)") from exc
     if requests.shape != (len(tasks), width):
@@ -230,12 +236,13 @@ def _requests(tasks: Sequence[TaskRecord], width: int) -> np.ndarray:
 
 
 def _not_exactly_once(
-    tasks: Sequence[TaskRecord], jobs: Sequence[JobRecord], completions: np.ndarray, failed: np.ndarray
+    tasks: TaskColumns, jobs: Sequence[JobRecord], completions: np.ndarray, failed: np.ndarray
 ) -> tuple[str, ...]:
     """Tasks of accepted jobs that finished more than once, or never finished without a failure reason."""
     rejected = {j.job_id for j in jobs if j.rejected_reason}
     suspects = np.flatnonzero((completions > 1) | ((completions == 0) & ~failed))
-    return tuple(tasks[i].task_id for i in suspects.tolist() if tasks[i].job_id not in rejected)
+    task_ids, job_ids = tasks.columns["task_id"], tasks.columns["job_id"]
+    return tuple(task_ids[i] for i in suspects.tolist() if job_ids[i] not in rejected)
 
 
 def _nan_span(starts: np.ndarray, ends: np.ndarray) -> float:

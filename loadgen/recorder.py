@@ -1,122 +1,211 @@
-"""The recorder: a core observer that fills one TaskRecord per task and one JobRecord per job."""
+"""The recorders: what a replay measured of each task and job, reduced from the events the cores report through
+the task lifecycle (`common/core/lifecycle.py`). `Recorder` observes the cores of a replay in one process;
+`EventRecorder` (loadgen/events.py) reads the task events the services publish. Both fill the same columns
+(`TaskColumns`, through `Records`), so a duplicate completion changes no record, and an event the lifecycle does
+not allow is counted and logged."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
+from megha.common.core.lifecycle import ILLEGAL, STEPS, Event, IllegalTransition, State, next_state
 from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
-from megha.loadgen.records import JobRecord, TaskRecord, record_finished, record_preempted
+from megha.loadgen.records import JobRecord, TaskColumns
+
+log = logging.getLogger("megha.loadgen")
+_WIDTH = len(Event)
 
 
-class Recorder(CoreObserver):
+class Records:
+    """Task and job records, and each task's lifecycle state."""
+
+    def __init__(self) -> None:
+        self.tasks = TaskColumns()
+        self.jobs: dict[str, JobRecord] = {}
+        self.states = bytearray()  # each task's lifecycle `State`, by row
+        self.illegal = 0  # events the lifecycle did not allow (logged; the record keeps what they measured)
+
+    def expect(self, gm: int, job: JobSpec) -> None:
+        """Register a job before it is submitted to GM `gm` (so rejected jobs are reported too)."""
+        self.jobs[job.job_id] = JobRecord(
+            job.job_id, gm, job.submitted_at, len(job.tasks), max((t.duration for t in job.tasks), default=0.0)
+        )
+        add = self.tasks.add
+        for t in job.tasks:
+            add(t.task_id, job.job_id, gm, t.user, t.duration, t.request)
+        self.states.extend(bytes([self._first]) * len(job.tasks))
+
+    _first = State.NEW  # the state of a task registered by `expect`
+
+    def _advance(self, row: int, task_id: str, event: Event) -> bool:
+        """Move a task along `event`; False for a no-op, and for an illegal event (counted and logged)."""
+        states = self.states
+        after = STEPS[states[row] * _WIDTH + event]
+        if after >= 0:
+            states[row] = after
+            return True
+        if after == ILLEGAL:
+            self.illegal += 1
+            try:
+                next_state(task_id, states[row], event)
+            except IllegalTransition as exc:
+                log.warning("%s (recorded as reported)", exc)
+        return False
+
+    def _finished(self, row: int, task_id: str, at: float) -> bool:
+        """A run of the task finished at `at`: counted as a completion (evidence of exactly once), and recorded as
+        the task's end unless it had ended; a job finishes with its last task."""
+        c = self.tasks.columns
+        c["completions"][row] += 1
+        states = self.states
+        after = STEPS[states[row] * _WIDTH + Event.FINISHED]  # `_advance`, inline on the hot path
+        if after >= 0:
+            states[row] = after
+        elif not self._advance(row, task_id, Event.FINISHED):
+            return False
+        c["finished_at"][row] = at
+        self.jobs[c["job_id"][row]].task_finished(at)
+        return True
+
+    def _lose_run(self, row: int, at: float, ran_at_most: float) -> None:
+        """The run that started at started_at was thrown away at `at`: its CPU request for as long as it ran (at
+        most `ran_at_most` seconds) is lost."""
+        c = self.tasks.columns
+        started = c["started_at"][row]
+        if not math.isnan(started):
+            c["lost_cpu_seconds"][row] += c["request"][row][0] / 1000 * min(ran_at_most, max(0.0, at - started))
+
+
+class Recorder(Records, CoreObserver):
     """Collects what happened to every task, from the events the GM, LM and worker cores report."""
 
     def __init__(self) -> None:
-        self.tasks: dict[str, TaskRecord] = {}
-        self.jobs: dict[str, JobRecord] = {}
+        super().__init__()
         self.finished_count = 0
         self.failed_count = 0  # failure reports (a task is reported once; with retries and restarts, perhaps more)
         # Runs cut short by preemption: (task id, started_at, preempted_at), for per-user usage over time.
         self.preempted_runs: list[tuple[str, float, float]] = []
 
-    def expect(self, gm: int, job: JobSpec) -> None:
-        """Register a job before it is submitted (so rejected jobs are reported too)."""
-        self.jobs[job.job_id] = JobRecord(
-            job.job_id, gm, job.submitted_at, len(job.tasks), max((t.duration for t in job.tasks), default=0.0)
-        )
-        for t in job.tasks:
-            self.tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, gm, t.user, t.duration, t.request)
-
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
-        tasks = self.tasks
+        number, arrival = self.tasks.number, self.tasks.columns["arrival"]
         for t in job.tasks:
-            tasks[t.task_id].arrival = now
+            row = number[t.task_id]
+            arrival[row] = now
+            self._advance(row, t.task_id, Event.ARRIVED)
 
     def job_rejected(self, job: JobSpec, gm: int, reason: str, now: float) -> None:
         self.jobs[job.job_id].rejected_reason = reason
         for t in job.tasks:
-            self.tasks[t.task_id].failed_reason = f"rejected at submission: {reason}"
+            self._failed(t.task_id, f"rejected at submission: {reason}")
         self.failed_count += len(job.tasks)
 
     def attempt(self, task: TaskSpec, now: float) -> None:
-        rec = self.tasks[task.task_id]
-        rec.attempts += 1
-        rec.attempt_at = now
+        row, c = self.tasks.number[task.task_id], self.tasks.columns
+        c["attempts"][row] += 1
+        c["attempt_at"][row] = now
 
     def rescheduled(self, task: TaskSpec, now: float) -> None:
-        self.tasks[task.task_id].reschedules += 1
+        self.tasks.columns["reschedules"][self.tasks.number[task.task_id]] += 1
 
     def decided(self, placements: Sequence[Placement], now: float) -> None:
-        tasks = self.tasks
+        number, c = self.tasks.number, self.tasks.columns
+        decided_at, lm, node, repartitioned = c["decided_at"], c["lm"], c["node"], c["repartitioned"]
+        states, step = self.states, _WIDTH
         for p in placements:
-            rec = tasks[p.task.task_id]
-            rec.decided_at = now
-            rec.lm = p.lm
-            rec.node = p.node
-            rec.repartitioned = p.repartition
+            row = number[p.task.task_id]
+            decided_at[row], lm[row], node[row], repartitioned[row] = now, p.lm, p.node, p.repartition
+            after = STEPS[states[row] * step + Event.DECIDED]  # `_advance`, inline on the hot path
+            if after >= 0:
+                states[row] = after
+            else:
+                self._advance(row, p.task.task_id, Event.DECIDED)
 
     def inconsistency(self, placement: Placement, now: float) -> None:
-        self.tasks[placement.task.task_id].inconsistencies += 1
+        row = self.tasks.number[placement.task.task_id]
+        self.tasks.columns["inconsistencies"][row] += 1
+        self._advance(row, placement.task.task_id, Event.REFUSED)
+
+    def preemption_refused(self, task: TaskSpec, reason: str, now: float) -> None:
+        self._advance(self.tasks.number[task.task_id], task.task_id, Event.REFUSED)
 
     def lm_received(self, placements: Sequence[Placement], now: float) -> None:
-        tasks = self.tasks
-        for p in placements:
-            tasks[p.task.task_id].lm_received_at = now
+        self._stamp("lm_received_at", placements, now)
 
     def launched(self, placements: Sequence[Placement], now: float) -> None:
-        tasks = self.tasks
+        number, c = self.tasks.number, self.tasks.columns
+        launched_at, node, repartitioned = c["launched_at"], c["node"], c["repartitioned"]
         for p in placements:
-            rec = tasks[p.task.task_id]
-            rec.launched_at = now
-            rec.node = p.node  # the LM's word: a preemption request names no node until the LM picks one
-            rec.repartitioned = p.repartition  # ... nor whose partition the node is in
+            row = number[p.task.task_id]
+            launched_at[row] = now
+            node[row] = p.node  # the LM's word: a preemption request names no node until the LM picks one
+            repartitioned[row] = p.repartition  # ... nor whose partition the node is in
 
     def worker_received(self, placements: Sequence[Placement], now: float) -> None:
-        tasks = self.tasks
-        for p in placements:
-            tasks[p.task.task_id].worker_received_at = now
+        self._stamp("worker_received_at", placements, now)
 
     def started(self, placements: Sequence[Placement], now: float) -> None:
-        tasks = self.tasks
+        number, started_at = self.tasks.number, self.tasks.columns["started_at"]
+        states, step = self.states, _WIDTH
         for p in placements:
-            tasks[p.task.task_id].started_at = now
+            row = number[p.task.task_id]
+            started_at[row] = now
+            after = STEPS[states[row] * step + Event.STARTED]  # `_advance`, inline on the hot path
+            if after >= 0:
+                states[row] = after
+            else:
+                self._advance(row, p.task.task_id, Event.STARTED)
 
     def finished(self, task_ids: Sequence[str], now: float) -> None:
-        record_finished(self.tasks, self.jobs, task_ids, now)
+        number = self.tasks.number
+        for task_id in task_ids:
+            self._finished(number[task_id], task_id, now)
         self.finished_count += len(task_ids)
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
-        self.tasks[task.task_id].failed_reason = reason
+        self._failed(task.task_id, reason)
         self.failed_count += 1
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """Its worker crashed: the work the run had done is thrown away (its CPU request for as long as it ran,
         at most its duration; the loss is noticed later than the crash, so this may count a little too much)."""
-        rec = self.tasks[task.task_id]
-        rec.retries += 1
-        if rec.started_at == rec.started_at:  # not NaN
-            ran = min(task.duration, max(0.0, now - rec.started_at))
-            rec.lost_cpu_seconds += ran * rec.request[0] / 1000
+        row = self.tasks.number[task.task_id]
+        self.tasks.columns["retries"][row] += 1
+        self._lose_run(row, now, task.duration)
+        self._advance(row, task.task_id, Event.LOST)
 
     def preemption_attempted(self, task: TaskSpec, lm: int, now: float) -> None:
-        self.tasks[task.task_id].preemption_attempts += 1
+        self.tasks.columns["preemption_attempts"][self.tasks.number[task.task_id]] += 1
 
     def preempted(self, task_ids: Sequence[str], now: float) -> None:
-        tasks = self.tasks
+        number, c = self.tasks.number, self.tasks.columns
         for task_id in task_ids:
-            rec = tasks[task_id]
-            record_preempted(rec, now)
-            self.preempted_runs.append((task_id, rec.started_at, now))
+            row = number[task_id]
+            c["preemptions"][row] += 1
+            self._lose_run(row, now, math.inf)
+            self.preempted_runs.append((task_id, c["started_at"][row], now))
+            self._advance(row, task_id, Event.PREEMPTED)
 
     def mark_stranded(self, task_ids: Sequence[str], reason: str) -> None:
         """Tasks the run ended without placing: reported failed with `reason`, never silently dropped."""
         for task_id in task_ids:
-            self.tasks[task_id].failed_reason = reason
+            self._failed(task_id, reason)
+
+    def _failed(self, task_id: str, reason: str) -> None:
+        row = self.tasks.number[task_id]
+        self._advance(row, task_id, Event.FAILED)
+        self.tasks.columns["failed_reason"][row] = reason
+
+    def _stamp(self, column: str, placements: Sequence[Placement], now: float) -> None:
+        number, times = self.tasks.number, self.tasks.columns[column]
+        for p in placements:
+            times[number[p.task.task_id]] = now
 
 
 class WallClockRecorder(Recorder):

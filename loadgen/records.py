@@ -1,10 +1,16 @@
-"""Per-task and per-job measurement records, filled while a replay runs and read by the report."""
+"""Per-task and per-job measurement records, filled while a replay runs and read by the report: one `TaskRecord`
+per task, kept as columns (`TaskColumns`), and one `JobRecord` per job."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 NAN = math.nan
 
@@ -80,6 +86,12 @@ class JobRecord:
     finished_at: float = NAN
     rejected_reason: str = ""
 
+    def task_finished(self, at: float) -> None:
+        """One more of its tasks finished, at `at`: the job finishes with its last."""
+        self.finished_tasks += 1
+        if self.finished_tasks == self.num_tasks:
+            self.finished_at = at
+
     @property
     def jrt(self) -> float:
         return self.finished_at - self.submitted_at
@@ -89,27 +101,107 @@ class JobRecord:
         return self.jrt - self.ideal_jrt
 
 
-# The steps of a task's lifecycle that both the replay's recorder (core events) and the services' load generator
-# (task events from RabbitMQ) record: one definition of what each does to the records.
+_TASK_FIELDS = dataclasses.fields(TaskRecord)
+_COLUMN_TYPES = {"float": "d", "int": "i"}  # array typecodes; a bool is a byte, a str or a request a list item
 
 
-def record_finished(
-    tasks: Mapping[str, TaskRecord], jobs: Mapping[str, JobRecord], task_ids: Iterable[str], at: float
-) -> None:
-    """Runs of these tasks finished at `at`: one completion each; a job finishes with its last task. (A batch at a
-    time: the simulator's recorder calls it for every batch of finished tasks.)"""
-    for task_id in task_ids:
-        rec = tasks[task_id]
-        rec.completions += 1
-        rec.finished_at = at
-        job = jobs[rec.job_id]
-        job.finished_tasks += 1
-        if job.finished_tasks == job.num_tasks:
-            job.finished_at = at
+class TaskColumns(Mapping[str, TaskRecord]):
+    """The task records of a run as columns: row `number[task_id]` of each column is one task, in the order the
+    tasks were added. A time is a float64 in an array (NaN: did not happen), a count an int32, a flag a byte; ids,
+    users, requests and failure reasons are references to strings and tuples the workload holds anyway. About 170
+    bytes a task, where a `TaskRecord` object with its boxed floats and its dict entry costs about 600.
+
+    Read as a mapping, it answers a task id with a `TaskRow`: its row, read and written as a `TaskRecord` is;
+    `array` and `column` give whole columns for the metrics and the report."""
+
+    def __init__(self) -> None:
+        self.number: dict[str, int] = {}  # task id -> row
+        self.columns: dict[str, Any] = {
+            f.name: array(_COLUMN_TYPES[f.type]) if f.type in _COLUMN_TYPES else bytearray() if f.type == "bool" else []
+            for f in _TASK_FIELDS
+        }
+        self._defaults = [(self.columns[f.name], f.default) for f in _TASK_FIELDS[6:]]  # after the six given
+
+    @classmethod
+    def of(cls, tasks: Sequence[TaskRecord] | TaskColumns) -> TaskColumns:
+        """`tasks` as columns (as they are when they already are)."""
+        if isinstance(tasks, TaskColumns):
+            return tasks
+        table = cls()
+        for rec in tasks:
+            row = table.add(rec.task_id, rec.job_id, rec.gm, rec.user, rec.duration, rec.request)
+            for f in _TASK_FIELDS[6:]:
+                table.columns[f.name][row] = getattr(rec, f.name)
+        return table
+
+    def add(self, task_id: str, job_id: str, gm: int, user: str, duration: float, request: tuple[int, ...]) -> int:
+        """A new row for a task, every measurement at its default; returns its number."""
+        c = self.columns
+        row = self.number[task_id] = len(c["task_id"])
+        for name, value in (("task_id", task_id), ("job_id", job_id), ("gm", gm), ("user", user)):
+            c[name].append(value)
+        c["duration"].append(duration)
+        c["request"].append(request)
+        for column, default in self._defaults:
+            column.append(default)
+        return row
+
+    def set(self, task_id: str, **values: object) -> None:
+        """Set fields of a task's row by name."""
+        row = self.number[task_id]
+        for name, value in values.items():
+            self.columns[name][row] = value
+
+    def array(self, name: str, dtype: type[np.generic]) -> np.ndarray:
+        """A column as a numpy array (a copy)."""
+        return np.array(self.columns[name], dtype=dtype)
+
+    def column(self, name: str) -> list[Any]:
+        """A column as a list of Python values of its field's type."""
+        column = self.columns[name]
+        return list(map(bool, column)) if isinstance(column, bytearray) else list(column)
+
+    def __getitem__(self, task_id: str) -> TaskRow:
+        return TaskRow(self.columns, self.number[task_id])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.number)
+
+    def __len__(self) -> int:
+        return len(self.columns["task_id"])  # rows: as many as ids in a run, whose ids are unique
 
 
-def record_preempted(rec: TaskRecord, at: float) -> None:
-    """The task's run was stopped at `at` for another user's task: the CPU-seconds it had run are lost."""
-    rec.preemptions += 1
-    if not math.isnan(rec.started_at):
-        rec.lost_cpu_seconds += rec.request[0] / 1000 * max(0.0, at - rec.started_at)
+class TaskRow:
+    """One task's row of a `TaskColumns`, read and written by the field names of a `TaskRecord`, with its derived
+    times (`allocation_time` and its components)."""
+
+    __slots__ = ("_columns", "_row")
+
+    def __init__(self, columns: dict[str, Any], row: int) -> None:
+        self._columns = columns
+        self._row = row
+
+    allocation_time = TaskRecord.allocation_time
+    framework_queuing = TaskRecord.framework_queuing
+    processing = TaskRecord.processing
+    communication = TaskRecord.communication
+    worker_queuing = TaskRecord.worker_queuing
+
+    def __repr__(self) -> str:
+        return f"TaskRow({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in _TASK_FIELDS)})"
+
+
+def _field(name: str, kind: str) -> property:
+    def get(self: TaskRow) -> Any:
+        value = self._columns[name][self._row]
+        return bool(value) if kind == "bool" else value
+
+    def put(self: TaskRow, value: Any) -> None:
+        self._columns[name][self._row] = value
+
+    return property(get, put)
+
+
+for _f in _TASK_FIELDS:
+    setattr(TaskRow, _f.name, _field(_f.name, str(_f.type)))
+del _f

@@ -11,6 +11,7 @@ from typing import Literal
 
 from megha.common.clusterfile import generate_cluster, load_cluster
 from megha.common.core.cluster import ClusterSpec
+from megha.common.core.costs import PRESETS, DecisionCosts
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.fairness.policy import make_share_policy
 from megha.embedded.faults import Faults
@@ -54,6 +55,9 @@ class ReplayConfig:
     share_policy: str = "share"
     faults: Faults | None = None  # simulated crashes and partitions (Megha and centralized only)
     max_attempts: int = 3
+    lm_order: str = "round-robin"  # the GM's LM order: a `megha.common.core.policies.LM_ORDERS` name
+    queue_order: str = "fifo"  # the GM's queue order: a `megha.common.core.policies.QUEUE_ORDERS` name
+    decision_costs: str = "zero"  # the time GMs and LMs take to decide: a `megha.common.core.costs.PRESETS` name
 
     def fairness(self) -> FairnessConfig | None:
         return parse_queues(self.queues, self.share_policy) if self.queues else None
@@ -99,6 +103,9 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         make_share_policy(fairness.policy)  # fail early on an unknown policy name
     if config.faults is not None and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"failures are simulated for Megha and centralized, not {config.scheduler}")
+    costs = decision_costs(config.decision_costs)
+    if config.realtime and not costs.zero:
+        raise ValueError("decision costs are modelled on the virtual clock; --realtime takes the machine's own")
     system = build_system(
         config.scheduler,
         cluster,
@@ -111,6 +118,9 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             fairness,
             config.faults,
             config.max_attempts,
+            costs,
+            config.lm_order,
+            config.queue_order,
         ),
         recorder,
     )
@@ -145,7 +155,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         wall = time.perf_counter() - start
     recorder.mark_stranded(system.stranded_tasks(), STRANDED)
     metrics = compute_metrics(
-        list(recorder.tasks.values()),
+        recorder.tasks,
         list(recorder.jobs.values()),
         cluster.total_capacity(),
         cluster.resource_names,
@@ -153,6 +163,13 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         clock="wall" if config.realtime else "virtual",
     )
     return ReplayResult(config, cluster, system, recorder, metrics, wall)
+
+
+def decision_costs(name: str) -> DecisionCosts:
+    """The decision-time model `name` ("zero", "calibrated")."""
+    if name not in PRESETS:
+        raise ValueError(f"decision costs {name!r}: choose from {', '.join(PRESETS)}")
+    return PRESETS[name]
 
 
 def _bar_hook(recorder: Recorder, advance: Advance, realtime: bool) -> Callable[[float], None]:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from megha.loadgen.metrics import COMPONENTS, RunMetrics, Summary, UtilizationSeries
-from megha.loadgen.records import JobRecord, TaskRecord
+from megha.loadgen.metrics import COMPONENTS, RunMetrics, Summary, UtilizationSeries, allocation_columns
+from megha.loadgen.records import JobRecord, TaskColumns, TaskRecord
 
 _STAT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("median", "median"),
@@ -173,7 +173,7 @@ def report_dir(out: Path | None, default_root: Path, overwrite: bool) -> Path:
 
 def write_outputs(
     metrics: RunMetrics,
-    tasks: Sequence[TaskRecord],
+    tasks: Sequence[TaskRecord] | TaskColumns,
     jobs: Sequence[JobRecord],
     out_dir: Path,
     title: str,
@@ -185,8 +185,9 @@ def write_outputs(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / name for name in REPORT_FILES}
-    _write_records(tasks, TaskRecord, _DERIVED_TASK_COLUMNS, paths["tasks.csv"], metrics.utilization.resource_names)
-    _write_records(jobs, JobRecord, ("jrt", "jrt_delay"), paths["jobs.csv"])
+    tasks = TaskColumns.of(tasks)
+    _write_tasks(tasks, paths["tasks.csv"], metrics.utilization.resource_names)
+    _write_jobs(jobs, paths["jobs.csv"])
     paths["summary.json"].write_text(
         json.dumps(_json_safe(_summary_document(metrics, title, extra or {})), indent=2, allow_nan=False)
     )
@@ -195,20 +196,32 @@ def write_outputs(
     return paths
 
 
-def _write_records(
-    records: Sequence[Any], kind: type, derived: tuple[str, ...], path: Path, resource_names: tuple[str, ...] = ()
-) -> None:
-    """One row per record: every field of `kind` (a task's request split per resource, as request_<resource>),
-    then the `derived` properties; numbers of seconds rounded to the microsecond."""
-    scalar = [f for f in dataclasses.fields(kind) if f.name != "request"]
+def _write_tasks(tasks: TaskColumns, path: Path, resource_names: tuple[str, ...]) -> None:
+    """One row per task: every field of `TaskRecord` (its request split per resource, as request_<resource>), then
+    allocation time and its components; numbers of seconds rounded to the microsecond."""
+    scalar = [f for f in dataclasses.fields(TaskRecord) if f.name != "request"]
     header = [f.name for f in scalar]
-    columns = [_values(records, f.name, rounded=f.type == "float") for f in scalar]
+    columns = [_round(tasks.array(f.name, np.float64)) if f.type == "float" else tasks.column(f.name) for f in scalar]
     if resource_names:
         header += [f"request_{name}" for name in resource_names]
-        requests = np.array([r.request for r in records], dtype=np.int64).reshape(len(records), len(resource_names))
+        requests = np.array(tasks.column("request"), dtype=np.int64).reshape(len(tasks), len(resource_names))
         columns += requests.T.tolist()
-    header += derived
-    columns += [_values(records, name, rounded=True) for name in derived]
+    derived = allocation_columns(tasks)
+    header += _DERIVED_TASK_COLUMNS
+    columns += [_round(derived[name]) for name in _DERIVED_TASK_COLUMNS]
+    _write_csv(path, header, columns)
+
+
+def _write_jobs(jobs: Sequence[JobRecord], path: Path) -> None:
+    """One row per job: every field of `JobRecord`, then JRT and JRT delay; seconds rounded to the microsecond."""
+    fields = dataclasses.fields(JobRecord)
+    header = [f.name for f in fields] + ["jrt", "jrt_delay"]
+    columns = [_values(jobs, f.name, rounded=f.type == "float") for f in fields]
+    columns += [_values(jobs, name, rounded=True) for name in ("jrt", "jrt_delay")]
+    _write_csv(path, header, columns)
+
+
+def _write_csv(path: Path, header: list[str], columns: list[list[Any]]) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
@@ -280,7 +293,9 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def cdf_figure(metrics: RunMetrics, tasks: Sequence[TaskRecord], jobs: Sequence[JobRecord], title: str) -> Any:
+def cdf_figure(
+    metrics: RunMetrics, tasks: Sequence[TaskRecord] | TaskColumns, jobs: Sequence[JobRecord], title: str
+) -> Any:
     """The report's figure (a matplotlib Figure, drawn without a display): the CDFs of allocation time and JRT
     delay, and utilization over time. Axes fit the data at any scale, from microseconds to days."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -290,7 +305,7 @@ def cdf_figure(metrics: RunMetrics, tasks: Sequence[TaskRecord], jobs: Sequence[
     FigureCanvasAgg(figure)
     figure.suptitle(title)
     alloc_axes, jrt_axes, util_axes = figure.subplots(1, 3)
-    allocation = np.fromiter((t.allocation_time for t in tasks), dtype=np.float64, count=len(tasks))
+    allocation = allocation_columns(TaskColumns.of(tasks))["allocation_time"]
     jrt_delay = np.array([j.jrt_delay for j in jobs], dtype=np.float64)
     _plot_cdf(alloc_axes, allocation, "allocation time", "tasks")
     _plot_cdf(jrt_axes, jrt_delay, "JRT delay", "jobs")

@@ -1,6 +1,6 @@
 """The `megha` command line, one click group: `megha replay` replays a trace through the embedded system and prints
 the report, `megha local` does so through a deployment of separate processes, `megha gm|lm|worker|loadgen` run the
-services, and megha/ctl.py's `megha job|queues|nodes|top` operate a running deployment.
+services, and megha/ctl/'s `megha job|queues|nodes|top` operate a running deployment.
 
 An option that is also a setting is generated from the settings model's field (megha/options.py), so the command
 lines and the MEGHA_* variables share one definition of its type, bounds, choices and meaning."""
@@ -16,6 +16,7 @@ from typing import Any
 import click
 from pydantic_settings import BaseSettings
 
+from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
 from megha.embedded.faults import parse_faults
@@ -41,7 +42,7 @@ output:
 exit status: 0 every task of an accepted job ended exactly once; 1 some task did not; 2 bad usage or input;
   3 most tasks failed or most jobs were rejected (a WARNING on stderr names the reasons)
 """
-CTL_COMMANDS = ("job", "queues", "nodes", "top")  # megha/ctl.py: they operate a running deployment
+CTL_COMMANDS = ("job", "queues", "nodes", "top")  # megha/ctl/: they operate a running deployment
 LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
@@ -127,7 +128,7 @@ def _output(folder: Path, files: str) -> Decorator:
 
 
 class _Megha(click.Group):
-    """`megha`: the commands of this module, and those of megha/ctl.py, imported when they are used."""
+    """`megha`: the commands of this module, and those of megha/ctl/, imported when they are used."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *CTL_COMMANDS])
@@ -179,6 +180,8 @@ def megha() -> None:
     "published figures), sparrow (batch sampling, late binding)",
 )
 @setting(GMSettings, "matching", default=REPLAY.matching, group=SCHEDULER)
+@setting(GMSettings, "lm_order", default=REPLAY.lm_order, group=SCHEDULER)
+@setting(GMSettings, "queue_order", default=REPLAY.queue_order, group=SCHEDULER)
 @option(
     "--hop-delay",
     type=Bounded(float, ge=0),
@@ -188,6 +191,14 @@ def megha() -> None:
 )
 @setting(LMSettings, "delta_interval", default=REPLAY.delta_interval, group=SCHEDULER)
 @setting(GMSettings, "seed", default=REPLAY.seed, group=SCHEDULER, help="seed for cluster, constraints and choices")
+@option(
+    "--decision-costs",
+    type=OneOf(sorted(PRESETS)),
+    default=REPLAY.decision_costs,
+    group=SCHEDULER,
+    help="time GMs and LMs take to handle a message: zero, or calibrated from this code's cores (each GM and LM "
+    "then queues what it cannot handle yet; docs/decision-time.md)",
+)
 @option(
     "--realtime",
     is_flag=True,
@@ -403,7 +414,7 @@ def _local(args: SimpleNamespace) -> int:
         )
     paths = write_outputs(
         run.metrics,
-        list(run.tasks.values()),
+        run.tasks,
         list(run.jobs.values()),
         out,
         title,
@@ -436,6 +447,8 @@ def _replay(args: SimpleNamespace) -> int:
         node_memory_mb=args.node_mem,
         mode=args.mode,
         matching=args.matching,
+        lm_order=args.lm_order,
+        queue_order=args.queue_order,
         scheduler=args.scheduler,
         hop_delay=args.hop_delay,
         delta_interval=args.delta_interval,
@@ -447,9 +460,11 @@ def _replay(args: SimpleNamespace) -> int:
         share_policy=args.share_policy,
         faults=parse_faults(args.fail, args.fail_detect, args.fail_repair, args.seed),
         max_attempts=args.max_attempts,
+        decision_costs=args.decision_costs,
     )
     result = replay(config, None if args.quiet else Progress())
-    title = f"{config.scheduler.capitalize()} replay of {args.trace} ({config.matching} matching, {config.mode} mode)"
+    title = f"{config.scheduler.capitalize()} replay of {args.trace} ({config.matching} matching, {config.mode} mode"
+    title += f", {config.decision_costs} decision costs)" if config.decision_costs != "zero" else ")"
     print(format_table(result.metrics, title))
     counters = result.system.counters()
     if counters:
@@ -463,7 +478,7 @@ def _replay(args: SimpleNamespace) -> int:
         }
         paths = write_outputs(
             result.metrics,
-            list(result.recorder.tasks.values()),
+            result.recorder.tasks,
             list(result.recorder.jobs.values()),
             out,
             title,

@@ -206,6 +206,7 @@ GM_RULES: Rules = {
     "GET /v1/jobs/{job_id}": USERS,
     "DELETE /v1/jobs/{job_id}": USERS,
     "GET /v1/jobs/{job_id}/tasks/{task_id}/logs": USERS,
+    "GET /v1/jobs/{job_id}/events": USERS,  # a user its own jobs' (the route checks, as GET /v1/jobs/{job_id})
     "GET /v1/queues": USERS,
     "GET /v1/state": OPERATORS | GM,
     "GET /v1/overview": OPERATORS,

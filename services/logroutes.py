@@ -4,13 +4,15 @@ output it kept: services/worker/tasklogs.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
-from fastapi import Query
+from fastapi import Depends, Query
 from fastapi.responses import Response
 
-from megha.services.http import Reply, error
+from megha.services.client import Reply
+from megha.services.http import error
 
 Stream = Literal["stdout", "stderr"]
 
@@ -37,14 +39,32 @@ PASSED_ON = frozenset({200, 404, 422, 502, 503})
 unreachable or unready service further on. Any other (say, a refused credential between services) is a 502."""
 
 
-def log_query(stream: Stream, attempt: int | None, tail: int | None) -> str:
-    """The query string to pass on, from the validated parameters."""
-    params: dict[str, object] = {"stream": stream}
-    if attempt is not None:
-        params["attempt"] = attempt
-    if tail is not None:
-        params["tail"] = tail
-    return urlencode(params)
+@dataclass(frozen=True, slots=True)
+class LogQuery:
+    """A log route's validated query: which stream, which attempt (None: the latest), how many last bytes."""
+
+    stream: Stream
+    attempt: int | None
+    tail: int | None
+
+    def passed_on(self) -> str:
+        """The query string to pass on to the service behind."""
+        params: dict[str, object] = {"stream": self.stream}
+        if self.attempt is not None:
+            params["attempt"] = self.attempt
+        if self.tail is not None:
+            params["tail"] = self.tail
+        return urlencode(params)
+
+
+def _log_query(
+    stream: Stream = STREAM_QUERY, attempt: int | None = ATTEMPT_QUERY, tail: int | None = TAIL_QUERY
+) -> LogQuery:
+    return LogQuery(stream, attempt, tail)
+
+
+LogQueryParam = Annotated[LogQuery, Depends(_log_query)]
+"""A log route's query parameters, read into one `LogQuery` (`query: LogQueryParam`)."""
 
 
 def relay(reply: Reply, who: str, field: str) -> Response:

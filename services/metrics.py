@@ -22,15 +22,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from megha.common.core.lifecycle import State
 from megha.common.core.messages import Placement, Rejection
 from megha.common.core.observer import CoreObserver
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
-from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.core.task import TaskSpec
 
 if TYPE_CHECKING:
     from megha.common.core.fairness.config import FairnessConfig
     from megha.common.core.gm import GlobalMaster
     from megha.common.transport.rabbit import Broker
+    from megha.services.gm.jobs import JobTable
     from megha.services.gm.service import GMService
     from megha.services.lm.service import LMService
     from megha.services.worker.agent import WorkerAgent
@@ -78,43 +80,24 @@ class TaskMeter:
 
 
 class GMMeter(CoreObserver):
-    """A GM core's observer that fills its `TaskMeter` (`allocation`), beside the job table (`observe` hands the
-    core's events to both). It holds each open task's arrival and scheduling attempts, and forgets a task when it
-    ends at this GM (finished, failed or cancelled)."""
+    """A GM core's observer that fills its `TaskMeter` (`allocation`) beside the job table, the GM's one record of
+    its tasks: `observe(table, meter)` hands the core's events to the table first, and the meter reads each task's
+    arrival, scheduling attempts and lifecycle state there. A decision counts when the table took it (the task had
+    not ended, and the task lifecycle allows it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: JobTable) -> None:
         self.allocation = TaskMeter()
-        self._open: dict[str, tuple[float, int]] = {}  # task id -> (arrival, scheduling attempts)
-
-    def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
-        """A task arrives when its job's request reached the GM (`submitted_at`), so allocation time includes
-        reading and validating the submission."""
-        arrival = job.submitted_at
-        self._open.update((t.task_id, (arrival, 0)) for t in job.tasks)
+        self.jobs = jobs
 
     def attempt(self, task: TaskSpec, now: float) -> None:
         self.allocation.attempts += 1
-        if (rec := self._open.get(task.task_id)) is not None:
-            self._open[task.task_id] = (rec[0], rec[1] + 1)
 
     def decided(self, placements: Sequence[Placement], now: float) -> None:
-        allocation, tasks = self.allocation, self._open
+        allocation, tasks = self.allocation, self.jobs.tasks
         for p in placements:
-            if (rec := tasks.get(p.task.task_id)) is not None:
-                allocation.decided(*rec, now)
-
-    def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
-        self.ended(task.task_id)
-
-    def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
-        self.ended(task.task_id)
-
-    def task_cancelled(self, task: TaskSpec, now: float) -> None:
-        self.ended(task.task_id)
-
-    def ended(self, task_id: str) -> None:
-        """The task ended (also when a restarted GM learns so from its journal or an LM): forget it."""
-        self._open.pop(task_id, None)
+            rec = tasks.get(p.task.task_id)
+            if rec is not None and rec.life == State.PLACING and rec.launched_at == now:
+                allocation.decided(rec.arrival, rec.attempts, now)
 
 
 class LMMeter(CoreObserver):
@@ -174,6 +157,12 @@ class _Identity:
     def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> _Family:
         return _Family(CounterMetricFamily(name, doc, labels=[self.key, *labels]), self.value)
 
+    def single(self, name: str, doc: str, value: float) -> Metric:
+        """An unlabelled gauge of one value."""
+        family = self.gauge(name, doc)
+        family.add(value)
+        return family.family
+
     def counters(self, specs: Iterable[tuple[str, str, float]]) -> Iterator[Metric]:
         """One unlabelled counter per (name, doc, value)."""
         for name, doc, value in specs:
@@ -192,6 +181,12 @@ def _build_info(identity: _Identity) -> Metric:
     )
     info.add(1, megha, platform.python_version())
     return info.family
+
+
+def _service(identity: _Identity, broker: Broker | None) -> Iterator[Metric]:
+    """What every service reports: which Megha it runs, and its broker connection's counters."""
+    yield _build_info(identity)
+    yield from _broker(identity, broker)
 
 
 def _broker(identity: _Identity, broker: Broker | None) -> Iterator[Metric]:
@@ -232,8 +227,7 @@ class GMCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         own = _Identity("gm", self.service.settings.gm_id)
-        yield _build_info(own)
-        yield from _broker(own, self.service.broker)
+        yield from _service(own, self.service.broker)
         services = [self.service]
         if (other := self.stand_in()) is not None:
             services.append(other)
@@ -296,15 +290,13 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
         running_family.add(running, queue)
     yield pending_family.family
     yield running_family.family
-    unfinished = me.gauge("megha_gm_unfinished_tasks", "Accepted tasks of this GM neither finished nor failed.")
-    unfinished.add(service.jobs.unfinished())
-    yield unfinished.family
-    serving = me.gauge("megha_gm_serving", "1 while this GM identity serves; 0 while it changes hands.")
-    serving.add(1 if service.serving else 0)
-    yield serving.family
-    term = me.gauge("megha_gm_term", "The term this GM identity was last claimed with at the LMs.")
-    term.add(service.term)
-    yield term.family
+    yield me.single(
+        "megha_gm_unfinished_tasks", "Accepted tasks of this GM neither finished nor failed.", service.jobs.unfinished()
+    )
+    yield me.single(
+        "megha_gm_serving", "1 while this GM identity serves; 0 while it changes hands.", 1 if service.serving else 0
+    )
+    yield me.single("megha_gm_term", "The term this GM identity was last claimed with at the LMs.", service.term)
 
     meter = service.meter.allocation
     histogram = HistogramMetricFamily(
@@ -401,14 +393,11 @@ class LMCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         service = self.service
         me = _Identity("lm", service.settings.lm_id)
-        yield _build_info(me)
-        yield from _broker(me, service.broker)
-        registered = me.gauge("megha_lm_registered_nodes", "Nodes registered by worker agents.")
-        registered.add(service.registered_nodes)
-        yield registered.family
-        incarnation = me.gauge("megha_lm_incarnation", "This LM's incarnation (its start time in milliseconds).")
-        incarnation.add(service.incarnation)
-        yield incarnation.family
+        yield from _service(me, service.broker)
+        yield me.single("megha_lm_registered_nodes", "Nodes registered by worker agents.", service.registered_nodes)
+        yield me.single(
+            "megha_lm_incarnation", "This LM's incarnation (its start time in milliseconds).", service.incarnation
+        )
         core = service.core
         if core is None:
             return
@@ -437,12 +426,12 @@ class LMCollector(Collector):
                 capacity.add(capacity_sum[gm][k], name, str(gm))
         yield free.family
         yield capacity.family
-        running = me.gauge("megha_lm_running_tasks", "Tasks running on this LM's nodes.")
-        running.add(len(core.running))
-        yield running.family
-        logical = me.gauge("megha_lm_logical_nodes", "Logical nodes carved out by repartitions and still held.")
-        logical.add(len(core.logical_nodes))
-        yield logical.family
+        yield me.single("megha_lm_running_tasks", "Tasks running on this LM's nodes.", len(core.running))
+        yield me.single(
+            "megha_lm_logical_nodes",
+            "Logical nodes carved out by repartitions and still held.",
+            len(core.logical_nodes),
+        )
         decided = service.meter  # counted from the core's observer events
         yield from me.counters(
             (
@@ -498,15 +487,18 @@ class WorkerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
         me = _Identity("worker", agent.settings.worker_id)
-        yield _build_info(me)
-        yield from _broker(me, agent.broker)
+        yield from _service(me, agent.broker)
         registered = agent.registered
-        up = me.gauge("megha_worker_registered", "1 once this agent has registered its nodes with its LM.")
-        up.add(1 if registered is not None else 0)
-        yield up.family
-        running = me.gauge("megha_worker_running_tasks", "Tasks started on this agent and not yet ended.")
-        running.add(len(agent.executor.running()))
-        yield running.family
+        yield me.single(
+            "megha_worker_registered",
+            "1 once this agent has registered its nodes with its LM.",
+            1 if registered is not None else 0,
+        )
+        yield me.single(
+            "megha_worker_running_tasks",
+            "Tasks started on this agent and not yet ended.",
+            len(agent.executor.running()),
+        )
         if registered is None:
             return
         free = me.gauge("megha_worker_free_resources", "Free resources of this agent's nodes.", ["resource"])

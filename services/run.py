@@ -40,7 +40,8 @@ class _Server(uvicorn.Server):
 
 def _load(model: type[S], command: str) -> S:
     """The service's settings; its log lines take their format from them before its app is created."""
-    from megha.services.http import use_log_format, use_tls_ca
+    from megha.services.client import use_tls_ca
+    from megha.services.logs import use_log_format
 
     settings = load_settings(model, command)
     use_log_format(settings.log_format)

@@ -23,14 +23,12 @@ from megha.common.core.baselines.pigeonc import (
     split_groups,
 )
 from megha.common.core.cluster import ClusterSpec
-from megha.common.core.gm import Unschedulable
 from megha.common.core.messages import Output, worker_address
 from megha.common.core.observer import CoreObserver
 from megha.common.core.placement.choice import make_choice
-from megha.common.core.task import JobSpec
 from megha.common.core.worker import SimulatedExecution
-from megha.common.transport.inmemory import EventLoop
 from megha.embedded.system import EmbeddedConfig
+from megha.embedded.wiring import SimulatedSystem, Submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +54,10 @@ class PigeonCConfig:
             raise ValueError(f"PigeonC weighting must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}")
 
 
-@dataclass(slots=True)
-class _Submit:
-    job: JobSpec
-
-
-class PigeonCSystem:
-    """D distributors, M masters and one simulated-execution worker pool per master, joined by an EventLoop."""
+class PigeonCSystem(SimulatedSystem):
+    """D distributors, M masters and one simulated-execution worker pool per master, joined by an EventLoop; jobs
+    are submitted to distributors. PigeonC has no periodic timers: a master is told of every finished task, so the
+    loop runs dry only when no task waits."""
 
     def __init__(
         self,
@@ -71,11 +66,8 @@ class PigeonCSystem:
         observer: CoreObserver | None = None,
         pigeonc: PigeonCConfig | None = None,
     ) -> None:
-        self.cluster = cluster
-        self.config = config
         self.pigeonc = pigeonc or PigeonCConfig()
-        self.observer = observer or CoreObserver()
-        self.loop = EventLoop(config.hop_delay, config.realtime)
+        super().__init__(cluster, config, observer, self.pigeonc.distributors, "distributor", distributor_address)
         groups = split_groups(cluster, self.pigeonc.masters)
         self.catalogue = GroupCatalogue(groups, cluster.resource_names, self.pigeonc.weighting)
         self.distributors = [
@@ -87,7 +79,6 @@ class PigeonCSystem:
             for m, (group, first) in enumerate(zip(groups, self.catalogue.firsts, strict=True))
         ]
         self.workers = [SimulatedExecution(m, self.observer) for m in range(len(self.masters))]
-        self.rejected: list[tuple[JobSpec, str]] = []
         for distributor in self.distributors:
             self.loop.register(distributor_address(distributor.distributor_id), self._distributor_handler(distributor))
         for master in self.masters:
@@ -97,32 +88,11 @@ class PigeonCSystem:
 
     def _distributor_handler(self, distributor: Distributor) -> Callable[[object, float], list[Output]]:
         def handle(msg: object, now: float) -> list[Output]:
-            if not isinstance(msg, _Submit):
+            if not isinstance(msg, Submit):
                 raise TypeError(f"PigeonC distributor cannot handle {type(msg).__name__}")
-            try:
-                return distributor.submit(msg.job, now)
-            except Unschedulable as exc:
-                self.rejected.append((msg.job, str(exc)))
-                return []
+            return self.accept(distributor.submit, msg.job, now)
 
         return handle
-
-    @property
-    def entry_points(self) -> int:
-        """Jobs are submitted to distributors."""
-        return len(self.distributors)
-
-    def submit(self, entry: int, job: JobSpec) -> None:
-        """The load generator submits `job` to distributor `entry` at its submission time; it arrives one hop
-        later."""
-        if not 0 <= entry < len(self.distributors):
-            raise ValueError(f"no distributor {entry}; this system has {len(self.distributors)}")
-        self.loop.post(job.submitted_at + self.config.hop_delay, distributor_address(entry), _Submit(job))
-
-    def run(self, on_event: Callable[[float], None] | None = None) -> None:
-        """Run until every accepted task has finished. PigeonC has no periodic timers: a master is told of every
-        finished task, so the loop runs dry only when no task waits."""
-        self.loop.run(lambda: False, on_event)
 
     def stranded_tasks(self) -> list[str]:
         """Task ids still queued at a master when the run ended (none in a healthy run)."""

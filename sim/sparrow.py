@@ -17,12 +17,10 @@ from megha.common.core.baselines.sparrow import (
     sparrow_worker_address,
 )
 from megha.common.core.cluster import ClusterSpec
-from megha.common.core.gm import Unschedulable
 from megha.common.core.messages import Output
 from megha.common.core.observer import CoreObserver
-from megha.common.core.task import JobSpec
-from megha.common.transport.inmemory import EventLoop
 from megha.embedded.system import EmbeddedConfig
+from megha.embedded.wiring import SimulatedSystem, Submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +43,9 @@ class SparrowConfig:
             raise ValueError(f"probe_ratio must be at least 1, got {self.probe_ratio}")
 
 
-@dataclass(slots=True)
-class _Submit:
-    job: JobSpec
-
-
-class SparrowSystem:
-    """Sparrow schedulers and per-LM worker pools joined by an EventLoop; jobs are submitted to schedulers.
+class SparrowSystem(SimulatedSystem):
+    """Sparrow schedulers and per-LM worker pools joined by an EventLoop; jobs are submitted to schedulers. A run
+    ends when nothing more can happen: every reservation answered and every launched task finished.
 
     Of `config` it uses `hop_delay`, `seed` and `realtime`; `matching` and `delta_interval` are Megha's and play
     no part, and a fairness configuration is refused rather than silently ignored."""
@@ -65,18 +59,14 @@ class SparrowSystem:
     ) -> None:
         if config.fairness is not None:
             raise ValueError("the Sparrow baseline has no fairness policy (user queues, shares, preemption)")
-        self.cluster = cluster
-        self.config = config
         self.sparrow = sparrow or SparrowConfig()
-        self.observer = observer or CoreObserver()
-        self.loop = EventLoop(config.hop_delay, config.realtime)
+        super().__init__(cluster, config, observer, self.sparrow.schedulers, "scheduler", sparrow_scheduler_address)
         eligible = EligibleNodes(cluster)
         self.schedulers = [
             SparrowScheduler(s, eligible, self.sparrow.probe_ratio, config.seed, self.observer)
             for s in range(self.sparrow.schedulers)
         ]
         self.workers = [SparrowWorkers(cluster, lm, self.observer) for lm in range(cluster.num_lms)]
-        self.rejected: list[tuple[JobSpec, str]] = []
         for scheduler in self.schedulers:
             self.loop.register(sparrow_scheduler_address(scheduler.scheduler_id), self._scheduler_handler(scheduler))
         for workers in self.workers:
@@ -84,30 +74,11 @@ class SparrowSystem:
 
     def _scheduler_handler(self, scheduler: SparrowScheduler) -> Callable[[object, float], list[Output]]:
         def handle(msg: object, now: float) -> list[Output]:
-            if isinstance(msg, _Submit):
-                try:
-                    return scheduler.submit(msg.job, now)
-                except Unschedulable as exc:
-                    self.rejected.append((msg.job, str(exc)))
-                    return []
+            if isinstance(msg, Submit):
+                return self.accept(scheduler.submit, msg.job, now)
             return scheduler.handle(msg, now)
 
         return handle
-
-    @property
-    def entry_points(self) -> int:
-        """Jobs are submitted to schedulers."""
-        return len(self.schedulers)
-
-    def submit(self, entry: int, job: JobSpec) -> None:
-        """The load generator submits `job` to scheduler `entry` at its submission time; it arrives one hop later."""
-        if not 0 <= entry < len(self.schedulers):
-            raise ValueError(f"no scheduler {entry}; this system has {len(self.schedulers)}")
-        self.loop.post(job.submitted_at + self.config.hop_delay, sparrow_scheduler_address(entry), _Submit(job))
-
-    def run(self, on_event: Callable[[float], None] | None = None) -> None:
-        """Run until nothing more can happen: every reservation answered and every launched task finished."""
-        self.loop.run(lambda: False, on_event)
 
     def counters(self) -> dict[str, int]:
         """Reservations placed by probes, getTask requests, and getTasks answered with a no-op."""

@@ -1,5 +1,8 @@
 """Shared test configuration.
 
+Tests that take the `reference_cluster` or `syn_250` fixture need ../shared (beside the repository: the traces and
+the published reference cluster); they are marked `shared` and skip, naming the missing file, without it.
+
 Tests marked `docker` need a Docker engine. They run by default and fail (in set-up, saying why) when the engine
 does not answer; MEGHA_SKIP_DOCKER=1 skips them instead, for a machine without Docker.
 """
@@ -10,8 +13,15 @@ import functools
 import os
 import shutil
 import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from brokerkit import BrokerContainer
+
+    from megha.deploy.broker_node import BrokerNode
 
 SKIP_DOCKER = "MEGHA_SKIP_DOCKER"
 
@@ -21,36 +31,78 @@ SKIP_DOCKER = "MEGHA_SKIP_DOCKER"
 os.environ.setdefault("MEGHA_AUTH", "off")
 
 
-_OWN_BROKER: list[object] = []  # the RabbitMQ node this test run started, if it started one
+_OWN_BROKER: list[BrokerNode | BrokerContainer] = []  # the RabbitMQ node this test run started, if it started one
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The service tests need RabbitMQ at 127.0.0.1:5672. When nothing answers there and Debian's rabbitmq-server is
-    installed, the run starts a node of its own on that port (its data in a temporary folder) and stops it at the
-    end; `rabbitmqctl` then reaches that node (RABBITMQ_NODENAME). Without rabbitmq-server, the tests that need a
-    broker say so: they skip, or fail under CI=true."""
+    """The service tests need RabbitMQ at 127.0.0.1:5672. When nothing answers there, the run starts a node of its
+    own on that port and stops it at the end: Debian's rabbitmq-server when it is installed (its data in a temporary
+    folder; `rabbitmqctl` then reaches it through RABBITMQ_NODENAME), else, when a Docker engine answers, a
+    container of the megha-rabbitmq image (built by deploy/images/build.sh when missing; brokerkit.rabbitmqctl runs
+    in it). Without either, the tests that need a broker say so: they skip, or fail under CI=true."""
+    from brokerkit import CONTAINER, BrokerContainer
+
     from megha.deploy.broker_node import BrokerNode, port_open
 
-    if port_open(5672) or shutil.which("rabbitmq-server") is None:
+    if port_open(5672):
         return
-    node = BrokerNode(port=5672)
+    if shutil.which("rabbitmq-server") is not None:
+        node = BrokerNode(port=5672)
+        if _started(config, node):
+            os.environ["RABBITMQ_NODENAME"] = node.name
+    elif docker_problem() is None:
+        container = BrokerContainer(port=5672)
+        if _started(config, container):
+            os.environ[CONTAINER] = container.name
+
+
+def _started(config: pytest.Config, broker: BrokerNode | BrokerContainer) -> bool:
+    """Start the test run's own broker, to be destroyed when the run ends; warn and go on without it if it fails."""
     try:
-        node.start()
+        broker.start()
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
-        node.destroy()
-        config.issue_config_time_warning(pytest.PytestWarning(f"could not start a RabbitMQ node: {exc}"), 2)
-        return
-    os.environ["RABBITMQ_NODENAME"] = node.name
-    _OWN_BROKER.append(node)
+        broker.destroy()
+        config.issue_config_time_warning(pytest.PytestWarning(f"could not start a RabbitMQ node: {exc}"), 3)
+        return False
+    _OWN_BROKER.append(broker)
+    return True
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     for node in _OWN_BROKER:
-        node.destroy()  # type: ignore[attr-defined]
+        node.destroy()
     _OWN_BROKER.clear()
 
 
+SHARED_FIXTURES = ("reference_cluster", "syn_250")  # files of ../shared a test may take
+
+
+def _shared_file(path: Path) -> Path:
+    if not path.is_file():
+        pytest.skip(f"needs {path} (../shared, beside the repository, holds the traces and the reference cluster)")
+    return path
+
+
+@pytest.fixture
+def reference_cluster() -> Path:
+    """The published 10,000-node reference cluster in ../shared."""
+    from megha.loadgen.replay import REFERENCE_CLUSTER
+
+    return _shared_file(REFERENCE_CLUSTER)
+
+
+@pytest.fixture
+def syn_250() -> Path:
+    """The published syn_250 trace in ../shared."""
+    from megha.sim.experiments.harness import TRACES
+
+    return _shared_file(TRACES / "syn_250.0.tr")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in SHARED_FIXTURES):
+            item.add_marker(pytest.mark.shared)
     if os.environ.get(SKIP_DOCKER, "").lower() not in ("1", "true", "yes"):
         return
     skip = pytest.mark.skip(reason=f"{SKIP_DOCKER}=1: the Docker tests are turned off")

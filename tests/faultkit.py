@@ -7,6 +7,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -15,7 +16,7 @@ from megha.deploy.local import LocalDeployment
 from megha.loadgen.progress import Progress
 from megha.loadgen.services import ServicesRun, replay_services
 
-from servicekit import api
+from servicekit import api, small_deployment, wait_until
 
 TRACE = LoadgenSettings(trace="demo", first_jobs=20, time_scale=0.0002, mode="scaled", mem_scale=1000, timeout=240)
 
@@ -26,21 +27,17 @@ BACKLOG = LoadgenSettings(trace="demo", first_jobs=10, time_scale=0.00001, mode=
 
 def backlog_deployment(log_dir: Path, **settings: object) -> LocalDeployment:
     """2 GMs x 2 LMs x 2 agents of 2 simulated nodes each: the size BACKLOG keeps queued."""
-    return LocalDeployment(
-        gms=2,
-        lms=2,
-        workers_per_lm=2,
-        nodes_per_worker=2,
-        execution="simulated",
-        log_dir=log_dir,
-        heartbeat_interval=0.5,
-        **settings,  # type: ignore[arg-type]
+    return small_deployment(
+        log_dir, gms=2, lms=2, workers_per_lm=2, nodes_per_worker=2, heartbeat_interval=0.5, **settings
     )
 
 
 def replay_with_fault(
     deployment: LocalDeployment, fault: Callable[[], None], trace: LoadgenSettings = TRACE
-) -> ServicesRun:
+) -> tuple[ServicesRun, list[dict[str, Any]]]:
+    """Replay `trace` through the running `deployment` while `fault` runs beside it, then wait until every LM is
+    idle: the run, and the LMs' states then."""
+    api.use(deployment)
     settings = deployment.loadgen(trace)
     errors: list[BaseException] = []
 
@@ -55,7 +52,8 @@ def replay_with_fault(
     run = asyncio.run(replay_services(settings, Progress()))
     thread.join()
     assert not errors, errors
-    return run
+    wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
+    return run, deployment.lm_states()
 
 
 def assert_nothing_lost(run: ServicesRun, tasks: int = 434) -> None:

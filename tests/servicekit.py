@@ -1,15 +1,20 @@
-"""What the service tests share: the local RabbitMQ, and a marker that skips (with the reason) when it is down."""
+"""What the service tests share: the local RabbitMQ, a marker that skips (with the reason) when it is down, the
+waits on a condition with a deadline that every test uses instead of a fixed sleep, and small local deployments."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from megha.deploy.local import LocalDeployment
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -37,27 +42,49 @@ class _Deadline:
 
     def check(self) -> None:
         if time.monotonic() > self.end:
-            pytest.fail(f"not true after {self.timeout} s; saw {self.saw()!r}")
+            seen = self.saw()
+            pytest.fail(f"not true after {self.timeout} s; saw {seen!r}")
+
+    async def check_async(self) -> None:
+        if time.monotonic() > self.end:
+            seen = self.saw()
+            if inspect.isawaitable(seen):
+                seen = await seen
+            pytest.fail(f"not true after {self.timeout} s; saw {seen!r}")
 
 
 async def wait_for(
-    condition: Callable[[], bool], timeout: float, saw: Callable[[], object] = lambda: None, every: float = 0.05
-) -> None:
-    """Wait until `condition()` holds; fail after `timeout` seconds with what `saw()` then returns."""
+    condition: Callable[[], Any], timeout: float, saw: Callable[[], object] = lambda: None, every: float = 0.05
+) -> Any:
+    """Wait until `condition()` (a value, or a coroutine's) is true, and return it; fail after `timeout` seconds
+    with what `saw()` (a value, or a coroutine's) then returns. The one way tests wait for what runs elsewhere."""
     deadline = _Deadline(timeout, saw)
-    while not condition():
-        deadline.check()
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        await deadline.check_async()
         await asyncio.sleep(every)
 
 
 def wait_until(
-    condition: Callable[[], bool], timeout: float, saw: Callable[[], object] = lambda: None, every: float = 0.05
-) -> None:
+    condition: Callable[[], Any], timeout: float, saw: Callable[[], object] = lambda: None, every: float = 0.05
+) -> Any:
     """`wait_for` for code outside an event loop."""
     deadline = _Deadline(timeout, saw)
-    while not condition():
+    while not (value := condition()):
         deadline.check()
         time.sleep(every)
+    return value
+
+
+def small_deployment(log_dir: Path, **fields: Any) -> LocalDeployment:
+    """A deployment on this host, its logs in `log_dir`: one GM, one LM and one agent of one node that simulates its
+    tasks, unless `fields` (LocalDeployment's) say otherwise."""
+    smallest = {"gms": 1, "lms": 1, "workers_per_lm": 1, "nodes_per_worker": 1, "execution": "simulated"}
+    return LocalDeployment(log_dir=log_dir, **(smallest | fields))
 
 
 class Operator:

@@ -35,7 +35,7 @@ from megha.services.gm.app import create_app as gm_app
 from megha.services.lm.app import create_app as lm_app
 from megha.services.worker.app import create_app as worker_app
 
-from servicekit import needs_rabbitmq, wait_until
+from servicekit import needs_rabbitmq, small_deployment, wait_until
 
 SECRET = "s" * 32
 ALICE, BOB = "alice-token-" + "a" * 20, "bob-token-" + "b" * 20
@@ -211,16 +211,8 @@ def _job(job_id: str, user: str, duration: float = 600.0) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> LocalDeployment:  # type: ignore[misc]
     logs = tmp_path_factory.mktemp("auth") / "logs"
-    with LocalDeployment(
-        gms=1,
-        lms=1,
-        workers_per_lm=1,
-        nodes_per_worker=3,
-        execution="simulated",
-        cluster_secret=SECRET,
-        user_tokens={"alice": ALICE, "bob": BOB},
-        log_dir=logs,
-    ) as deployment:
+    tokens = {"alice": ALICE, "bob": BOB}
+    with small_deployment(logs, nodes_per_worker=3, cluster_secret=SECRET, user_tokens=tokens) as deployment:
         yield deployment
 
 

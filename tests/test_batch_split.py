@@ -34,9 +34,9 @@ from megha.common.models import (
 )
 from megha.common.settings import GMSettings, LMSettings
 from megha.deploy.local import LocalDeployment
+from megha.services.client import Reply
 from megha.services.gm.app import create_app as create_gm
-from megha.services.gm.service import _merged
-from megha.services.http import Reply
+from megha.services.gm.dispatch import _merged
 from megha.services.lm.service import LMService
 
 from servicekit import needs_rabbitmq, wait_for, wait_until
@@ -155,11 +155,11 @@ async def test_an_lm_launches_a_big_batch_on_an_agent_in_parts_under_the_agents_
     lm = LMService(settings, None)
     posted: list[bytes] = []
 
-    async def post(url: str, body: bytes, resend: bool = True) -> Reply:
+    async def post(url: str, body: bytes, idempotent: bool = False) -> Reply:
         posted.append(body)
         return Reply(202, b"{}")
 
-    lm._calls.post = post  # type: ignore[method-assign]
+    lm.calls.post = post  # type: ignore[method-assign]
     try:
         registration = WorkerRegistration(
             worker_id="w", url="http://127.0.0.1:9", nodes=[NODE], drivers=["burn", "exec"]

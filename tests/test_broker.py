@@ -9,6 +9,8 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -61,7 +63,7 @@ async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: 
     def fake_workers(launch: object) -> None:
         launched.append(launch)
 
-    monkeypatch.setattr(lm, "_send_to_workers", fake_workers)
+    monkeypatch.setattr(lm.dispatch, "send_to_workers", fake_workers)
     try:
         node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024}, constraints=[3])
         await lm.register(WorkerRegistration(worker_id="w", url="http://127.0.0.1:9", nodes=[node, node]))
@@ -88,7 +90,7 @@ async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: 
         # ...and GM 1 sees the freed node in its next delta, while GM 0's own completion never appears as a delta.
         delta = (await inboxes[1].next()).delta
         assert delta is not None and [(n.node, n.free) for n in delta.nodes] == [(0, [1000, 1024])]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # an absence: no delta of its own comes to GM 0 meanwhile
         assert all(m.delta is None for m in inboxes[0].messages)
         assert lm.core is not None and lm.core.is_idle() and len(launched) == 1
     finally:
@@ -113,32 +115,36 @@ async def _dead_letters(broker: Broker, want: int, timeout: float = 20.0) -> lis
     return got
 
 
-async def test_a_message_whose_handler_keeps_failing_is_retried_then_dead_lettered_never_dropped() -> None:
-    run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id, delivery_limit=3, retry_pause=0.05)
+@contextlib.asynccontextmanager
+async def retrying_broker(key: str, **options: Any) -> AsyncIterator[Broker]:
+    """A connection of a fresh run that requeues a failed message after 0.05 s (`options`: more of Broker's); the
+    run's queue `key` and its dead letters are deleted at the end."""
+    broker = Broker(AMQP, f"test-{uuid.uuid4().hex[:8]}", retry_pause=0.05, **options)
     await broker.connect()
+    try:
+        yield broker
+    finally:
+        await broker.delete_run([key])
+        await broker.close()
+
+
+async def test_a_message_whose_handler_keeps_failing_is_retried_then_dead_lettered_never_dropped() -> None:
     calls: list[bytes] = []
 
     async def failing(body: bytes) -> None:
         calls.append(body)
         raise RuntimeError("cannot apply")
 
-    await broker.consume("lm", lm_key(7), failing)
-    try:
+    async with retrying_broker(lm_key(7), delivery_limit=3) as broker:
+        await broker.consume("lm", lm_key(7), failing)
         await broker.publish("lm", lm_key(7), b'{"x": 1}')
         assert await _dead_letters(broker, 1) == [b'{"x": 1}']
         # Delivered, then requeued until the queue's delivery limit: retried, never lost.
         assert calls == [b'{"x": 1}'] * 3  # requeued twice, dead-lettered on the third failure
         assert broker.requeued == 2 and broker.dead_lettered == 1
-    finally:
-        await broker.delete_run([lm_key(7)])
-        await broker.close()
 
 
 async def test_a_handler_that_says_try_later_gets_the_message_again() -> None:
-    run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id, retry_pause=0.05)
-    await broker.connect()
     calls: list[bytes] = []
     applied = asyncio.Event()
 
@@ -148,34 +154,25 @@ async def test_a_handler_that_says_try_later_gets_the_message_again() -> None:
             raise TryLater("cluster not complete")
         applied.set()
 
-    await broker.consume("lm", lm_key(3), not_ready_at_first)
-    try:
+    async with retrying_broker(lm_key(3)) as broker:
+        await broker.consume("lm", lm_key(3), not_ready_at_first)
         await broker.publish("lm", lm_key(3), b"report")
         await asyncio.wait_for(applied.wait(), 10)
         assert calls == [b"report"] * 3
-    finally:
-        await broker.delete_run([lm_key(3)])
-        await broker.close()
 
 
 async def test_a_malformed_message_is_dead_lettered_at_once() -> None:
-    run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id, retry_pause=0.05)
-    await broker.connect()
     calls: list[bytes] = []
 
     async def parse(body: bytes) -> None:
         calls.append(body)
         BrokerMessage.model_validate_json(body)
 
-    await broker.consume("lm", lm_key(5), parse)
-    try:
+    async with retrying_broker(lm_key(5)) as broker:
+        await broker.consume("lm", lm_key(5), parse)
         await broker.publish("lm", lm_key(5), b"{}")
         assert await _dead_letters(broker, 1) == [b"{}"]
         assert calls == [b"{}"] and broker.dead_lettered == 1
-    finally:
-        await broker.delete_run([lm_key(5)])
-        await broker.close()
 
 
 async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_is_back(
@@ -204,7 +201,7 @@ async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_i
             await asyncio.to_thread(node.kill)
             for i in range(50, 100):  # the broker is away: these wait in the outbox
                 await publisher.publish("gm", gm_key(0), str(i).encode())
-            await asyncio.sleep(5)
+            await asyncio.sleep(5)  # the outage (the fault, not a wait)
             assert publisher.pending >= 50 - 10  # not confirmed while it is down (a window may be in flight)
             await asyncio.to_thread(node.start)
             assert await publisher.flush(60), f"{publisher.pending} messages never confirmed"
@@ -318,10 +315,7 @@ async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:
             WorkerRegistration(worker_id="w-hb", url="http://127.0.0.1:9", nodes=agent.nodes())
         )
         await agent.heartbeat()
-        for _ in range(50):
-            if "w-hb" in lm.state()["heartbeats"]:  # type: ignore[operator]
-                break
-            await asyncio.sleep(0.05)
+        await wait_for(lambda: "w-hb" in lm.state()["heartbeats"], 5, lm.state)  # type: ignore[operator]
         beat = lm.state()["heartbeats"]["w-hb"]  # type: ignore[index]
         assert beat["running"] == 0 and 0 <= beat["age_seconds"] < 5
     finally:

@@ -5,7 +5,6 @@ replays a trace to the end, and each user is refused (ACCESS_REFUSED) what its r
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -14,14 +13,14 @@ import aio_pika
 import aiormq
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from brokerkit import rabbitmqctl
 
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import BROKER_ROLES, Broker, broker_user, gm_key, lm_key
-from megha.deploy.local import LocalDeployment
 from megha.deploy.secrets import ADMIN, DEFINITIONS, make_secrets, url_file
 from megha.loadgen.services import replay_services
 
-from servicekit import AMQP, needs_rabbitmq, wait_until
+from servicekit import AMQP, needs_rabbitmq, small_deployment, wait_until
 
 pytestmark = needs_rabbitmq
 
@@ -44,7 +43,7 @@ def users(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     made = make_secrets(tmp_path / "secrets", run_id, "amqp://127.0.0.1:5672/")
     urls = {role: made[url_file(role)].read_text().strip() for role in BROKER_ROLES}
     with made[DEFINITIONS].open() as definitions:  # the CLI reads stdin as root; a file it opens as rabbitmq
-        imported = subprocess.run(["rabbitmqctl", "import_definitions"], stdin=definitions, capture_output=True)
+        imported = rabbitmqctl("import_definitions", stdin=definitions, capture_output=True)
     assert imported.returncode == 0, imported.stderr
     try:
         # The import is asynchronous: wait until every user can log in.
@@ -52,7 +51,7 @@ def users(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         yield run_id, urls
     finally:
         for role in (*BROKER_ROLES, ADMIN):
-            subprocess.run(["rabbitmqctl", "delete_user", broker_user(run_id, role)], capture_output=True)
+            rabbitmqctl("delete_user", broker_user(run_id, role), capture_output=True)
         asyncio.run(_delete_run(run_id))
 
 
@@ -67,15 +66,8 @@ async def _delete_run(run_id: str) -> None:
 
 def test_a_deployment_of_role_users_replays_every_task(users: tuple[str, dict[str, str]], tmp_path: Path) -> None:
     run_id, urls = users
-    deployment = LocalDeployment(
-        gms=1,
-        lms=1,
-        workers_per_lm=2,
-        nodes_per_worker=2,
-        execution="simulated",
-        run_id=run_id,
-        amqp_urls=urls,
-        log_dir=tmp_path / "logs",
+    deployment = small_deployment(
+        tmp_path / "logs", workers_per_lm=2, nodes_per_worker=2, run_id=run_id, amqp_urls=urls
     )
     with deployment:
         for proc in deployment.processes:

@@ -18,7 +18,7 @@ import pytest
 from megha.common.models import TaskEvent
 from megha.deploy import chaos
 from megha.deploy.chaos import PROCESS_FAULTS, ChaosConfig, _keep_suspects, _keep_views, main, run_trial
-from megha.loadgen.records import JobRecord, TaskRecord
+from megha.loadgen.records import JobRecord, TaskColumns, TaskRecord
 from megha.loadgen.services import ServicesRun
 
 from servicekit import needs_rabbitmq
@@ -30,9 +30,8 @@ def test_a_fault_of_another_backend_is_refused_before_anything_starts(capsys: py
 
 
 def test_the_events_of_tasks_not_finished_exactly_once_are_kept_for_tracing(tmp_path: Path) -> None:
-    run = ServicesRun({}, {"j": JobRecord("j", 0, 0.0, 3, 1.0)})
-    for task, completions in (("j.0", 1), ("j.1", 2), ("j.2", 0)):
-        run.tasks[task] = TaskRecord(task, "j", 0, "u", 1.0, (1, 1), completions=completions)
+    tasks = [TaskRecord(t, "j", 0, "u", 1.0, (1, 1), completions=n) for t, n in (("j.0", 1), ("j.1", 2), ("j.2", 0))]
+    run = ServicesRun(TaskColumns.of(tasks), {"j": JobRecord("j", 0, 0.0, 3, 1.0)}, {})
     run.events["j.1"] = [
         TaskEvent(kind="finished", task_id="j.1", job_id="j", lm=0, node=1, at=10.0, attempt=a) for a in (1, 2)
     ]
@@ -41,7 +40,7 @@ def test_the_events_of_tasks_not_finished_exactly_once_are_kept_for_tracing(tmp_
     assert sorted(kept) == ["j.1", "j.2"]
     assert [e["attempt"] for e in kept["j.1"]["events"]] == [1, 2] and kept["j.2"]["events"] == []
 
-    run.tasks = {"j.0": run.tasks["j.0"]}
+    run.tasks = TaskColumns.of(tasks[:1])
     _keep_suspects(run, tmp_path / "none" / "suspects.json")
     assert not (tmp_path / "none").exists()
 
@@ -75,10 +74,8 @@ def test_what_the_services_hold_of_a_trial_s_suspect_jobs_is_kept_before_teardow
     server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    run = ServicesRun({}, {"j": JobRecord("j", 0, 0.0, 2, 1.0), "k": JobRecord("k", 0, 0.0, 1, 1.0)})
-    run.tasks["j.1"] = TaskRecord("j.1", "j", 0, "u", 1.0, (1, 1), completions=1)
-    run.tasks["j.2"] = TaskRecord("j.2", "j", 0, "u", 1.0, (1, 1), completions=0)
-    run.tasks["k.0"] = TaskRecord("k.0", "k", 0, "u", 1.0, (1, 1), completions=1)
+    tasks = [TaskRecord(t, t[0], 0, "u", 1.0, (1, 1), completions=n) for t, n in (("j.1", 1), ("j.2", 0), ("k.0", 1))]
+    run = ServicesRun(TaskColumns.of(tasks), {"j": JobRecord("j", 0, 0.0, 2, 1.0), "k": JobRecord("k", 0, 0.0, 1, 1.0)})
     try:
         _keep_views(_Views([url], [url, "http://127.0.0.1:9"]), run, tmp_path / "views.json")
     finally:
@@ -92,7 +89,7 @@ def test_what_the_services_hold_of_a_trial_s_suspect_jobs_is_kept_before_teardow
     assert "error" in views["lms"]["http://127.0.0.1:9"]["state"]  # an LM that cannot be reached is said so
     assert {auth for _, auth in asked} == {"Bearer op"}
 
-    run.tasks["j.2"].completions = 1
+    run.tasks.set("j.2", completions=1)
     _keep_views(_Views([url], [url]), run, tmp_path / "none" / "views.json")  # nothing suspect: nothing asked
     assert not (tmp_path / "none").exists()
 

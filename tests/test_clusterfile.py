@@ -21,25 +21,14 @@ from megha.common.constraint_stats import load_constraint_stats
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_mask
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REFERENCE = SHARED / "constraints" / "reference-cluster-10000-nodes.json"
-
-
-@pytest.fixture
-def reference_path() -> Path:
-    if not REFERENCE.is_file():
-        pytest.skip(f"needs the reference cluster at {REFERENCE} (../shared is missing)")
-    return REFERENCE
-
 
 def constraint_fractions(spec: ClusterSpec) -> list[float]:
     masks = [m for lm in range(spec.num_lms) for m in spec.lm_constraint_masks(lm)]
     return [sum(m >> k & 1 for m in masks) / len(masks) for k in range(NUM_CONSTRAINTS)]
 
 
-@pytest.mark.shared
-def test_reference_cluster_shape_and_published_fractions(reference_path: Path) -> None:
-    spec = load_reference_cluster(reference_path, DEFAULT_NODE_CAPACITY)
+def test_reference_cluster_shape_and_published_fractions(reference_cluster: Path) -> None:
+    spec = load_reference_cluster(reference_cluster, DEFAULT_NODE_CAPACITY)
     assert (spec.num_lms, spec.num_gms) == (5, 5)
     assert all(part.size == 400 for row in spec.partitions for part in row)
     assert spec.num_nodes == 10_000
@@ -48,20 +37,18 @@ def test_reference_cluster_shape_and_published_fractions(reference_path: Path) -
     assert [round(f, 4) for f in constraint_fractions(spec)] == list(published)
 
 
-@pytest.mark.shared
-def test_reference_cluster_bit_order(reference_path: Path) -> None:
-    doc = json.loads(reference_path.read_text())
+def test_reference_cluster_bit_order(reference_cluster: Path) -> None:
+    doc = json.loads(reference_cluster.read_text())
     bits = doc["lms"]["2"]["3"]
-    spec = load_reference_cluster(reference_path, PROTOTYPE_NODE_CAPACITY)
+    spec = load_reference_cluster(reference_cluster, PROTOTYPE_NODE_CAPACITY)
     part = spec.partitions[1][2]
     for node in (0, 1, 217, 399):
         assert part.constraint_masks[node] == constraint_mask(k for k in range(NUM_CONSTRAINTS) if bits[k][node] == "1")
 
 
-@pytest.mark.shared
-def test_load_cluster_detects_reference_format(reference_path: Path) -> None:
-    assert load_cluster(reference_path, PROTOTYPE_NODE_CAPACITY) == load_reference_cluster(
-        reference_path, PROTOTYPE_NODE_CAPACITY
+def test_load_cluster_detects_reference_format(reference_cluster: Path) -> None:
+    assert load_cluster(reference_cluster, PROTOTYPE_NODE_CAPACITY) == load_reference_cluster(
+        reference_cluster, PROTOTYPE_NODE_CAPACITY
     )
 
 

@@ -139,4 +139,4 @@ def test_a_launch_call_that_fails_after_its_tasks_completed_ends_them_only_once(
     net.post(gm.call_failed(0, batch.seq, "LM 0 unreachable", 3.0))
     net.run()
     assert ends.completed == ["j.0"] and ends.failed == [] and ends.cancelled == []
-    assert not gm.running and not gm._cancelling and not gm._awaiting_response
+    assert not gm.running and not gm.ledger.cancelling and not gm.ledger.awaiting_response

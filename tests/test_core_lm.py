@@ -166,9 +166,10 @@ def test_a_batch_that_gets_no_answer_fails_its_tasks_with_the_reason_and_leaves_
     rec.expect(0, j)
     net.post(gm.submit(j, 0.0))
     batch = net.take("lm/0", LaunchBatch)
-    assert gm._unanswered_batches[0] and gm._unanswered_requests[0]
+    assert gm.ledger.unanswered_batches[0] and gm.view._unanswered_requests[0]
     gm.call_failed(0, batch.seq, "LM 0 unreachable", 0.1)
-    assert not gm._unanswered_batches[0] and not gm._unanswered_requests[0] and not gm._awaiting_response
+    assert not gm.ledger.unanswered_batches[0] and not gm.view._unanswered_requests[0]
+    assert not gm.ledger.awaiting_response
     assert [rec.tasks[t].failed_reason for t in ("j.0", "j.1")] == ["LM 0 unreachable"] * 2
     # Their requests are back in the view (the LM's next report of those nodes would say if they ran).
     assert gm.views[0][0].free == [CAP, CAP]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.gm import GlobalMaster, Unschedulable
+from megha.common.core.lifecycle import TERMINAL, Event, Lifecycle
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import DeltaTick, Send, WorkerReport
 from megha.common.core.observer import CoreObserver
@@ -25,15 +26,37 @@ CAPACITY = (4, 4)
 
 
 class Finishes(CoreObserver):
+    """Counts runs finished on workers and tasks cancelled, and moves every task along the one lifecycle table by
+    the GMs' events: an event the table does not allow raises IllegalTransition, naming the task and its state."""
+
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
         self.cancelled: Counter[str] = Counter()
+        self.life = Lifecycle()
+
+    def job_arrived(self, job, gm, now):  # type: ignore[no-untyped-def]
+        for task in job.tasks:
+            self.life.advance(task.task_id, Event.ARRIVED)
+
+    def decided(self, placements, now):  # type: ignore[no-untyped-def]
+        for p in placements:
+            self.life.advance(p.task.task_id, Event.DECIDED)
+
+    def inconsistency(self, placement, now):  # type: ignore[no-untyped-def]
+        self.life.advance(placement.task.task_id, Event.REFUSED)
+
+    def task_completed(self, task, error, now, forwarded):  # type: ignore[no-untyped-def]
+        self.life.advance(task.task_id, Event.FAILED if error else Event.FINISHED)
+
+    def task_failed(self, task, reason, now):  # type: ignore[no-untyped-def]
+        self.life.advance(task.task_id, Event.FAILED)
 
     def finished(self, task_ids, now):  # type: ignore[no-untyped-def]
         self.count.update(task_ids)
 
     def task_cancelled(self, task, now):  # type: ignore[no-untyped-def]
         self.cancelled[task.task_id] += 1
+        assert self.life.advance(task.task_id, Event.CANCELLED), f"{task.task_id} cancelled after it ended"
 
 
 @st.composite
@@ -145,7 +168,9 @@ def play(draw: Draw) -> None:
     for lm in net.lms:
         assert lm.is_idle(), f"LM {lm.lm_id} ends with free {lm.free} of {lm.capacity}"
     for gm in net.gms:
-        assert not gm.running and not gm.waiting and not gm._cancelling
+        assert not gm.running and not gm.waiting and not gm.ledger.cancelling
+    # ... and by the lifecycle table, every accepted task ended (completed or cancelled).
+    assert {t: finishes.life.state(t) for t in accepted if finishes.life.state(t) not in TERMINAL} == {}
 
 
 def scripted(values: list[Any]) -> Draw:

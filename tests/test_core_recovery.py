@@ -6,7 +6,7 @@ lost meanwhile runs again."""
 from __future__ import annotations
 
 from megha.common.core.gm import GlobalMaster
-from megha.common.core.lm import VERSION_BITS, LocalMaster
+from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
     Completion,
     Completions,
@@ -18,6 +18,7 @@ from megha.common.core.messages import (
     WorkerReport,
     node_state,
 )
+from megha.common.core.node_table import VERSION_BITS
 from megha.common.core.recovery import LMReport, lm_report, plan_recovery, runs_held, runs_lost
 
 from corekit import CAP, cluster, job, task

@@ -16,12 +16,11 @@ import pytest
 
 from megha.common.core.messages import Placement
 from megha.common.core.task import JobSpec
-from megha.deploy.local import LocalDeployment
 from megha.services.gm.jobs import JobTable
-from megha.services.http import JsonFormatter, ids
+from megha.services.logs import JsonFormatter, ids
 
 from corekit import task
-from servicekit import api, needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, small_deployment, wait_until
 
 NODE = {"cpu_millicores": 2000, "memory_mb": 4096}  # the whole node of LocalDeployment's agents
 
@@ -105,16 +104,7 @@ def test_the_services_log_refusals_losses_retries_and_stops_with_ids(
 ) -> None:
     monkeypatch.setenv("MEGHA_LOG_FORMAT", "json")
     logs = tmp_path / "logs"
-    deployment = LocalDeployment(
-        gms=1,
-        lms=1,
-        workers_per_lm=2,
-        execution="simulated",
-        log_dir=logs,
-        heartbeat_interval=0.3,
-        worker_timeout=2.0,
-        takeover_after=0,
-    )
+    deployment = small_deployment(logs, workers_per_lm=2, heartbeat_interval=0.3, worker_timeout=2.0, takeover_after=0)
     with deployment:
         api.use(deployment)
         gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from megha.loadgen.replay import REFERENCE_CLUSTER
 from megha.loadgen.trace import TraceJob
 from megha.sim.experiments import allocation, heartbeat, scale, vs_pigeonc
-from megha.sim.experiments.harness import TRACES, DataCentre, Run, Workload, paper_centre, read_runs
+from megha.sim.experiments.harness import DataCentre, Run, Workload, paper_centre, read_runs
 from megha.sim.experiments.workloads import PoissonLoad, retime
 
 
@@ -76,10 +75,9 @@ def test_reduced_megha_vs_pigeonc_writes_one_row_per_run(tmp_path: Path) -> None
     assert "| syn:100:6 | random | pigeonc |" in text  # the baseline / Megha table
 
 
-@pytest.mark.shared
-def test_reduced_syn_250_megha_beats_pigeonc_at_the_99th_percentile(tmp_path: Path) -> None:
-    if not REFERENCE_CLUSTER.exists() or not (TRACES / "syn_250.0.tr").exists():
-        pytest.skip("needs ../shared (syn_250.0.tr and the reference cluster)")
+def test_reduced_syn_250_megha_beats_pigeonc_at_the_99th_percentile(
+    tmp_path: Path, syn_250: Path, reference_cluster: Path
+) -> None:
     argv = ["--workloads", "syn_250", "--first-jobs", "12", "--seeds", "0", "--out", str(tmp_path)]
     assert vs_pigeonc.main(argv) == 0
     runs = read_runs(tmp_path / "megha-vs-pigeonc.csv")

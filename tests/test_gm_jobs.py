@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from megha.common.core.messages import Placement
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.services.gm.jobs import JobTable
@@ -90,3 +92,45 @@ def test_each_run_of_a_task_is_found_where_it_ran_for_its_output() -> None:
     assert table.where_ran("j.0", 3) == table.where_ran("j.0", None) == (0, 0)
     assert table.where_ran("j.0", 4) is None and table.where_ran("nope.0", None) is None
     assert table.attempts_run("j.0") == [1, 2, 3]
+
+
+def test_a_task_ends_once_and_later_news_changes_neither_its_state_nor_its_finish_time() -> None:
+    table = JobTable(0)
+    job = _job("j", 2)
+    table.job_arrived(job, 0, 0.0)
+    table.decided([Placement(job.tasks[0], 0, 1, False)], 0.5)
+    table.task_failed(job.tasks[0], "LM 0 unreachable", 1.0)
+    table.task_completed(job.tasks[0], "", 2.0)  # the LM's late report of the run the GM gave up on
+    table.task_completed(job.tasks[1], "", 3.0)
+    table.task_completed(job.tasks[1], "", 4.0, forwarded=True)  # a duplicate completion
+    status = table.status("j")
+    assert status is not None
+    assert [(t.state, t.finished_at, t.failed_reason) for t in status.tasks] == [
+        ("failed", None, "LM 0 unreachable"),
+        ("finished", 3.0, None),
+    ]
+    assert [kind for _, kind, _, _, _ in table.ended_here] == ["failed"] and table.illegal == 0
+
+
+def test_a_decision_for_a_cancelled_task_is_logged_and_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    table = JobTable(0)
+    job = _job("j", 1)
+    table.job_arrived(job, 0, 0.0)
+    table.task_cancelled(job.tasks[0], 1.0)
+    table.decided([Placement(job.tasks[0], 0, 1, False)], 2.0)
+    assert table.tasks["j.0"].state == "cancelled" and table.tasks["j.0"].launched_at is None
+    assert table.illegal == 1 and "task j.0: DECIDED is not allowed in state CANCELLED" in caplog.text
+
+
+def test_a_refused_preemption_request_puts_its_task_back_in_the_queue() -> None:
+    table = JobTable(0)
+    job = _job("j", 1)
+    table.job_arrived(job, 0, 0.0)
+    request = Placement(job.tasks[0], 0, -1, False)  # a preemption request names no node
+    table.decided([request], 1.0)
+    table.decided([replace(request, lm=1)], 1.5)  # LM 0 refused: the next LM is asked
+    assert table.tasks["j.0"].state == "launched" and table.tasks["j.0"].lm == 1
+    table.rescheduled(job.tasks[0], 2.0)  # LM 1 refused too: it waits
+    assert table.tasks["j.0"].state == "queued" and table.illegal == 0

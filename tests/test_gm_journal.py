@@ -27,7 +27,7 @@ from megha.common.core.messages import (
 from megha.common.core.recovery import lm_report
 from megha.common.models import DeltaModel, EndedRun, GMRecovery, JobSubmission, PlacementModel
 from megha.common.settings import GMSettings
-from megha.services.gm.journal import Journal
+from megha.services.gm.journal import End, Journal
 from megha.services.gm.service import GMService
 
 
@@ -49,7 +49,7 @@ def test_records_are_replayed_and_a_line_cut_short_by_a_crash_is_skipped(tmp_pat
         f.write(b'{"job": {"job_id": "c"')  # the crash came in the middle of a write
     replayed = Journal.replay(path)
     assert [(r["job_id"], at) for r, at in replayed.jobs] == [("a", 1.0), ("b", 2.0)]
-    assert replayed.ends == {"a.0": ("finished", ""), "b.0": ("failed", "LM 1 unreachable")}
+    assert replayed.ends == {"a.0": End("finished", ""), "b.0": End("failed", "LM 1 unreachable")}
     assert replayed.damaged == 1
 
 
@@ -61,7 +61,7 @@ def test_a_rewrite_keeps_only_the_records_given_and_appends_after_them(tmp_path:
     journal.append({"end": "kept.0", "state": "finished", "reason": ""})
     journal.close()
     replayed = Journal.replay(path)
-    assert [r["job_id"] for r, _ in replayed.jobs] == ["kept"] and replayed.ends == {"kept.0": ("finished", "")}
+    assert [r["job_id"] for r, _ in replayed.jobs] == ["kept"] and replayed.ends == {"kept.0": End("finished", "")}
 
 
 def test_a_missing_journal_replays_as_empty(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ class _Life:
         self.service.adopt(SPEC)
         self.lm = lm
         self.sent: list[Output] = []
-        self.service._dispatch = self.sent.extend  # type: ignore[method-assign]
+        self.service.dispatch.send = self.sent.extend  # type: ignore[method-assign]
 
         async def claim() -> list[GMRecovery]:
             report = lm_report(lm, 0)
@@ -102,7 +102,7 @@ class _Life:
                 )
             ]
 
-        self.service._claim = claim  # type: ignore[method-assign]
+        self.service.restart.claim = claim  # type: ignore[method-assign]
 
     def batches(self) -> list[LaunchBatch]:
         """The launch batches sent since the last call."""
@@ -200,5 +200,50 @@ def test_a_gm_restarting_from_a_journal_with_more_finished_tasks_than_it_keeps_l
         assert jobs.unfinished() == 0 and core.running == {}
         assert second.service.journal is not None
         second.service.journal.close()
+
+    asyncio.run(lives())
+
+
+def test_a_completion_redelivered_to_a_restarted_gm_leaves_the_first_finish_time(tmp_path: Path) -> None:
+    """A GM killed after a task finished comes back from its journal while its LM delivers the task's completion
+    again (the GM had not acknowledged it): the task stays finished once, with the finish time first reported.
+    Before the fix, the journal kept no finish time and the restarted GM reported the time of its recovery."""
+    lm = LocalMaster(0, SPEC.partitions[0], ended_runs_kept=100)
+
+    async def lives() -> None:
+        first = _Life(tmp_path, 10, lm)
+        await first.service.recover()
+        await first.submit("j", 2)
+        nodes = first.launch(first.batches())
+        completions = [
+            out.msg
+            for out in lm.handle(WorkerReport(0, [FinishedTask("j.0", nodes["j.0"], gm=0)]), time.time())
+            if isinstance(out.msg, Completions)
+        ]
+        core = first.service.core
+        assert core is not None and completions
+        for msg in completions:
+            core.handle(msg, time.time())
+        reported = first.service.jobs.status("j")
+        assert reported is not None
+        finished_at = reported.tasks[0].finished_at
+        assert reported.tasks[0].state == "finished" and finished_at is not None
+        assert first.service.journal is not None
+        first.service.journal.close()  # the crash, before the completion was acknowledged
+
+        second = _Life(tmp_path, 10, lm)
+        await second.service.recover()
+        core = second.service.core
+        assert core is not None
+        for msg in completions:  # delivered again by the broker
+            core.handle(msg, time.time())
+        again = second.service.jobs.status("j")
+        assert again is not None
+        assert [(t.state, t.finished_at) for t in again.tasks] == [("finished", finished_at), ("launched", None)]
+        assert second.service.jobs.unfinished() == 1 and second.service.jobs.ended_here == []
+        assert second.service.journal is not None
+        second.service.journal.close()
+        third = Journal.replay(second.service.journal_path())  # the rewritten journal keeps the time too
+        assert third.ends == {"j.0": End("finished", "", finished_at)}
 
     asyncio.run(lives())

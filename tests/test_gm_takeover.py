@@ -42,10 +42,7 @@ def test_a_gm_that_stays_down_is_stood_in_for_and_takes_its_identity_back(tmp_pa
         wait_until(lambda: _health(stand_in).get("standing_in_for") == [1], 30, lambda: _health(stand_in))
 
     with deployment:
-        api.use(deployment)
-        run = replay_with_fault(deployment, kill_gm_with_a_queue, BACKLOG)
-        wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
-        states = deployment.lm_states()
+        run, states = replay_with_fault(deployment, kill_gm_with_a_queue, BACKLOG)
         # GM 1 returns: it takes its identity and what its stand-in did back, and GM 0 stops standing in.
         deployment.restart("gm-1")
         wait_until(
@@ -77,7 +74,7 @@ def test_a_gm_stalled_past_the_takeover_time_is_fenced_and_rejoins(tmp_path) -> 
         deployment.pause("gm-1")  # it holds its connections and its stale queue
         try:
             wait_until(lambda: _health(stand_in).get("standing_in_for") == [1], 30, lambda: _health(stand_in))
-            time.sleep(1.0)
+            time.sleep(1.0)  # the stall goes on while the stand-in serves GM 1's queue (the fault, not a wait)
         finally:
             deployment.resume("gm-1")
         # Refused by its stand-in (or fenced at an LM), GM 1 takes its identity back with a newer term.
@@ -88,10 +85,7 @@ def test_a_gm_stalled_past_the_takeover_time_is_fenced_and_rejoins(tmp_path) -> 
         )
 
     with deployment:
-        api.use(deployment)
-        run = replay_with_fault(deployment, stall_gm_with_a_queue, SHORT)
-        wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
-        states = deployment.lm_states()
+        run, states = replay_with_fault(deployment, stall_gm_with_a_queue, SHORT)
         term = _health(deployment.gm_urls[1])["term"]
     assert_nothing_lost(run, 78)
     assert term >= seen["term"] + 2  # type: ignore[operator]  # the stand-in's claim, then GM 1's own

@@ -6,7 +6,6 @@ at the LM and in the GM's view, and the job ends cancelled, never finished, also
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +69,13 @@ def test_cancel_stops_running_tasks_drops_queued_ones_and_frees_the_node(tmp_pat
         assert missing.status_code == 404 and missing.json()["detail"][0]["field"] == "job_id"
 
 
+def _refused(rule: list[str]) -> int:
+    """How many packets the iptables `rule` (chain first) has refused."""
+    listing = subprocess.run(["iptables", "-L", rule[0], "-v", "-x", "-n"], capture_output=True, text=True, timeout=10)
+    dport = f"dpt:{rule[rule.index('--dport') + 1]}"
+    return sum(int(line.split()[0]) for line in listing.stdout.splitlines() if "REJECT" in line and dport in line)
+
+
 @needs_rabbitmq
 def test_a_cancel_outlives_a_gm_crash(tmp_path: Path) -> None:
     """The cancel is in the GM's journal before it is answered: a GM killed right after it comes back with the
@@ -87,7 +93,7 @@ def test_a_cancel_outlives_a_gm_crash(tmp_path: Path) -> None:
         subprocess.run(["iptables", "-I", *rule], check=True, timeout=10)
         try:
             assert api.delete(f"{gm}/v1/jobs/long", timeout=10.0).status_code == 202
-            time.sleep(0.5)  # the stop call is out, and stuck
+            wait_until(lambda: _refused(rule) > 0, 10)  # the stop call is out, and refused
             deployment.kill("gm-0")
         finally:
             subprocess.run(["iptables", "-D", *rule], check=False, timeout=10)

@@ -157,7 +157,7 @@ def test_a_bad_log_format_is_one_line_naming_the_variable(module: str) -> None:
 
 LOGGING_SCRIPT = """
 import logging, warnings
-from megha.services.http import configure_logging
+from megha.services.logs import configure_logging
 
 log = configure_logging("info", "loadgen", {log_format!r})
 log.info("task %s placed", "t-1", extra={{"job_id": "j-1", "lm": 2, "node": 17}})

@@ -9,9 +9,9 @@ import math
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,14 +20,14 @@ from prometheus_client.samples import Sample
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings
-from megha.deploy.local import LocalDeployment, free_port
+from megha.deploy.local import free_port
 from megha.loadgen.services import replay_services
 from megha.services.gm.app import create_app as create_gm
 from megha.services.lm.app import create_app as create_lm
 from megha.services.metrics import ALLOCATION_TIME_BUCKETS, TaskMeter
 from megha.services.worker.app import create_app as create_worker
 
-from servicekit import api, needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, small_deployment, wait_until
 
 NOWHERE = "http://127.0.0.1:9"
 CLUSTER = ClusterSpec(((PartitionSpec(0, 0, ((2000, 4096), (4000, 8192)), (0, 0)),),))
@@ -175,22 +175,40 @@ def lm_free_metrics(metrics: dict[str, list[Sample]], sample: str = "megha_lm_fr
     }
 
 
+# A GM's and an LM's counters: metric sample -> the /v1/state key holding the same count.
+GM_COUNTS = {
+    "megha_gm_repartitions_total": "repartitions",
+    "megha_gm_inconsistencies_total": "inconsistencies",
+    "megha_task_reschedules_total": "reschedules",
+    "megha_task_retries_total": "retries",
+    "megha_gm_preemption_attempts_total": "preemption_attempts",
+    "megha_gm_preempted_tasks_total": "preempted",
+}
+LM_COUNTS = {
+    "megha_inconsistencies_total": "inconsistencies",
+    "megha_repartitions_total": "repartitions",
+    "megha_lm_launched_tasks_total": "launched",
+    "megha_lm_preemption_refusals_total": "preemption_refusals",
+    "megha_lm_failed_launches_total": "failed_launches",
+    "megha_lm_running_tasks": "running",
+    "megha_lm_logical_nodes": "logical_nodes",
+    "megha_lm_registered_nodes": "registered_nodes",
+}
+
+
+def assert_counts_agree(m: dict[str, list[Sample]], state: dict[str, Any], counts: dict[str, str]) -> None:
+    for sample, key in counts.items():
+        assert value(m, sample) == state[key], (sample, state)
+
+
 @needs_rabbitmq
 def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_processes(tmp_path: Path) -> None:
     # Two GMs and two LMs with one simulated agent of two 1-core nodes each; user A's queue on GM 0, B's on GM 1.
     # A asks for six 1-core tasks: four run (two by repartitioning GM 1's partitions), two wait at GM 0. Then B's
     # task arrives at GM 1 with A over its share: GM 1 preempts one of A's tasks (or finds a node freed).
-    deployment = LocalDeployment(
-        gms=2,
-        lms=2,
-        workers_per_lm=1,
-        nodes_per_worker=2,
-        execution="simulated",
-        node_cpu_millicores=1000,
-        node_memory_mb=1024,
-        queues="A:0.5:0,B:0.5:1",
-        log_dir=tmp_path / "logs",
-        delta_interval=0.2,
+    node = {"node_cpu_millicores": 1000, "node_memory_mb": 1024}
+    deployment = small_deployment(
+        tmp_path / "logs", gms=2, lms=2, nodes_per_worker=2, queues="A:0.5:0,B:0.5:1", delta_interval=0.2, **node
     )
     task = {"cpu_millicores": 1000, "memory_mb": 64}
     label = {"A": "#1", "B": "#2"}  # /metrics names no user by default: a queue is its place in MEGHA_QUEUES
@@ -237,7 +255,14 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
 
         wait_until(all_ended, 60, lambda: [tasks("a", gm0), tasks("b", gm1)])
         wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 20, deployment.lm_states)
-        time.sleep(1.0)  # the GMs learn the last completions and deltas
+
+        def gms_saw_everything_end() -> bool:  # the GMs learn the last completions and deltas
+            states = [get(f"{url}/v1/state") for url in (gm0, gm1)]
+            return all(
+                s["unfinished_tasks"] == 0 and all(p["used_fraction"] == 0.0 for p in s["partitions"]) for s in states
+            )
+
+        wait_until(gms_saw_everything_end, 20, lambda: [get(f"{url}/v1/state") for url in (gm0, gm1)])
 
         gm_repartitions = 0
         for g, (url, job) in enumerate(((gm0, "a"), (gm1, "b"))):
@@ -250,15 +275,7 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
             assert value(m, "megha_gm_unfinished_tasks") == state["unfinished_tasks"] == 0
             # Counters: the core's, as /v1/state reports them, and the job's tasks' own tallies.
             assert value(m, "megha_task_attempts_total") == sum(t["attempts"] for t in job_tasks) >= len(job_tasks)
-            for sample, key in (
-                ("megha_gm_repartitions_total", "repartitions"),
-                ("megha_gm_inconsistencies_total", "inconsistencies"),
-                ("megha_task_reschedules_total", "reschedules"),
-                ("megha_task_retries_total", "retries"),
-                ("megha_gm_preemption_attempts_total", "preemption_attempts"),
-                ("megha_gm_preempted_tasks_total", "preempted"),
-            ):
-                assert value(m, sample) == state[key], (sample, state)
+            assert_counts_agree(m, state, GM_COUNTS)
             assert value(m, "megha_gm_preemptions_total", reason="fair_share") == state["preemptions"]
             assert value(m, "megha_gm_inconsistencies_total") == sum(t["inconsistencies"] for t in job_tasks)
             assert value(m, "megha_gm_preempted_tasks_total") == sum(t["preemptions"] for t in job_tasks)
@@ -298,17 +315,7 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
             assert lm_free_metrics(m) == free_by_partition(state, sizes) == free_by_partition(state, sizes, "capacity")
             assert value(m, "megha_lm_nodes", state="in_service") == len(state["capacity"]) == 2
             assert value(m, "megha_lm_nodes", state="out_of_service") == len(state["down_nodes"]) == 0
-            for sample, key in (
-                ("megha_inconsistencies_total", "inconsistencies"),
-                ("megha_repartitions_total", "repartitions"),
-                ("megha_lm_launched_tasks_total", "launched"),
-                ("megha_lm_preemption_refusals_total", "preemption_refusals"),
-                ("megha_lm_failed_launches_total", "failed_launches"),
-                ("megha_lm_running_tasks", "running"),
-                ("megha_lm_logical_nodes", "logical_nodes"),
-                ("megha_lm_registered_nodes", "registered_nodes"),
-            ):
-                assert value(m, sample) == state[key], (sample, state)
+            assert_counts_agree(m, state, LM_COUNTS)
             assert value(m, "megha_preemptions_total", reason="fair_share") == state["preemptions"]
             assert value(m, "megha_broker_published_total") > 0  # deltas and completions went out
             assert value(m, "megha_broker_publish_failures_total") == 0
@@ -329,9 +336,7 @@ def test_metrics_agree_with_the_json_api_after_a_real_run_through_separate_proce
 def test_each_lm_counts_what_it_decides_through_its_core_observer_during_a_replay(tmp_path: Path) -> None:
     # Two GMs, two LMs of four simulated nodes each. The LMs' counts come from their cores' observer events; they
     # are checked against what the load generator and the GMs (their own cores' counters) saw.
-    deployment = LocalDeployment(
-        gms=2, lms=2, workers_per_lm=1, nodes_per_worker=4, execution="simulated", log_dir=tmp_path / "logs"
-    )
+    deployment = small_deployment(tmp_path / "logs", gms=2, lms=2, nodes_per_worker=4)
     settings = LoadgenSettings(trace="syn:4:10", time_scale=0.3)
     with deployment:
         api.use(deployment)
@@ -396,9 +401,7 @@ def query(prometheus: str, promql: str) -> float | None:
 @needs_rabbitmq
 def test_a_real_prometheus_scrapes_every_service_during_a_replay(tmp_path: Path) -> None:
     binary = prometheus_binary()
-    deployment = LocalDeployment(
-        gms=2, lms=2, workers_per_lm=2, nodes_per_worker=4, execution="simulated", log_dir=tmp_path / "logs"
-    )
+    deployment = small_deployment(tmp_path / "logs", gms=2, lms=2, workers_per_lm=2, nodes_per_worker=4)
     settings = LoadgenSettings(trace="demo", first_jobs=10, time_scale=0.0002, mode="scaled", mem_scale=1000)
     port = free_port()
     prometheus = f"http://127.0.0.1:{port}"

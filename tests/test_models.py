@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from typing import Any
 
 import pytest
@@ -14,25 +15,7 @@ from pydantic import BaseModel, ValidationError
 from megha.common import models
 from megha.common.core import messages
 from megha.common.core.constraints import ALL_CONSTRAINTS_MASK, constraint_mask
-from megha.common.core.messages import (
-    Completion,
-    Completions,
-    Delta,
-    FinishedTask,
-    LaunchBatch,
-    LaunchResponse,
-    NodeState,
-    Placement,
-    PreemptRequest,
-    PreemptResponse,
-    Rejection,
-    StopRequest,
-    Victim,
-    WorkerLaunch,
-    WorkerPreempt,
-    WorkerReport,
-)
-from megha.common.core.resources import CPU, MEMORY
+from megha.common.core.resources import CPU, MEMORY, Resources
 from megha.common.core.task import RunSpec, TaskSpec
 from megha.common.models import (
     MAX_BODY_BYTES,
@@ -79,75 +62,45 @@ run_specs = st.builds(
     env=envs,
     workdir=workdirs,
 )
-task_specs = st.builds(
-    TaskSpec,
-    task_id=ids,
-    job_id=ids,
-    user=ids,
-    duration=seconds,
-    request=amounts,
-    constraints=st.integers(0, ALL_CONSTRAINTS_MASK),
-    run=st.none() | run_specs,
-)
-placements = st.builds(Placement, task=task_specs, lm=index, node=index, repartition=st.booleans())
-node_states = st.builds(NodeState, node=index, free=amounts, version=index)
-deltas = st.builds(Delta, lm=index, gm=index, applied_through=index, nodes=st.lists(node_states, max_size=4))
-rejections = st.builds(Rejection, placement=placements, reason=st.text(max_size=40), inconsistency=st.booleans())
-completions = st.builds(Completion, task_id=ids, state=node_states, error=st.text(max_size=20), preempted=st.booleans())
-finished_tasks = st.builds(FinishedTask, task_id=ids, node=index, preempted=st.booleans(), error=st.text(max_size=20))
-victims = st.builds(Victim, user=ids, usage_elsewhere=amounts)
+BY_NAME: dict[str, st.SearchStrategy[Any]] = {
+    "attempt": st.integers(1, 5),
+    "error": st.text(max_size=20),
+    "reason": st.text(max_size=40),
+    "constraints": st.integers(0, ALL_CONSTRAINTS_MASK),
+    "kind": st.sampled_from(["started", "finished", "preempted", "lost", "failed", "cancelled"]),
+    "runs": st.lists(st.tuples(ids, st.integers(1, 5)), max_size=4),  # StopRequest: (task id, attempt)
+    "lost": st.just(False),  # FinishedTask: the LM sets it, never the wire
+}
+"""Strategies of the fields whose values the wire bounds more than their core type does, by field name."""
+BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {
+    int: index,
+    str: ids,
+    float: seconds,
+    bool: st.booleans(),
+    Resources: amounts,
+    RunSpec: run_specs,
+}
+
+
+def _values(hint: Any) -> st.SearchStrategy[Any]:
+    """Values of the core type `hint`: core messages built field by field, lists of up to 4."""
+    if hint in BY_TYPE:
+        return BY_TYPE[hint]
+    if isinstance(hint, type) and (dataclasses.is_dataclass(hint) or hasattr(hint, "_fields")):
+        hints = typing.get_type_hints(hint)
+        return st.builds(hint, **{name: BY_NAME[name] if name in BY_NAME else _values(h) for name, h in hints.items()})
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        return st.lists(_values(args[0]), max_size=4)
+    if origin is dict:
+        return st.dictionaries(_values(args[0]), _values(args[1]), max_size=3)
+    if type(None) in args:
+        return st.none() | _values(next(a for a in args if a is not type(None)))
+    raise TypeError(f"no strategy for {hint}")
+
 
 CORE_MESSAGES: dict[type, st.SearchStrategy[Any]] = {
-    RunSpec: run_specs,
-    TaskSpec: task_specs,
-    Placement: placements,
-    LaunchBatch: st.builds(LaunchBatch, gm=index, lm=index, seq=index, placements=st.lists(placements, max_size=4)),
-    Rejection: rejections,
-    NodeState: node_states,
-    Delta: deltas,
-    LaunchResponse: st.builds(
-        LaunchResponse,
-        gm=index,
-        lm=index,
-        seq=index,
-        accepted=st.lists(placements, max_size=3),
-        rejected=st.lists(rejections, max_size=3),
-        states=st.lists(node_states, max_size=3),
-        delta=deltas,
-    ),
-    Completion: completions,
-    Completions: st.builds(
-        Completions, lm=index, gm=index, applied_through=index, items=st.lists(completions, max_size=4)
-    ),
-    WorkerLaunch: st.builds(WorkerLaunch, lm=index, launches=st.lists(placements, max_size=4)),
-    FinishedTask: finished_tasks,
-    WorkerReport: st.builds(WorkerReport, lm=index, finished=st.lists(finished_tasks, max_size=4)),
-    Victim: victims,
-    PreemptRequest: st.builds(
-        PreemptRequest,
-        gm=index,
-        lm=index,
-        seq=index,
-        task=task_specs,
-        victims=st.lists(victims, max_size=3),
-        total=amounts,
-    ),
-    PreemptResponse: st.builds(
-        PreemptResponse,
-        gm=index,
-        lm=index,
-        seq=index,
-        task=task_specs,
-        placement=st.none() | placements,
-        preempted=st.lists(ids, max_size=3),
-        reason=st.text(max_size=40),
-        states=st.lists(node_states, max_size=3),
-        delta=deltas,
-    ),
-    WorkerPreempt: st.builds(WorkerPreempt, lm=index, task_ids=st.lists(ids, max_size=4)),
-    StopRequest: st.builds(
-        StopRequest, gm=index, lm=index, runs=st.lists(st.tuples(ids, st.integers(1, 5)), max_size=4)
-    ),
+    t: _values(t) for t in models.CORE_MIRRORS if t.__module__ in (messages.__name__, TaskSpec.__module__)
 }
 
 
@@ -180,40 +133,31 @@ def test_every_core_message_has_a_mirror() -> None:
 
 
 @pytest.mark.parametrize("core_type", list(CORE_MESSAGES), ids=lambda t: t.__name__)
-def test_round_trip_through_json_is_lossless(core_type: type) -> None:
+def test_core_messages_travel_losslessly_and_core_json_is_the_json_of_the_model(core_type: type) -> None:
+    """core -> model -> JSON -> model -> core gives back an equal object; the services' send path (no models
+    built) writes what the model would, and it validates back."""
     model_type = models.CORE_MIRRORS[core_type]
 
     @given(CORE_MESSAGES[core_type])
     def check(obj: Any) -> None:
         wire = to_wire(obj)
         assert type(wire) is model_type
-        payload = wire.model_dump_json()
-        back = model_type.model_validate_json(payload).to_core()
-        _same(back, obj)
-
-    check()
-
-
-@pytest.mark.parametrize("core_type", list(CORE_MESSAGES), ids=lambda t: t.__name__)
-def test_core_json_is_the_json_of_the_model(core_type: type) -> None:
-    """The services' send path (no models built) writes what the model would, and it validates back."""
-    model_type = models.CORE_MIRRORS[core_type]
-
-    @given(CORE_MESSAGES[core_type])
-    def check(obj: Any) -> None:
+        _same(model_type.model_validate_json(wire.model_dump_json()).to_core(), obj)
         raw = core_json(obj)
         assert raw == model_type.core_json(obj)
-        assert json.loads(raw) == json.loads(to_wire(obj).model_dump_json())
-        assert model_type.model_validate_json(raw) == to_wire(obj)
+        assert json.loads(raw) == json.loads(wire.model_dump_json())
+        assert model_type.model_validate_json(raw) == wire
         _same(model_type.model_validate_json(raw).to_core(), obj)
 
     check()
 
 
 def test_broker_message_core_json_carries_one_core_message() -> None:
-    delta = Delta(1, 0, 3, [NodeState(2, (5, 6), 9)])
-    done = Completions(1, 0, 3, [Completion("j.0", NodeState(2, (5, 6), 10), "oom", preempted=True)])
-    report = WorkerReport(1, [FinishedTask("j.0", 2, error="oom")])
+    delta = messages.Delta(1, 0, 3, [messages.NodeState(2, (5, 6), 9)])
+    done = messages.Completions(
+        1, 0, 3, [messages.Completion("j.0", messages.NodeState(2, (5, 6), 10), "oom", preempted=True)]
+    )
+    report = messages.WorkerReport(1, [messages.FinishedTask("j.0", 2, error="oom")])
     for msg, field in ((delta, "delta"), (done, "completions"), (report, "worker_report")):
         envelope = BrokerMessage.model_validate_json(BrokerMessage.core_json(msg))
         _same(getattr(envelope, field).to_core(), msg)
@@ -223,7 +167,7 @@ def test_broker_message_core_json_carries_one_core_message() -> None:
 
 def test_wire_format_of_a_placement() -> None:
     task = TaskSpec("j.0", "j", "alice", 2.5, (1000, 512), constraint_mask([20, 0, 4]))
-    wire = json.loads(to_wire(Placement(task, 1, 7, True)).model_dump_json())
+    wire = json.loads(to_wire(messages.Placement(task, 1, 7, True)).model_dump_json())
     assert wire == {
         "task": {
             "task_id": "j.0",
@@ -252,8 +196,9 @@ def test_to_wire_refuses_a_type_without_a_mirror() -> None:
         to_wire(messages.DeltaTick())
 
 
-def test_finished_task_measurements_stay_on_the_wire_and_the_error_reaches_the_core() -> None:
-    wire = FinishedTaskModel.from_core(FinishedTask("t", 3, preempted=True))
+def test_finished_task_measurements_reach_the_core_and_lost_is_never_on_the_wire() -> None:
+    wire = FinishedTaskModel.from_core(messages.FinishedTask("t", 3, preempted=True, lost=True))
+    assert "lost" not in wire.model_dump()
     assert (wire.cpu_seconds, wire.execution_delay, wire.started_at, wire.finished_at, wire.error) == (
         0.0,
         0.0,
@@ -262,7 +207,11 @@ def test_finished_task_measurements_stay_on_the_wire_and_the_error_reaches_the_c
         "",
     )
     measured = FinishedTaskModel(task_id="t", node=3, cpu_seconds=1.5, started_at=10.0, finished_at=12.0, error="oom")
-    assert measured.to_core() == FinishedTask("t", 3, False, "oom")
+    assert measured.to_core() == messages.FinishedTask(
+        "t", 3, False, "oom", cpu_seconds=1.5, started_at=10.0, finished_at=12.0
+    )
+    with pytest.raises(ValidationError, match="lost"):
+        FinishedTaskModel.model_validate({"task_id": "t", "node": 3, "lost": True})
 
 
 # --- submission API ------------------------------------------------------------------------------------------
@@ -553,13 +502,13 @@ def test_task_event_kinds_and_times() -> None:
 
 
 def test_broker_message_carries_exactly_one_message() -> None:
-    delta = Delta(1, 0, 3, [NodeState(2, (5, 6), 9)])
+    delta = messages.Delta(1, 0, 3, [messages.NodeState(2, (5, 6), 9)])
     envelope = BrokerMessage(delta=models.DeltaModel.from_core(delta))
     back = BrokerMessage.model_validate_json(envelope.model_dump_json())
     assert back.completions is None and back.worker_report is None
     assert back.delta is not None
     _same(back.delta.to_core(), delta)
-    report = json.loads(models.WorkerReportModel.from_core(WorkerReport(0, [])).model_dump_json())
+    report = json.loads(models.WorkerReportModel.from_core(messages.WorkerReport(0, [])).model_dump_json())
     assert _fields(BrokerMessage, {}) == [models.ROOT_FIELD]
     assert _fields(BrokerMessage, {"delta": envelope.delta.model_dump(), "worker_report": report}) == [
         models.ROOT_FIELD

@@ -92,7 +92,8 @@ def test_a_wall_clock_recorder_in_a_fan_out_still_stamps_its_own_times() -> None
 
 def test_the_gm_job_table_and_meter_observe_one_core_side_by_side() -> None:
     spec = cluster([[[[]]]])
-    table, meter = JobTable(0), GMMeter()
+    table = JobTable(0)
+    meter = GMMeter(table)
     gm = GlobalMaster(0, spec, make_choice("random"), 0, observe(table, meter))
     lm = LocalMaster.in_cluster(spec, 0)
     out = gm.submit(JobSpec("j", (task("j.0"), task("j.1")), 10.0), 10.5)
@@ -103,23 +104,26 @@ def test_the_gm_job_table_and_meter_observe_one_core_side_by_side() -> None:
     # Attempts and the allocation time (decision at 10.5 of a job that arrived at 10.0) in the meter ...
     assert meter.allocation.attempts == 2 and meter.allocation.count == 1
     assert meter.allocation.sum == 0.5
-    # ... and the task states in the table, neither reading the other.
+    # ... read from the task states in the table, which knows nothing of the meter.
     assert [t.state for t in table.status("j").tasks] == ["launched", "queued"]
     assert not hasattr(table, "meter")
-    # An ended task is forgotten by the meter; a decision for a task it never saw arrive is not observed.
-    meter.task_completed(task("j.0"), "", 12.0, False)
-    meter.decided([Placement(task("j.0"), 0, 0, False)], 13.0)
-    meter.decided([Placement(task("other.0"), 0, 0, False)], 13.0)
-    assert meter.allocation.count == 1
+    # A decision for an ended task is not observed (the table logs it as an illegal event).
+    fan = observe(table, meter)
+    fan.task_completed(task("j.0"), "", 12.0, False)
+    fan.decided([Placement(task("j.0"), 0, 0, False)], 13.0)
+    assert meter.allocation.count == 1 and table.illegal == 1
 
 
 def test_a_recovered_run_is_not_observed_as_an_allocation() -> None:
-    meter = GMMeter()
-    meter.job_arrived(job("j", task("j.0"), at=1.0), 0, 1.0)
-    meter.decided([Placement(task("j.0"), 0, 0, False)], 5.0)  # recovered from an LM: no attempt here
+    table = JobTable(0)
+    meter = GMMeter(table)
+    fan = observe(table, meter)
+    fan.job_arrived(job("j", task("j.0"), at=1.0), 0, 1.0)
+    fan.decided([Placement(task("j.0"), 0, 0, False)], 5.0)  # recovered from an LM: no attempt here
     assert meter.allocation.count == 0
-    meter.attempt(task("j.0"), 6.0)
-    meter.decided([Placement(task("j.0"), 0, 0, False)], 7.0)
+    fan.inconsistency(Placement(task("j.0"), 0, 0, False), 5.5)  # the LM refused it: queued again
+    fan.attempt(task("j.0"), 6.0)
+    fan.decided([Placement(task("j.0"), 0, 0, False)], 7.0)
     assert (meter.allocation.count, meter.allocation.sum) == (1, 6.0)
 
 

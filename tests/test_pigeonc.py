@@ -29,9 +29,6 @@ from megha.sim.pigeonc import PigeonCConfig, PigeonCSystem
 
 from corekit import CAP, cluster, job, task
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-SYN_250 = SHARED / "traces" / "syn_250.0.tr"
-REFERENCE = SHARED / "constraints" / "reference-cluster-10000-nodes.json"
 HOP = 0.0005
 
 
@@ -317,8 +314,9 @@ def test_scaled_mode_replay_shares_nodes_between_tasks() -> None:
     )
 
 
-@pytest.mark.shared
-def test_reference_replay_of_syn_250_against_the_published_pigeonc_delays() -> None:
+def test_reference_replay_of_syn_250_against_the_published_pigeonc_delays(
+    syn_250: Path, reference_cluster: Path
+) -> None:
     """Published (authors' simulator, first 200 jobs of syn_250, reference cluster, Random, 0.5 ms per hop):
     median 1.0025 s, p99 11.04 s, max 11.06 s.
 
@@ -330,9 +328,7 @@ def test_reference_replay_of_syn_250_against_the_published_pigeonc_delays() -> N
     second-worst of about 200 jobs waits depends on which rare constraint combinations the seeded draw gives:
     seeds 0-7 give p99 of 4-8 s (seed 0: 6.0 s) against the published 11.04 s, so the p99 band is 3-12 s.
     """
-    if not (SYN_250.exists() and REFERENCE.exists()):
-        pytest.skip(f"needs {SYN_250} and {REFERENCE} (../shared is not present)")
-    config = ReplayConfig(trace=str(SYN_250), first_jobs=200, cluster=str(REFERENCE), scheduler="pigeonc")
+    config = ReplayConfig(trace=str(syn_250), first_jobs=200, cluster=str(reference_cluster), scheduler="pigeonc")
 
     paper = replay(config)
     _assert_nothing_lost(paper)

@@ -13,6 +13,8 @@ from megha.loadgen.progress import Progress
 from megha.loadgen.replay import ReplayConfig
 from megha.sim.experiments import harness
 
+from servicekit import wait_until
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -32,7 +34,7 @@ def test_a_bar_shows_the_share_done_and_the_time_left() -> None:
     with progress.track("replaying", 1000, "tasks") as advance:
         for done in (100, 400, 700):
             advance(done, "t=12 s")
-            time.sleep(0.05)
+            time.sleep(0.05)  # a pace: the time left is estimated from it
     text = shown(stream)
     assert "replaying" in text and "700/1,000 tasks" in text and "t=12 s" in text
     assert re.search(r"\d+:\d\d:\d\d left", text), text
@@ -71,10 +73,10 @@ def test_a_bar_s_whole_can_grow_and_notes_while_it_shows_are_kept() -> None:
     progress = Progress(stream)
     with progress.track("replaying", 10, "tasks") as advance:
         advance(4, "", 10)
-        time.sleep(0.15)
+        wait_until(lambda: "4/10 tasks" in shown(stream), 5, lambda: shown(stream))  # the bar is drawn
         progress.note("submitted; waiting for 30 tasks")
         advance(25, "3/3 jobs submitted", 30)
-        time.sleep(0.15)
+        wait_until(lambda: "25/30 tasks" in shown(stream), 5, lambda: shown(stream))
     text = shown(stream)
     assert "submitted; waiting for 30 tasks\n" in text
     assert "25/30 tasks" in text and "3/3 jobs submitted" in text, text

@@ -19,10 +19,6 @@ from megha.embedded import faults as faults_module
 from megha.embedded.faults import Fault, Faults
 from megha.loadgen.replay import ReplayConfig, replay
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-SYN_250 = SHARED / "traces" / "syn_250.0.tr"
-REFERENCE = SHARED / "constraints" / "reference-cluster-10000-nodes.json"
-
 
 def _assert_nothing_lost(result) -> None:  # type: ignore[no-untyped-def]
     m = result.metrics
@@ -95,11 +91,8 @@ def test_realtime_mode_runs_on_the_wall_clock() -> None:
     assert result.wall_seconds >= result.metrics.span * 0.99
 
 
-@pytest.mark.shared
-def test_reference_replay_of_syn_250_meets_the_published_delays() -> None:
-    if not (SYN_250.exists() and REFERENCE.exists()):
-        pytest.skip(f"needs {SYN_250} and {REFERENCE} (../shared is not present)")
-    result = replay(ReplayConfig(trace=str(SYN_250), first_jobs=200, cluster=str(REFERENCE)))
+def test_reference_replay_of_syn_250_meets_the_published_delays(syn_250: Path, reference_cluster: Path) -> None:
+    result = replay(ReplayConfig(trace=str(syn_250), first_jobs=200, cluster=str(reference_cluster)))
     _assert_nothing_lost(result)
     m = result.metrics
     assert m.jobs == 200

@@ -37,9 +37,10 @@ from megha.common.transport.rabbit import (
     report_key,
 )
 from megha.deploy.local import LocalDeployment
-from megha.services.lm.service import IGNORED_LOG_EVERY, LMService
+from megha.services.lm.reports import IGNORED_LOG_EVERY
+from megha.services.lm.service import LMService
 
-from servicekit import AMQP, needs_rabbitmq, wait_for
+from servicekit import AMQP, needs_rabbitmq, wait_for, wait_until
 
 SECRET = "report-binding-test-secret-0123456789"
 NODE = WorkerNode(capacity={"cpu_millicores": 2000, "memory_mb": 4096})
@@ -65,7 +66,7 @@ def heartbeat(worker_id: str, running: int = 1) -> bytes:
 
 
 async def settle() -> None:
-    """Let the tasks the LM spawns (its publishes) run."""
+    """Let the tasks the LM spawns (its publishes) run: before checking that none published anything."""
     for _ in range(5):
         await asyncio.sleep(0)
 
@@ -76,7 +77,7 @@ async def lm_running_one_task_per_agent(auth: str = "on") -> AsyncIterator[tuple
     broker = RecordingBroker()
     settings = LMSettings(auth=auth, cluster_secret=SECRET, lm_id=0, num_gms=1, expected_nodes=2)
     lm = LMService(settings, broker)  # type: ignore[arg-type]
-    lm._send_to_workers = lambda launch: None  # type: ignore[method-assign]  # no agent listens
+    lm.dispatch.send_to_workers = lambda launch: None  # type: ignore[method-assign]  # no agent listens
     try:
         for worker in ("a", "b"):
             await lm.register(WorkerRegistration(worker_id=worker, url="http://127.0.0.1:9", nodes=[NODE]))
@@ -133,24 +134,24 @@ async def test_forged_unsigned_and_misdirected_reports_are_ignored_and_the_agent
         for body, headers in forged:
             await lm.on_broker_message(body, headers)
         await settle()
-        assert lm.ignored_reports == len(forged) and completed(broker) == []
+        assert lm.reports.ignored == len(forged) and completed(broker) == []
         assert lm.core is not None and sorted(lm.core.running) == ["a.0", "b.0"]
         # A heartbeat of b signed by a does not count as b's; a's own does.
         await lm.on_broker_message(heartbeat("b"), report_headers(key_a, 0, "a", heartbeat("b")))
         beat = heartbeat("a")
         await lm.on_broker_message(beat, report_headers(key_a, 0, "a", beat))
-        assert set(lm.state()["heartbeats"]) == {"a"} and lm.ignored_reports == len(forged) + 1  # type: ignore[arg-type]
+        assert set(lm.state()["heartbeats"]) == {"a"} and lm.reports.ignored == len(forged) + 1  # type: ignore[arg-type]
         # A report of a's signed by a: its item about a's node counts, the one about b's node does not.
         body = json.dumps(
             {"worker_report": {"lm": 0, "finished": [{"task_id": "a.0", "node": 0}, {"task_id": "b.0", "node": 1}]}}
         ).encode()
         await lm.on_broker_message(body, report_headers(key_a, 0, "a", body))
-        await settle()
-        assert completed(broker) == ["a.0"] and sorted(lm.core.running) == ["b.0"]
+        await wait_for(lambda: completed(broker) == ["a.0"], 5, lambda: completed(broker))
+        assert sorted(lm.core.running) == ["b.0"]
         # b's own report, signed by b, ends b.0.
         await lm.on_broker_message(report("b.0", 1), report_headers(key_b, 0, "b", report("b.0", 1)))
-        await settle()
-        assert completed(broker) == ["a.0", "b.0"] and lm.core.is_idle()
+        await wait_for(lambda: completed(broker) == ["a.0", "b.0"], 5, lambda: completed(broker))
+        assert lm.core.is_idle()
         # Logged with the sender each claimed, at most one line per claimed sender within IGNORED_LOG_EVERY
         # seconds: 5 messages named b, 2 none, 2 were a's.
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignored ")]
@@ -159,8 +160,8 @@ async def test_forged_unsigned_and_misdirected_reports_are_ignored_and_the_agent
         assert "from worker agent 'b'" in lines[1] and "signature is not that agent's" in lines[1]
         assert "from worker agent 'a'" in lines[2] and "runs on nodes [1], which that agent does not hold" in lines[2]
         # Once IGNORED_LOG_EVERY seconds have passed, the next one is logged with the count of those not logged.
-        last, unlogged = lm._ignored_logged["b"]
-        lm._ignored_logged["b"] = (last - IGNORED_LOG_EVERY, unlogged)
+        last, unlogged = lm.reports._ignored_logged["b"]
+        lm.reports._ignored_logged["b"] = (last - IGNORED_LOG_EVERY, unlogged)
         await lm.on_broker_message(report("b.0", 1), {REPORT_SENDER: "b"})
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignored ")]
         assert len(lines) == 4 and lines[3].endswith("; 4 more ignored since the last such line"), lines
@@ -169,10 +170,10 @@ async def test_forged_unsigned_and_misdirected_reports_are_ignored_and_the_agent
 @pytest.mark.asyncio
 async def test_with_authentication_off_nothing_is_signed_or_checked() -> None:
     async with lm_running_one_task_per_agent(auth="off") as (lm, broker):
-        assert lm._workers["a"].report_key is None
+        assert lm.members.workers["a"].report_key is None
         await lm.on_broker_message(report("b.0", 1))
-        await settle()
-        assert completed(broker) == ["b.0"] and lm.ignored_reports == 0
+        await wait_for(lambda: completed(broker) == ["b.0"], 5, lambda: completed(broker))
+        assert lm.reports.ignored == 0
 
 
 # -------------------------------------------------------------------------------------- real deployments
@@ -198,15 +199,17 @@ class Gate:
 
     def open(self, timeout: float = 30.0) -> None:
         """Let the held task end (waiting up to `timeout` seconds for it to have the FIFO open)."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def opened() -> bool:
             try:
                 os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
-                return
             except OSError as exc:  # ENXIO: nobody reads it (yet)
-                if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                if exc.errno != errno.ENXIO:
                     raise
-            time.sleep(0.05)
+                return False
+            return True
+
+        wait_until(opened, timeout, lambda: f"nobody reads {self.fifo}")
 
 
 @pytest.fixture
@@ -258,9 +261,7 @@ def submit_held(d: LocalDeployment, gate: Gate) -> dict[str, Any]:
     task = {**gate.task(), "constraints": [0]}
     r = call(d, "POST", f"{d.gm_urls[0]}/v1/jobs", json={"job_id": "held", "user": "alice", "tasks": [task]})
     assert r.status_code == 201, r.text
-    asyncio.run(
-        wait_for(lambda: agent_runs(d) != [] or task_status(d)["state"] == "failed", 30, lambda: task_status(d))
-    )
+    wait_until(lambda: agent_runs(d) != [] or task_status(d)["state"] == "failed", 30, lambda: task_status(d))
     status = task_status(d)
     assert status["state"] == "launched" and agent_runs(d) == [status["task_id"]], status
     return status
@@ -372,7 +373,7 @@ def test_a_report_signed_with_one_agents_key_about_another_agents_node_is_ignore
         asyncio.run(forge())
         assert lm_state(d)["running"] == 1 and task_status(d)["state"] == "launched" and agent_runs(d) != []
         gate.open()
-        asyncio.run(wait_for(lambda: task_status(d)["state"] == "finished", 30, lambda: task_status(d)))
+        wait_until(lambda: task_status(d)["state"] == "finished", 30, lambda: task_status(d))
         assert task_status(d)["attempts"] == 1 and lm_state(d)["ignored_reports"] == 2
         log = lm_log(d)
     (line,) = [line for line in log.splitlines() if "ignored a broker message" in line]

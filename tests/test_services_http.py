@@ -33,13 +33,16 @@ from megha.common.models import (
     WorkerHeartbeat,
     WorkerRegistered,
     WorkerRegistration,
+    WorkerReportModel,
 )
 from megha.common.settings import GMSettings, LMSettings, WorkerSettings
+from megha.services.client import CallError, Reply, ServiceClient
 from megha.services.gm.app import create_app as create_gm
-from megha.services.http import CallError, ServiceClient
 from megha.services.lm.app import create_app as create_lm
 from megha.services.lm.service import LMService
 from megha.services.worker.app import create_app as create_worker
+
+from servicekit import wait_for
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 
@@ -448,11 +451,16 @@ async def test_gm_fails_the_tasks_of_a_launch_no_lm_answers(
     reason, and the resources the GM had deducted for them are back in its view."""
     r = await gm.post("/v1/jobs", json=job(task(cpu_millicores=3000), job_id="lost"))
     assert r.status_code == 201, r.text
-    for _ in range(300):
+
+    async def lost_task() -> Any:
         [t] = JobStatus.model_validate((await gm.get("/v1/jobs/lost")).json()).tasks
-        if t.state == "failed":
-            break
-        await asyncio.sleep(0.01)
+        return t
+
+    async def failed() -> bool:
+        return (await lost_task()).state == "failed"
+
+    await wait_for(failed, 3, lost_task)
+    t = await lost_task()
     assert t.state == "failed" and t.failed_reason is not None
     assert "LM 0 unreachable at http://127.0.0.1:9" in t.failed_reason and "(for 0.5 s)" in t.failed_reason
     state = (await gm.get("/v1/state")).json()
@@ -483,11 +491,15 @@ async def test_gm_forgets_its_oldest_finished_jobs_beyond_the_limit_and_says_so(
     settings = GMSettings(lm_urls=[NOWHERE], http_timeout=1.0, finished_tasks_kept=2, lm_timeout=0.5)
     async with running(create_gm(settings, use_broker=False, cluster=CLUSTER)) as c:
 
+        async def gm_state() -> dict[str, Any]:
+            return (await c.get("/v1/state")).json()  # type: ignore[no-any-return]
+
         async def state_when_ended() -> dict[str, Any]:
-            deadline = time.monotonic() + 20  # the GM retries a launch for MEGHA_LM_TIMEOUT (0.5 s)
-            while (state := (await c.get("/v1/state")).json())["unfinished_tasks"] and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            return state  # type: ignore[no-any-return]
+            async def ended() -> bool:
+                return (await gm_state())["unfinished_tasks"] == 0
+
+            await wait_for(ended, 20, gm_state)  # the GM retries a launch for MEGHA_LM_TIMEOUT (0.5 s)
+            return await gm_state()
 
         assert (await c.post("/v1/jobs", json=job(task(), task(), job_id="A"))).status_code == 201
         assert (await state_when_ended())["finished_jobs_dropped"] == 0
@@ -512,12 +524,12 @@ async def test_lm_takes_a_silent_agent_out_of_service_reports_its_tasks_lost_and
         launch = LaunchBatch(0, 0, 1, [Placement(lost, 0, 0, False), Placement(kept, 0, 2, True)])
         async with service._lock:  # tasks running on nodes 0 and 2, without calling the (unreachable) agents
             service.core.handle(launch, time.time())
-        await service.check_workers()
+        await service.watch.check_workers()
         assert (await c.get("/v1/state")).json()["down_nodes"] == {}  # nobody silent for long yet
-        service.liveness.last_seen["w0"] -= 60
-        await service.check_workers()
-        for _ in range(100):
-            await asyncio.sleep(0)  # the spawned publications
+        service.members.liveness.last_seen["w0"] -= 60
+        await service.watch.check_workers()
+        published = {"gm", "events"}  # the spawned publications: the lost task's completion, and its event
+        await wait_for(lambda: published <= {ex for ex, _, _ in broker.published}, 5, broker.published)
         state = (await c.get("/v1/state")).json()
         assert set(state["down_nodes"]) == {"0", "1"} and state["lost_workers"] == {"w0": 1}
         assert re.search(r"worker agent w0 at \S+ silent for 6\d s", state["down_nodes"]["0"])
@@ -537,18 +549,24 @@ async def test_lm_takes_a_silent_agent_out_of_service_reports_its_tasks_lost_and
         # reported lost (they run again elsewhere); back with nothing running: in service again.
         asked: list[tuple[str, bytes]] = []
 
-        async def post(url: str, body: bytes, resend: bool = True) -> Any:
+        async def post(url: str, body: bytes, idempotent: bool = False) -> Any:
             asked.append((url, body))
             raise CallError("not reachable in this test")
 
-        service._calls.post = post
+        service.calls.post = post
         for running_tasks, down in ((1, {"0", "1"}), (0, set())):
             beat = WorkerHeartbeat(worker_id="w0", lm=0, at=time.time(), running=running_tasks)
             await service.on_broker_message(BrokerMessage(heartbeat=beat).model_dump_json().encode())
-            for _ in range(10):
-                await asyncio.sleep(0)
-            state = (await c.get("/v1/state")).json()
-            assert set(state["down_nodes"]) == down
+
+            async def down_nodes() -> set[str]:
+                return set((await c.get("/v1/state")).json()["down_nodes"])
+
+            async def as_expected(down: set[str] = down, running_tasks: int = running_tasks) -> bool:
+                # Kept out with tasks running, it is asked to stop them (from a task of the LM's own).
+                return await down_nodes() == down and (running_tasks == 0 or asked != [])
+
+            await wait_for(as_expected, 5, down_nodes)
+        state = (await c.get("/v1/state")).json()
         ((url, body),) = asked
         assert url == f"{NOWHERE}/v1/preempt" and json.loads(body)["task_ids"] == ["a.0"]
         assert state["free"][0] == state["capacity"][0] and state["lost_workers"] == {}
@@ -635,8 +653,8 @@ async def test_lm_forwards_the_report_of_a_run_it_did_not_place_without_publishi
     await service.register(WorkerRegistration.model_validate(registration("w0", 1)))
     report = {"lm": 0, "finished": [{"task_id": "gone.0", "node": 0, "attempt": 2, "gm": 1}]}
     await service.on_broker_message(json.dumps({"worker_report": report}).encode())
-    for _ in range(5):
-        await asyncio.sleep(0)  # the LM publishes from tasks of its own
+    # The LM publishes from tasks of its own.
+    await wait_for(lambda: any(exchange == "gm" for exchange, _, _ in broker.published), 5, broker.published)
     forwarded = [body for exchange, key, body in broker.published if exchange == "gm" and "completions" in body]
     assert [(c["task_id"], c["forwarded"], c["attempt"]) for b in forwarded for c in b["completions"]["items"]] == [
         ("gone.0", True, 2)
@@ -652,7 +670,7 @@ async def test_lm_calls_an_agent_that_registers_again_at_its_new_address() -> No
     again = await service.register(WorkerRegistration.model_validate(registration("w0", 2, url="http://new:8200")))
     assert again.first_node == 0
     assert service.state()["workers"] == 1
-    assert service._node_worker == ["http://new:8200", "http://new:8200"]  # where launches go
+    assert service.members.node_worker == ["http://new:8200", "http://new:8200"]  # where launches go
     await service.close()
 
 
@@ -776,6 +794,35 @@ async def test_lm_launch_is_idempotent_per_task(ready_lm: httpx.AsyncClient) -> 
     assert state["launched"] == 1 and state["free"][0] == [1900, 3996]
 
 
+async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_record() -> None:
+    """A GM's launch batch is sent again when its answer was lost (the client resends calls marked idempotent, and
+    the GM's retry policy tries it again): the LM accepts the repeat from its record of the runs it saw end, and
+    launches nothing twice."""
+    app = lm_app()
+    service = app.state.service
+    service.broker = RecordingBroker()
+    async with running(app) as c:
+        await register_all(c)
+        sent: list[str] = []
+
+        async def post(url: str, body: bytes, idempotent: bool = False) -> Reply:
+            sent.append(url)
+            return Reply(202, b"{}")
+
+        service.calls.post = post
+        body = batch(placement(node=0))
+        first = await c.post("/v1/launch", json=body)
+        assert first.status_code == 200 and len(first.json()["accepted"]) == 1
+        await wait_for(lambda: sent, 5.0)
+        report = WorkerReportModel.model_validate({"lm": 0, "finished": [{"task_id": "j.0", "node": 0, "gm": 0}]})
+        await service.on_broker_message(BrokerMessage(worker_report=report).model_dump_json().encode())
+        again = await c.post("/v1/launch", json=body)
+        assert again.status_code == 200 and again.json()["accepted"] == first.json()["accepted"]
+        state = (await c.get("/v1/state")).json()
+    assert state["launched"] == 1 and state["running"] == 0 and state["free"][0] == [2000, 4096]
+    assert len(sent) == 1  # one launch on the agent
+
+
 async def test_lm_fences_a_gm_identity_claimed_with_a_newer_term(ready_lm: httpx.AsyncClient) -> None:
     """A GM's holder claims it with a term above any seen; launches with an older term get 409 naming `term`."""
     assert (await ready_lm.get("/v1/gms/0/state")).json()["term"] == 0
@@ -849,13 +896,17 @@ async def test_worker_accepts_launches_on_its_nodes(worker: tuple[FastAPI, httpx
     r = await c.post("/v1/tasks", json=body)
     assert r.status_code == 202, r.text
     assert r.json() == {"accepted": ["j.0", "j.1"]}
-    for _ in range(200):  # the agent may start tasks in the background
-        if len((await c.get("/v1/state")).json()["running"]) == 2:
-            break
-        await asyncio.sleep(0.01)
+
+    async def running() -> list[str]:
+        return (await c.get("/v1/state")).json()["running"]  # type: ignore[no-any-return]
+
+    async def both_run() -> bool:  # the agent may start tasks in the background
+        return len(await running()) == 2
+
+    await wait_for(both_run, 2, running)
     r = await c.post("/v1/tasks", json=body)  # repeated: still accepted, not started twice
     assert (r.status_code, r.json()) == (202, {"accepted": ["j.0", "j.1"]})
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # an absence: no second start of either task meanwhile
     assert (await c.get("/v1/state")).json() == {"worker": "w0", "execution": "simulated", "running": ["j.0", "j.1"]}
     assert (await c.get("/healthz")).json()["registered"] is True
 
@@ -873,10 +924,7 @@ async def test_worker_runs_a_task_of_zero_seconds_to_completion(execution: str) 
         async with client(app) as c:
             r = await c.post("/v1/tasks", json=worker_launch(placement(node=0, duration=0.0), lm=0))
             assert (r.status_code, r.json()) == (202, {"accepted": ["j.0"]})
-            for _ in range(1000):
-                if any(exchange == "lm" for exchange, _, _ in broker.published):
-                    break
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: any(exchange == "lm" for exchange, _, _ in broker.published), 10, broker.published)
     finally:
         await app.state.agent.close()
     events = [e for exchange, _, body in broker.published if exchange == "events" for e in body["events"]]
@@ -1053,30 +1101,33 @@ async def test_service_client_reads_chunked_answers_and_honours_connection_close
     assert server.connections == 2  # the server said close: a new connection for the third call
 
 
-async def test_service_client_sends_again_when_an_idle_connection_was_closed() -> None:
-    """A kept-alive connection the server dropped is noticed on the next request, which goes out again."""
+async def test_service_client_sends_an_idempotent_call_again_when_an_idle_connection_was_closed() -> None:
+    """A kept-alive connection the server dropped is noticed on the next request, which goes out again when its
+    caller marked it idempotent (a launch batch: the LM applies it once)."""
     server = FakeServer(answer(200, b"1"), None, answer(200, b"2"))
     async with server as url:
         calls = ServiceClient(timeout=5.0)
         assert (await calls.post(f"{url}/a", b"{}")).body == b"1"
-        assert (await calls.post(f"{url}/b", b'{"n":2}')).body == b"2"
+        assert (await calls.post(f"{url}/b", b'{"n":2}', idempotent=True)).body == b"2"
         await calls.aclose()
     assert server.connections == 2
     assert [r.split(b" ")[1] for r in server.requests] == [b"/a", b"/b", b"/b"]
     assert server.requests[-1].endswith(b'\r\n\r\n{"n":2}')
 
 
-async def test_service_client_does_not_send_again_what_must_not_be_repeated() -> None:
-    """A call that is not idempotent (a preemption) fails when its kept-alive connection was dropped: the server
-    may have acted on it before closing."""
-    server = FakeServer(answer(200, b"1"), None, answer(200, b"2"))
+async def test_service_client_does_not_send_again_what_its_caller_did_not_mark_idempotent() -> None:
+    """By default a call (a preemption, say) fails when its kept-alive connection was dropped: the server may have
+    acted on it before closing. A GET is idempotent by definition and goes out again."""
+    server = FakeServer(answer(200, b"1"), None, answer(200, b"2"), None, answer(200, b"3"))
     async with server as url:
         calls = ServiceClient(timeout=5.0)
         assert (await calls.post(f"{url}/a", b"{}")).body == b"1"
         with pytest.raises(CallError, match="/v1/preempt"):
-            await calls.post(f"{url}/v1/preempt", b"{}", resend=False)
+            await calls.post(f"{url}/v1/preempt", b"{}")
+        assert (await calls.post(f"{url}/b", b"{}")).body == b"2"
+        assert (await calls.get(f"{url}/c")).body == b"3"
         await calls.aclose()
-    assert [r.split(b" ")[1] for r in server.requests] == [b"/a", b"/v1/preempt"]
+    assert [r.split(b" ")[1] for r in server.requests] == [b"/a", b"/v1/preempt", b"/b", b"/c", b"/c"]
 
 
 @pytest.mark.parametrize(

@@ -26,17 +26,14 @@ def test_an_lm_killed_mid_replay_and_restarted_rebuilds_from_its_agents_and_lose
         before = service_state(url)
         seen["incarnation"], seen["running"] = before["incarnation"], before["running"]
         deployment.kill("lm-0")
-        time.sleep(3)
+        time.sleep(3)  # the outage (the fault, not a wait)
         deployment.restart("lm-0")
         # Its agents register again with the tasks they run; the LM is ready with a new incarnation.
         wait_until(lambda: service_state(url).get("ready") is True, 30, lambda: service_state(url))
         seen["after"] = service_state(url)
 
     with deployment:
-        api.use(deployment)
-        run = replay_with_fault(deployment, kill_lm_then_restart)
-        wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
-        states = deployment.lm_states()
+        run, states = replay_with_fault(deployment, kill_lm_then_restart)
     assert_nothing_lost(run)
     after = seen["after"]
     assert isinstance(after, dict) and after["incarnation"] > seen["incarnation"]  # type: ignore[operator]
@@ -60,16 +57,13 @@ def test_a_gm_killed_with_tasks_queued_and_restarted_recovers_its_jobs_from_its_
         wait_until(lambda: backlog() > 0 and service_state(url).get("running", 0) > 0, 60, lambda: service_state(url))  # type: ignore[operator]
         seen["before"] = service_state(url)
         deployment.kill("gm-0")
-        time.sleep(3)
+        time.sleep(3)  # the outage (the fault, not a wait)
         deployment.restart("gm-0")
         wait_until(lambda: "gm" in service_state(url), 60, lambda: service_state(url))
         seen["after"] = service_state(url)
 
     with deployment:
-        api.use(deployment)
-        run = replay_with_fault(deployment, kill_gm_with_a_queue_then_restart, BACKLOG)
-        wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
-        states = deployment.lm_states()
+        run, states = replay_with_fault(deployment, kill_gm_with_a_queue_then_restart, BACKLOG)
         jobs_at_gm0 = [j for j in run.jobs.values() if j.gm == 0]
         statuses = [api.get(f"{deployment.gm_urls[0]}/v1/jobs/{j.job_id}", timeout=5.0) for j in jobs_at_gm0]
     assert_nothing_lost(run, 78)
@@ -90,14 +84,11 @@ def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:
             url = deployment.lm_urls[0]
             wait_until(lambda: service_state(url).get("running", 0) > 0, 60, lambda: service_state(url))  # type: ignore[operator]
             node.kill()
-            time.sleep(5)
+            time.sleep(5)  # the outage (the fault, not a wait)
             node.start()
 
         with deployment:
-            api.use(deployment)
-            run = replay_with_fault(deployment, kill_broker_then_restart)
-            wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
-            states = deployment.lm_states()
+            run, states = replay_with_fault(deployment, kill_broker_then_restart)
     assert_nothing_lost(run)
     for state in states:
         assert state["idle"] and state["free"] == state["capacity"]
@@ -114,15 +105,12 @@ def test_an_agent_lost_while_its_lm_was_down_has_its_tasks_run_again(tmp_path) -
         deployment.kill("lm-0")
         deployment.kill("worker-0-0")  # its simulated runs are gone with it
         deployment.restart("worker-0-0")  # it waits for its LM, then registers again with nothing running
-        time.sleep(1)
+        time.sleep(1)  # the LM stays down a while longer (the fault, not a wait)
         deployment.restart("lm-0")
         wait_until(lambda: service_state(url).get("ready") is True, 30, lambda: service_state(url))
 
     with deployment:
-        api.use(deployment)
-        run = replay_with_fault(deployment, lose_an_agent_while_its_lm_is_down, BACKLOG)
-        wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
-        states = deployment.lm_states()
+        run, states = replay_with_fault(deployment, lose_an_agent_while_its_lm_is_down, BACKLOG)
         gm_logs = "".join(p.log.read_text() for p in deployment.processes if p.name.startswith("gm-"))
     assert_nothing_lost(run, 78)
     assert "came back without" in gm_logs  # the GMs learnt of runs the rebuilt LM did not hold

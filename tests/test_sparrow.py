@@ -214,7 +214,7 @@ def test_jobs_no_worker_could_run_are_rejected_with_the_reason() -> None:
     reasons = {job.job_id: reason for job, reason in system.rejected}
     assert set(reasons) == {"constraint", "too-big"}
     assert "task constraint.0: no node satisfies placement constraints [2]" in reasons["constraint"]
-    assert "no node satisfying placement constraints [0] has capacity" in reasons["too-big"]
+    assert "no node has capacity for cpu_millicores=1000" in reasons["too-big"]
     assert rec.jobs["constraint"].rejected_reason and rec.jobs["too-big"].rejected_reason
     assert system.counters()["probes"] == 1  # only the 0b11 worker satisfies "ok"'s constraint 1
     _assert_clean_end(system, rec)

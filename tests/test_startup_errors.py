@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import sys
 import pytest
 
 from megha.deploy.local import free_port
+
+from servicekit import wait_until
 
 
 def _start(module: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -91,16 +94,27 @@ def test_sigterm_while_waiting_for_a_dependency_stops_the_service_at_once(
 
     values = dict(os.environ) | {"MEGHA_PORT": str(free_port())} | env
     proc = subprocess.Popen(
-        [sys.executable, "-m", module], env=values, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", module], env=values, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    seen = bytearray()
+
+    def says_it_waits() -> bool:
+        with contextlib.suppress(BlockingIOError):
+            seen.extend(os.read(proc.stdout.fileno(), 1 << 16))  # type: ignore[union-attr]
+        return f"waiting for {waiting_for}".encode() in seen
+
     try:
-        time.sleep(4)  # started, and waiting
+        wait_until(says_it_waits, 30, lambda: seen.decode())  # started, and waiting
         assert proc.poll() is None
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=10)
+        os.set_blocking(proc.stdout.fileno(), True)
+        rest, _ = proc.communicate(timeout=10)
         took = time.monotonic() - sent
     finally:
         proc.kill()
+    output = (seen + rest).decode()
     assert proc.returncode == 0 and took < 5, (proc.returncode, took, output)
     assert f"stopped by a signal while waiting for {waiting_for}" in output and "Traceback" not in output, output

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from deploykit import MODELS, ROLE_OF
 
 from megha.common.settings import (
     SECRET_SETTINGS,
@@ -49,13 +50,6 @@ SWARM = ROOT / "deploy" / "swarm"
 STACK_FILE = SWARM / "stack.yml"
 MAKE_SECRETS = SWARM / "with-secrets.sh"
 SECRETS_DIR = "/run/secrets/"
-MODELS: dict[str, type[ServiceSettings]] = {
-    "megha.services.gm": GMSettings,
-    "megha.services.lm": LMSettings,
-    "megha.services.worker": WorkerSettings,
-    "megha.loadgen.services": LoadgenSettings,
-}
-ROLE_OF = {GMSettings: "gm", LMSettings: "lm", WorkerSettings: "worker", LoadgenSettings: "loadgen"}
 ROLES = ("broker", "gm", "lm", "worker", "loadgen")
 """Node labels megha.<role>=true that place the services."""
 TEMPLATES = {"{{.Task.Slot}}": "1"}

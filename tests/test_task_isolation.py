@@ -36,12 +36,12 @@ from test_services_http import NOWHERE
 from megha.common.core.task import RunSpec
 from megha.common.lifecycle import StartupError
 from megha.common.settings import WorkerSettings
-from megha.services.worker import enforcement
+from megha.services.worker import enforcement, isolation
 from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.drivers import Limits
-from megha.services.worker.enforcement import TaskUids, UidLease
 from megha.services.worker.exec_driver import ExecDriver, _MemoryWatch
 from megha.services.worker.executor import ExecutionResult, TaskExecutor
+from megha.services.worker.isolation import TaskUids, UidLease
 from megha.services.worker.tasklogs import TaskLogs, default_log_dir
 
 from servicekit import wait_for
@@ -705,7 +705,7 @@ def test_signalling_a_uid_reaches_only_that_uid() -> None:
     target, bystander = TASK_UIDS[-1], TASK_UIDS[-2]
     children = [as_uid(uid) for uid in (target, bystander)]
     try:
-        enforcement.signal_uid(target, signal.SIGTERM)
+        isolation.signal_uid(target, signal.SIGTERM)
         _, status = os.waitpid(children[0], 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
         assert os.waitpid(children[1], os.WNOHANG) == (0, 0)  # the other uid's process still runs
@@ -713,4 +713,4 @@ def test_signalling_a_uid_reaches_only_that_uid() -> None:
         os.kill(children[1], signal.SIGKILL)
         os.waitpid(children[1], 0)
     with pytest.raises(ValueError):
-        enforcement.signal_uid(0, signal.SIGTERM)
+        isolation.signal_uid(0, signal.SIGTERM)

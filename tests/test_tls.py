@@ -18,11 +18,10 @@ from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker, BrokerUnavailable
 from megha.ctl import cli
 from megha.deploy.broker_node import BrokerNode
-from megha.deploy.local import LocalDeployment
 from megha.loadgen.services import replay_services
-from megha.services.http import CallError, ServiceClient, use_tls_ca
+from megha.services.client import CallError, ServiceClient, use_tls_ca
 
-from servicekit import needs_rabbitmq
+from servicekit import needs_rabbitmq, small_deployment
 
 pytestmark = needs_rabbitmq  # the node is Debian's rabbitmq-server, which the system broker comes from
 
@@ -83,18 +82,8 @@ def test_a_deployment_over_https_and_amqps_replays_and_refuses_plain_or_untruste
 ) -> None:
     cert, key, ca = pki
     assert node.tls_url is not None
-    deployment = LocalDeployment(
-        gms=1,
-        lms=1,
-        workers_per_lm=2,
-        nodes_per_worker=2,
-        execution="simulated",
-        amqp_url=node.tls_url,
-        tls_cert=str(cert),
-        tls_key=str(key),
-        tls_ca=str(ca),
-        log_dir=tmp_path / "logs",
-    )
+    tls = {"tls_cert": str(cert), "tls_key": str(key), "tls_ca": str(ca)}
+    deployment = small_deployment(tmp_path / "logs", workers_per_lm=2, nodes_per_worker=2, amqp_url=node.tls_url, **tls)
     with deployment:
         urls = [p.url for p in deployment.processes]
         assert all(u.startswith("https://127.0.0.1:") for u in urls), urls

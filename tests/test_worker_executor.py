@@ -19,6 +19,8 @@ import pytest
 
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
 
+from servicekit import wait_for
+
 pytestmark = pytest.mark.asyncio
 
 LONG = 60.0  # duration of tasks that are meant to be killed long before they end
@@ -50,11 +52,9 @@ def alive(pid: int) -> bool:
 
 
 async def wait_for_members(pgid: int, count: int, timeout: float = 10.0) -> set[int]:
-    deadline = time.monotonic() + timeout
-    while len(members := group_members(pgid)) < count:
-        assert time.monotonic() < deadline, f"process group {pgid} never had {count} processes: {members}"
-        await asyncio.sleep(0.02)
-    return members
+    return await wait_for(  # type: ignore[no-any-return]
+        lambda: len(members := group_members(pgid)) >= count and members, timeout, lambda: group_members(pgid), 0.02
+    )
 
 
 class Recorder:
@@ -141,7 +141,7 @@ async def test_on_finished_is_called_once_per_task_however_it_ends() -> None:
         os.killpg(crashed_pid, signal.SIGKILL)  # dies under the executor, as under the OOM killer
         await executor.kill("killed")
         results = {task_id: await executor.wait(task_id) for task_id in ("done", "killed", "crashed")}
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # an absence: no second call for any task meanwhile
     assert Counter(r.task_id for r in recorder.results) == {"done": 1, "killed": 1, "crashed": 1}
     assert results["done"].succeeded
     assert results["killed"].preempted

@@ -13,7 +13,7 @@ from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.fairness.policy import make_share_policy
-from megha.common.core.fairness.verify import LocalShares
+from megha.common.core.fairness.verify import LocalShares, NoLocalShares
 from megha.common.core.messages import (
     Completion,
     Completions,
@@ -35,15 +35,11 @@ from megha.common.core.messages import (
     WorkerReport,
     gm_address,
     lm_address,
-    node_state,
     worker_address,
 )
+from megha.common.core.node_table import NodeTable
 from megha.common.core.observer import CoreObserver
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources, describe
-
-VERSION_BITS = 20
-"""Node versions of incarnation i start at i << VERSION_BITS: with millisecond incarnations, a later one starts
-above an earlier one unless that one changed nodes more than a billion times a second on average."""
 
 
 def _same_run(alloc: Allocation, item: FinishedTask) -> bool:
@@ -108,35 +104,32 @@ class LocalMaster:
         self.resource_names = resource_names
         self.observer = observer or CoreObserver()
         self.delta_interval = delta_interval
-        self.capacity: list[Resources] = [cap for p in partitions for cap in p.capacities]
-        self.free: list[Resources] = list(self.capacity)
-        self.masks: list[int] = [m for p in partitions for m in p.constraint_masks]
-        self.drivers: list[tuple[str, ...]] = [d for p in partitions for d in p.node_drivers()]
-        self._burn_everywhere = all("burn" in d for d in self.drivers)  # burn tasks need no driver check
-        self.owner: list[int] = [p.gm for p in partitions for _ in range(p.size)]
         self.incarnation = incarnation
-        self._clock = incarnation << VERSION_BITS
-        self.version: list[int] = [self._clock] * len(self.capacity)
+        self.nodes = NodeTable(partitions, incarnation)
+        # The node table's columns, read on every launch.
+        self.capacity, self.free, self.masks = self.nodes.capacity, self.nodes.free, self.nodes.masks
+        self.drivers, self.owner, self.version, self.down = (
+            self.nodes.drivers,
+            self.nodes.owner,
+            self.nodes.version,
+            self.nodes.down,
+        )
         self.running: dict[str, Allocation] = {}
         self.logical_nodes: dict[int, LogicalNode] = {}
         self._next_logical = 0
-        self._dirty: list[set[int]] = [set() for _ in range(self.num_gms)]
-        # For each GM, the dirty sets of all the others: a GM's own change is not reported back to it.
-        self._others_dirty: list[list[set[int]]] = [
-            [d for g, d in enumerate(self._dirty) if g != gm] for gm in range(self.num_gms)
-        ]
         self._applied_through = [0] * self.num_gms
         self._tick_armed = False
         self.inconsistencies = 0
         self.repartitions = 0
         self.launched = 0
-        self.shares: LocalShares | None = None
-        if fairness is not None:
-            self.shares = LocalShares(fairness, len(resource_names), make_share_policy(fairness.policy))
+        # Usage per user and preemption verification under fair scheduling; without, a no-op that refuses.
+        self.shares: LocalShares | NoLocalShares = (
+            NoLocalShares(lm_id)
+            if fairness is None
+            else LocalShares(fairness, len(resource_names), make_share_policy(fairness.policy))
+        )
         # Tasks preempted but not yet confirmed stopped by their worker: task id -> allocation.
         self.preempting: dict[str, Allocation] = {}
-        # Nodes out of service (their worker went silent): node -> why. They show no free resources to every GM.
-        self.down: dict[int, str] = {}
         self.preemptions = 0
         self.preemption_refusals = 0
         self.stopped = 0  # runs stopped at their GM's request (job cancelled)
@@ -184,8 +177,7 @@ class LocalMaster:
         later one reports every node to every GM, whose views still hold the crashed incarnation's states."""
         out: list[Output] = []
         if self.incarnation:
-            for dirty in self._dirty:
-                dirty.update(range(len(self.capacity)))
+            self.nodes.report_everything()
             self._arm_tick(now, out)
         return out
 
@@ -199,7 +191,7 @@ class LocalMaster:
     def _arm_tick(self, now: float, out: list[Output]) -> None:
         """Deltas go out on the next multiple of `delta_interval` after a change; while nothing changes the
         timer stays off (a simulation of a quiet data centre costs nothing)."""
-        if not self._tick_armed and any(self._dirty):
+        if not self._tick_armed and any(self.nodes.dirty):
             self._tick_armed = True
             out.append(
                 Wake(
@@ -247,7 +239,7 @@ class LocalMaster:
                     batch.seq,
                     accepted,
                     rejected,
-                    [node_state((n, self.free[n], self.version[n])) for n in touched if 0 <= n < len(self.free)],
+                    [self.nodes.state(n) for n in touched if 0 <= n < len(self.free)],
                     self._take_delta(batch.gm),
                 ),
             )
@@ -274,7 +266,7 @@ class LocalMaster:
         if p.task.constraints & ~self.masks[n]:
             missing = constraint_ids(p.task.constraints & ~self.masks[n])
             return Rejection(p, f"node {n} lacks placement constraints {missing}", inconsistency=False)
-        if (p.task.run is not None or not self._burn_everywhere) and p.task.driver not in self.drivers[n]:
+        if (p.task.run is not None or not self.nodes.burn_everywhere) and p.task.driver not in self.drivers[n]:
             return Rejection(p, f"node {n} does not offer driver {p.task.driver!r}", inconsistency=False)
         if p.repartition != (self.owner[n] != gm):
             return Rejection(
@@ -298,7 +290,7 @@ class LocalMaster:
 
     def _allocate(self, p: Placement, gm: int) -> None:
         n = p.node
-        self._set_free(n, tuple(map(sub, self.free[n], p.task.request)), except_gm=gm)
+        self.nodes.set_free(n, tuple(map(sub, self.free[n], p.task.request)), except_gm=gm)
         logical_id = None
         if p.repartition:
             logical_id = self._next_logical
@@ -306,27 +298,17 @@ class LocalMaster:
             self.logical_nodes[logical_id] = LogicalNode(logical_id, n, gm, p.task.request, p.task.task_id)
             self.repartitions += 1
         self.running[p.task.task_id] = Allocation(p, gm, logical_id)
-        if self.shares is not None:
-            self.shares.started(p.task, n)
-
-    def _set_free(self, n: int, free: Resources, except_gm: int) -> None:
-        """Change node n's free resources; every GM but `except_gm` (whose own action it was) learns it by delta."""
-        self.free[n] = free
-        self._clock += 1
-        self.version[n] = self._clock
-        for dirty in self._others_dirty[except_gm]:
-            dirty.add(n)
+        self.shares.started(p.task, n)
 
     # ------------------------------------------------------------ completions
 
     def _release(self, alloc: Allocation) -> None:
         """Return a task's resources to its node (and its logical node, if any)."""
         n = alloc.placement.node
-        self._set_free(n, tuple(map(add, self.free[n], alloc.placement.task.request)), except_gm=alloc.gm)
+        self.nodes.set_free(n, tuple(map(add, self.free[n], alloc.placement.task.request)), except_gm=alloc.gm)
         if alloc.logical_id is not None:
             del self.logical_nodes[alloc.logical_id]
-        if self.shares is not None:
-            self.shares.ended(alloc.placement.task, n)
+        self.shares.ended(alloc.placement.task, n)
 
     def _on_report(self, report: WorkerReport, now: float) -> list[Output]:
         by_gm: dict[int, list[Completion]] = {}
@@ -347,7 +329,7 @@ class LocalMaster:
                     # A run this LM does not know: placed by an earlier incarnation and ended while it was down,
                     # or a repeat. Its GM, which knows the run, decides (a repeat or a stale copy is ignored).
                     n = item.node
-                    state = node_state((n, self.free[n], self.version[n]))
+                    state = self.nodes.state(n)
                     forwarded = Completion(item.task_id, state, item.error, item.preempted, False, item.attempt, True)
                     by_gm.setdefault(item.gm, []).append(forwarded)
                     continue
@@ -358,7 +340,7 @@ class LocalMaster:
                 self._remember_ended(item.task_id, item.attempt, alloc.gm, item.error)
             completion = Completion(
                 item.task_id,
-                node_state((n, self.free[n], self.version[n])),
+                self.nodes.state(n),
                 item.error,
                 item.preempted,
                 item.lost,
@@ -396,13 +378,13 @@ class LocalMaster:
         zero = (0,) * len(self.resource_names)
         for n in nodes:
             self.down[n] = reason
-            self._set_free_for_all(n, zero)
+            self.nodes.set_free_for_all(n, zero)
         # The completions carry each node's state after it went down, so no GM places the lost tasks back on it.
         for o in out:
             if isinstance(o.msg, Completions):
                 for c in o.msg.items:
                     n = c.state.node
-                    c.state = node_state((n, self.free[n], self.version[n]))
+                    c.state = self.nodes.state(n)
         self._arm_tick(now, out)
         return out
 
@@ -421,17 +403,9 @@ class LocalMaster:
         out: list[Output] = []
         for n in nodes:
             if self.down.pop(n, None) is not None:
-                self._set_free_for_all(n, self.capacity[n])
+                self.nodes.set_free_for_all(n, self.capacity[n])
         self._arm_tick(now, out)
         return out
-
-    def _set_free_for_all(self, n: int, free: Resources) -> None:
-        """Change node n's free resources, to be reported to every GM."""
-        self.free[n] = free
-        self._clock += 1
-        self.version[n] = self._clock
-        for dirty in self._dirty:
-            dirty.add(n)
 
     # ------------------------------------------------------------ preemption
 
@@ -442,9 +416,8 @@ class LocalMaster:
             raise ValueError(f"preemption request from unknown GM {req.gm}")
         self._applied_through[req.gm] = max(self._applied_through[req.gm], req.seq)
         out: list[Output] = []
-        if self.shares is None:
-            plan: object = f"LM {self.lm_id} is not configured for fair scheduling"
-        elif req.task.task_id in self.running or req.task.task_id in self.preempting:
+        plan: object
+        if req.task.task_id in self.running or req.task.task_id in self.preempting:
             plan = f"task {req.task.task_id} is already running"
         else:
             plan = self.shares.plan(req.task, req.victims, self.free, self.masks, req.total, self.drivers)
@@ -466,7 +439,7 @@ class LocalMaster:
         self._allocate(p, req.gm)
         self.launched += 1
         self.observer.launched([p], now)
-        state = node_state((n, self.free[n], self.version[n]))
+        state = self.nodes.state(n)
         out.append(
             Send(
                 gm_address(req.gm),
@@ -505,23 +478,15 @@ class LocalMaster:
 
     def _take_delta(self, gm: int) -> Delta:
         """What changed for `gm` since its last delta; clears its pending changes."""
-        dirty = self._dirty[gm]
-        free, version = self.free, self.version
-        nodes = [node_state((n, free[n], version[n])) for n in dirty]
-        dirty.clear()
-        usage = self.shares.snapshot() if self.shares is not None else None
-        return Delta(self.lm_id, gm, self._applied_through[gm], nodes, usage)
+        return Delta(self.lm_id, gm, self._applied_through[gm], self.nodes.take_changes(gm), self.shares.snapshot())
 
     def _on_tick(self, now: float) -> list[Output]:
         self._tick_armed = False
-        return [Send(gm_address(gm), self._take_delta(gm)) for gm in range(self.num_gms) if self._dirty[gm]]
+        return [Send(gm_address(gm), self._take_delta(gm)) for gm in range(self.num_gms) if self.nodes.dirty[gm]]
 
     def full_state(self, gm: int) -> Delta:
         """Every node's state, for a GM that (re)starts or asks for it (GET /v1/state)."""
-        free, version = self.free, self.version
-        nodes = [node_state((n, free[n], version[n])) for n in range(len(free))]
-        usage = self.shares.snapshot() if self.shares is not None else None
-        return Delta(self.lm_id, gm, self._applied_through[gm], nodes, usage)
+        return Delta(self.lm_id, gm, self._applied_through[gm], self.nodes.all_states(), self.shares.snapshot())
 
     def is_idle(self) -> bool:
         """True when nothing runs and every node's free resources equal its capacity."""

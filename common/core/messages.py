@@ -136,7 +136,10 @@ class WorkerLaunch:
 
 @dataclass(slots=True)
 class FinishedTask:
-    """A task (its `attempt`) that ended on a worker; `error` says why it failed ("" when it ran to completion)."""
+    """A task (its `attempt`) that ended on a worker; `error` says why it failed ("" when it ran to completion).
+
+    A real worker also reports what it measured of the run (the last four fields); the LM core keeps none of it
+    and passes only the error on to the GM, while the LM service publishes the measurements in task events."""
 
     task_id: str
     node: int
@@ -145,6 +148,10 @@ class FinishedTask:
     attempt: int = 1
     lost: bool = False  # set by the LM itself when the task's worker is lost (never by a worker)
     gm: int = -1  # the GM that placed the run, as the worker knows it (-1: not said)
+    cpu_seconds: float = 0.0  # CPU time the run burnt
+    execution_delay: float = 0.0  # from the worker receiving the launch to the run starting
+    started_at: float | None = None  # unix seconds; None when the run never started
+    finished_at: float | None = None  # unix seconds
 
 
 @dataclass(slots=True)
@@ -238,6 +245,24 @@ class WorkerPreempt:
 
     lm: int
     task_ids: list[str]
+
+
+@dataclass(slots=True)
+class RunEvent:
+    """What happened to one run (`attempt`) of a task at time `at`: it `started`, `finished`, was `preempted`,
+    was `lost` with its worker, `failed` or was `cancelled`. The services publish these on the events exchange
+    (the load generator measures from them); none of the cores reads them."""
+
+    kind: str
+    task_id: str
+    job_id: str
+    lm: int
+    node: int
+    at: float
+    cpu_seconds: float = 0.0  # as in FinishedTask
+    execution_delay: float = 0.0  # as in FinishedTask
+    error: str = ""  # why it failed ("" otherwise)
+    attempt: int = 1
 
 
 @dataclass(slots=True)

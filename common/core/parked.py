@@ -22,9 +22,9 @@ from megha.common.core.view import covers, missing_constraints
 Shape = tuple[int, Resources, str, str | None]
 
 
-def shape_of(task: TaskSpec, fair: bool) -> Shape:
-    """The shape of `task` (its user counts only under fair scheduling)."""
-    return (task.constraints, task.request, task.user if fair else "", None if task.run is None else task.run.driver)
+def shape_of(task: TaskSpec, by_user: bool) -> Shape:
+    """The shape of `task` (its user counts only when the queue order keeps shapes apart per user)."""
+    return (task.constraints, task.request, task.user if by_user else "", None if task.run is None else task.run.driver)
 
 
 class ParkedShapes:

@@ -32,6 +32,15 @@ def covers(free: Resources, request: Resources) -> bool:
     return all(map(ge, free, request))
 
 
+def covering(amounts: list[Resources], request: Resources) -> int:
+    """Bitset of the nodes whose `amounts` (free resources or capacity) cover `request`."""
+    bits = 0
+    for i, amount in enumerate(amounts):
+        if covers(amount, request):
+            bits |= 1 << i
+    return bits
+
+
 class PartitionView:
     """The GM's copy of partition `gm` of LM `lm`; node i is the LM's physical node `start + i`."""
 
@@ -98,11 +107,7 @@ class PartitionView:
         if bits is None:
             if len(self._fit) >= MAX_FIT_SHAPES:
                 del self._fit[next(iter(self._fit))]
-            bits = 0
-            for i, free in enumerate(self.free):
-                if covers(free, request):
-                    bits |= 1 << i
-            self._fit[request] = bits
+            bits = self._fit[request] = covering(self.free, request)
         return bits
 
     def feasible(self, task: TaskSpec) -> int:
@@ -122,11 +127,7 @@ class PartitionView:
         """Nodes whose capacity covers `request`, whatever is running."""
         bits = self._cap_fit.get(request)
         if bits is None:
-            bits = 0
-            for i, cap in enumerate(self.capacity):
-                if covers(cap, request):
-                    bits |= 1 << i
-            self._cap_fit[request] = bits
+            bits = self._cap_fit[request] = covering(self.capacity, request)
         return bits
 
     def set_free(self, i: int, free: Resources) -> None:

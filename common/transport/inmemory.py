@@ -2,17 +2,24 @@
 
 It runs on a virtual clock (events as fast as the machine allows) or in real time (sleeping until each event is
 due). Periodic timers (LM delta ticks) are "background": when only background events remain, the run is over.
+
+Under a decision-time model (`megha.common.core.costs`), each GM and LM endpoint is a server: a message delivered
+while it is busy waits in its FIFO queue, handling it takes the model's time, and its outputs leave when the
+handling ends. `ServedObserver` stamps the recorder's task events with those times.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from heapq import heappop, heappush
 
-from megha.common.core.messages import Output, Send, Wake
+from megha.common.core.costs import DecisionCosts, Kind, Price
+from megha.common.core.messages import Output, Placement, Send, Wake
+from megha.common.core.observer import EVENTS, CoreObserver, records
+from megha.common.core.task import JobSpec, TaskSpec
 
 Handler = Callable[[object, float], list[Output]]
 
@@ -34,11 +41,14 @@ def fewer_gc_pauses() -> Iterator[None]:
 class EventLoop:
     """Delivers messages to named endpoints in time order (FIFO among equal times)."""
 
-    def __init__(self, hop_delay: float = 0.0005, realtime: bool = False) -> None:
+    def __init__(self, hop_delay: float = 0.0005, realtime: bool = False, costs: DecisionCosts | None = None) -> None:
         if hop_delay < 0:
             raise ValueError(f"hop delay must be >= 0, got {hop_delay}")
         self.hop_delay = hop_delay
         self.realtime = realtime
+        self.costs = None if costs is None or costs.zero else costs  # None: deciding takes no time
+        # (delivered, started, ended) of the message a GM or LM server is handling, None between handlings
+        self.serving: tuple[float, float, float] | None = None
         self.now = 0.0
         self._heap: list[tuple[float, int, Handler, object]] = []
         self._seq = 0
@@ -52,10 +62,17 @@ class EventLoop:
         """Events still to come that keep the run alive (all but background timers)."""
         return self._work
 
-    def register(self, address: str, handler: Handler) -> None:
+    def register(self, address: str, handler: Handler, kind: Kind | None = None) -> None:
+        """Deliver messages for `address` to `handler`; a GM or LM (`kind`) is a server under a cost model."""
         if address in self._endpoints:
             raise ValueError(f"endpoint {address} registered twice")
+        if kind is not None and self.costs is not None:
+            handler = _Server(self, handler, self.costs.pricer(kind))
         self._endpoints[address] = handler
+
+    def stamped(self, observer: CoreObserver) -> CoreObserver:
+        """The observer to give a GM or LM core: `observer` itself, or under a cost model a `ServedObserver`."""
+        return observer if self.costs is None else ServedObserver(observer, self)
 
     def background(self, *types: type) -> None:
         """Message types that do not keep the run alive on their own (periodic timers)."""
@@ -65,13 +82,13 @@ class EventLoop:
         """Deliver `msg` to `dest` at time `at`."""
         self.dispatch((Wake(at, dest, msg),))
 
-    def dispatch(self, outputs: Iterable[Output]) -> None:
-        """Send a core step's outputs: Send after one hop, Wake at its time. The heap holds each message's handler
-        (looked up once, here), so a delivery costs no lookup."""
+    def dispatch(self, outputs: Iterable[Output], at: float | None = None) -> None:
+        """Send a core step's outputs at `at` (default: now): Send after one hop, Wake at its time. The heap holds
+        each message's handler (looked up once, here), so a delivery costs no lookup."""
         heap = self._heap
         endpoints = self._endpoints
         background = self._background
-        sent = self.now + self.hop_delay
+        sent = (self.now if at is None else at) + self.hop_delay
         for out in outputs:
             handler = endpoints.get(out.dest)
             if handler is None:
@@ -110,3 +127,64 @@ class EventLoop:
                 dispatch(outputs)
             if on_event is not None:
                 on_event(at)
+
+
+class _Server:
+    """A GM or LM endpoint that takes time to decide. Messages reach it in delivery order and it handles them
+    in that order, so the core is handed each one as it is delivered, with `now` = when its handling starts
+    (after the ones before it: the FIFO queue's wait); its outputs are sent when the handling ends. Nothing
+    else reaches the core in between (all its input is messages, delivered later), so this is the queue's
+    outcome without a second event per message."""
+
+    __slots__ = ("free_at", "handler", "loop", "price")
+
+    def __init__(self, loop: EventLoop, handler: Handler, price: Price) -> None:
+        self.loop = loop
+        self.handler = handler
+        self.price = price
+        self.free_at = 0.0  # when the message handled last is done
+
+    def __call__(self, msg: object, at: float) -> None:
+        start = at if at > self.free_at else self.free_at
+        end = self.free_at = start + self.price(msg)
+        loop = self.loop
+        loop.serving = (at, start, end)
+        outputs = self.handler(msg, start)
+        loop.serving = None
+        if outputs:
+            loop.dispatch(outputs, end)
+
+
+class ServedObserver(CoreObserver):
+    """A GM's or LM's observer under a cost model: the task events that bound allocation time's components carry
+    the served message's times, so framework queuing (arrival -> attempt) counts the wait for a busy GM and
+    processing (attempt -> decided, LM received -> launched) the GM's deciding and the LM's wait and validation.
+    A job arrives and an LM receives a batch when the message is delivered; an attempt starts when the GM starts
+    handling; a decision and a launch are made when the handling ends. Other events pass through unchanged."""
+
+    STAMPED = ("job_arrived", "attempt", "decided", "lm_received", "launched")
+
+    def __init__(self, observer: CoreObserver, loop: EventLoop) -> None:
+        self.observer = observer
+        self.loop = loop
+        for name in EVENTS:
+            if name not in self.STAMPED and records(observer, name):
+                setattr(self, name, getattr(observer, name))
+
+    def _times(self, now: float) -> tuple[float, float, float]:
+        return self.loop.serving or (now, now, now)
+
+    def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
+        self.observer.job_arrived(job, gm, self._times(now)[0])
+
+    def attempt(self, task: TaskSpec, now: float) -> None:
+        self.observer.attempt(task, self._times(now)[1])
+
+    def decided(self, placements: Sequence[Placement], now: float) -> None:
+        self.observer.decided(placements, self._times(now)[2])
+
+    def lm_received(self, placements: Sequence[Placement], now: float) -> None:
+        self.observer.lm_received(placements, self._times(now)[0])
+
+    def launched(self, placements: Sequence[Placement], now: float) -> None:
+        self.observer.launched(placements, self._times(now)[2])

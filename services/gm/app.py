@@ -17,7 +17,6 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
-from pydantic_core import to_json
 
 from megha.common.auth import Principal
 from megha.common.core.cluster import ClusterSpec
@@ -26,11 +25,14 @@ from megha.common.lifecycle import StartupError, exit_on_startup_error
 from megha.common.models import (
     JOB_SCOPE,
     ErrorBody,
+    GMHealth,
+    GMState,
     JobAccepted,
     JobList,
     JobState,
     JobStatus,
     JobSubmission,
+    JournalCopied,
     JournalLines,
     QueueList,
     QueueState,
@@ -40,27 +42,19 @@ from megha.common.models import (
 )
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
-from megha.services.apidocs import serve_docs_offline
-from megha.services.auth import GM_RULES, acts_as_gm, principal, protect
+from megha.services.appfactory import sealed, service_app
+from megha.services.auth import GM_RULES, acts_as_gm, principal
+from megha.services.background import serving_gc
+from megha.services.client import CallError
 from megha.services.dashboard import mount_dashboard
+from megha.services.gm.events_route import mount_job_events
 from megha.services.gm.jobs import JobIds
 from megha.services.gm.service import DuplicateJob, GMService, NotServing, TooManyUnfinished
 from megha.services.gm.standin import NotHere, Peers, StandingIn
-from megha.services.http import (
-    CallError,
-    configure_logging,
-    document_bodies,
-    error,
-    errors,
-    ids,
-    install_error_handlers,
-    json_body,
-    json_response,
-    read_body,
-    serving_gc,
-)
-from megha.services.logroutes import ATTEMPT_QUERY, LOG_RESPONSE, STREAM_QUERY, TAIL_QUERY, Stream, log_query, relay
-from megha.services.metrics import gm_registry, mount_metrics, tasks_per_queue
+from megha.services.http import error, errors, json_body, json_response, read_body
+from megha.services.logroutes import LOG_RESPONSE, LogQueryParam, relay
+from megha.services.logs import configure_logging, ids
+from megha.services.metrics import gm_registry, tasks_per_queue
 
 SUBMIT_AGAIN_AFTER = 2
 """Seconds a 429 (the user's unfinished tasks are at MEGHA_MAX_UNFINISHED_TASKS_PER_USER) asks a client to wait."""
@@ -97,21 +91,18 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             await peers.close()
             await service.close()
 
-    app = FastAPI(title=f"Megha GM {settings.gm_id}", lifespan=lifespan)
-    app.state.service = service
-    install_error_handlers(app)
-    mount_metrics(app, gm_registry(service, lambda: peers.stand_in))
-    mount_dashboard(app, service)
+    def health() -> GMHealth:
+        return GMHealth(
+            gm=settings.gm_id,
+            ready=service.core is not None and service.serving,
+            term=service.term,
+            standing_in_for=[] if peers.stand_in is None else [peers.previous],
+        )
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, object]:
-        return {
-            "status": "ok",
-            "gm": settings.gm_id,
-            "ready": service.core is not None and service.serving,
-            "term": service.term,
-            "standing_in_for": [] if peers.stand_in is None else [peers.previous],
-        }
+    name = f"GM {settings.gm_id}"
+    app = service_app(f"Megha {name}", lifespan, gm_registry(service, lambda: peers.stand_in), health)
+    app.state.service = service
+    mount_dashboard(app, service)
 
     @app.post(
         "/v1/jobs",
@@ -212,6 +203,8 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             job_ids[identity] = JobIds(identity, holder.jobs.jobs, time.time())
         return job_ids[identity]
 
+    mount_job_events(app, settings.gm_id, find)
+
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(404))
     async def job_status(job_id: str, request: Request) -> Response:
         found = find(request, job_id)
@@ -235,9 +228,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         job_id: str,
         task_id: str,
         request: Request,
-        stream: Stream = STREAM_QUERY,
-        attempt: int | None = ATTEMPT_QUERY,
-        tail: int | None = TAIL_QUERY,
+        query: LogQueryParam,
     ) -> Response:
         """What a task's run printed (stdout or stderr), read from the agent that ran it through its LM: the node
         of the attempt asked for (an earlier attempt, lost or preempted, may have run on another node), else of the
@@ -256,16 +247,16 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         task = next((t for t in status.tasks if t.task_id == task_id), None)
         if task is None:
             return error(404, f"job {job_id} has no task {task_id}", "task_id")
-        where = holder.jobs.where_ran(task_id, attempt)
+        where = holder.jobs.where_ran(task_id, query.attempt)
         if where is None:
-            if attempt is not None and (runs := holder.jobs.attempts_run(task_id)):
+            if query.attempt is not None and (runs := holder.jobs.attempts_run(task_id)):
                 return error(
-                    404, f"task {task_id} has no attempt {attempt} run on a node (its runs: {runs})", "attempt"
+                    404, f"task {task_id} has no attempt {query.attempt} run on a node (its runs: {runs})", "attempt"
                 )
             return error(404, f"task {task_id} has not run ({task.state}): it has no output", "task_id")
         lm, node = where
         try:
-            reply = await holder.task_logs(lm, node, task_id, log_query(stream, attempt, tail))
+            reply = await holder.task_logs(lm, node, task_id, query.passed_on())
         except CallError as exc:
             return error(502, f"LM {lm}, where task {task_id} ran, could not be reached: {exc}", "task_id")
         return relay(reply, f"LM {lm}", "task_id")
@@ -358,17 +349,20 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             return lambda queue: True
         return lambda queue: fairness is not None and queue == who.name
 
-    @app.get("/v1/state")
-    async def state() -> dict[str, object]:
+    @app.get("/v1/state", response_model=GMState)
+    async def state() -> GMState:
         assert service.core is not None
         snapshot = service.core.view_snapshot()
         snapshot["unfinished_tasks"] = service.jobs.unfinished()
         snapshot["finished_jobs_dropped"] = service.jobs.dropped_jobs
         snapshot["lm_urls"] = settings.lm_urls  # as this GM reaches them (`megha nodes` asks here without --lm)
-        return snapshot
+        return GMState.model_validate(snapshot)
 
     @app.post(
-        "/v1/peers/{gm}/journal", response_model=None, openapi_extra=json_body(JournalLines), responses=errors(404, 409)
+        "/v1/peers/{gm}/journal",
+        response_model=JournalCopied,
+        openapi_extra=json_body(JournalLines),
+        responses=errors(404, 409),
     )
     async def journal_copy(gm: int, request: Request) -> Response:
         """The previous GM's journal lines, kept so that this GM can stand in for it."""
@@ -381,7 +375,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             await peers.receive(gm, lines)
         except StandingIn as exc:
             return error(409, str(exc), "gm")
-        return json_response(to_json({"gm": gm, "lines": len(lines.lines)}))
+        return json_response(JournalCopied(gm=gm, lines=len(lines.lines)))
 
     @app.post("/v1/peers/{gm}/release", response_model=JournalLines, responses=errors(404))
     async def release(gm: int, request: Request) -> Response:
@@ -393,7 +387,4 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         lines = await peers.release(f"GM {gm} takes its identity back")
         return json_response(JournalLines(reset=True, lines=lines))
 
-    document_bodies(app, JobSubmission, JournalLines)
-    serve_docs_offline(app)
-    protect(app, settings.verifier(), GM_RULES, f"GM {settings.gm_id}")
-    return app
+    return sealed(app, settings.verifier(), GM_RULES, name, JobSubmission, JournalLines)

@@ -14,15 +14,28 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from megha.common.core.lifecycle import NO_OP, TERMINAL, Event, IllegalTransition, State, next_state
 from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.models import JOB_SCOPE, JobState, JobStatus, JobSummary, TaskStatus
-from megha.services.http import ids
+from megha.services.logs import ids
 
 log = logging.getLogger("megha.gm")
 
 ENDED = ("finished", "failed", "cancelled")
+"""The `TaskStatus.state` of a task that ended."""
+
+_WIRE: dict[int, str] = {
+    State.QUEUED: "queued",
+    State.PLACING: "launched",  # a GM hears of no start: placed is launched until the run ends
+    State.RUNNING: "launched",
+    State.COMPLETED: "finished",
+    State.FAILED: "failed",
+    State.CANCELLED: "cancelled",
+}  # a lifecycle state -> the `TaskStatus.state` that shows it
+_FROM_WIRE: dict[str, int] = {"queued": State.QUEUED, "launched": State.PLACING} | {_WIRE[s]: s for s in TERMINAL}
+_ENDS: dict[str, Event] = {"finished": Event.FINISHED, "failed": Event.FAILED, "cancelled": Event.CANCELLED}
 
 
 class JobIds:
@@ -95,7 +108,7 @@ def _base36(n: int) -> str:
 @dataclass(slots=True)
 class _Task:
     job_id: str
-    state: str = "queued"
+    life: int = State.QUEUED  # its lifecycle `State`; `state` shows it as the API does
     arrival: float | None = None
     launched_at: float | None = None
     finished_at: float | None = None
@@ -110,6 +123,18 @@ class _Task:
     attempt: int = 1  # the attempt of the run placed last (TaskSpec.attempt)
     earlier: list[tuple[int, int, int]] | None = None  # (attempt, LM, node) of runs lost or preempted since
 
+    @property
+    def state(self) -> str:
+        return _WIRE[self.life]
+
+    @state.setter
+    def state(self, state: str) -> None:
+        self.life = _FROM_WIRE[state]
+
+    @property
+    def ended(self) -> bool:
+        return self.life in TERMINAL
+
 
 @dataclass(slots=True)
 class _Job:
@@ -121,8 +146,10 @@ class _Job:
 
 
 class JobTable(CoreObserver):
-    """Per-task state at this GM: queued -> launched -> finished (or failed, with the reason). The service's GM
-    core reports to it and to the GM's metrics (`GMMeter`) alike, through `observe`."""
+    """Per-task state at this GM: queued -> launched -> finished (or failed, with the reason, or cancelled), each task
+    moved along the task lifecycle (`common/core/lifecycle.py`): a task ends once, later news of it changes
+    nothing, and an event the lifecycle does not allow is logged as an error, counted (`illegal`) and ignored. The
+    service's GM core reports to it and to the GM's metrics (`GMMeter`) alike, through `observe`."""
 
     def __init__(
         self, gm: int, finished_tasks_kept: int = 1_000_000, on_end: Callable[[str, str, str], None] | None = None
@@ -141,6 +168,7 @@ class JobTable(CoreObserver):
         # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
         # service to publish as task events: (task, kind, reason, lm, node).
         self.ended_here: list[tuple[TaskSpec, str, str, int, int]] = []
+        self.illegal = 0  # events the lifecycle did not allow (each logged as an error)
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         """A task's arrival is when its job's request reached the GM (the service stamps that as
@@ -165,8 +193,11 @@ class JobTable(CoreObserver):
             if p.repartition:
                 repartitions.setdefault(p.lm, []).append(p)
             rec = self.tasks[p.task.task_id]
-            rec.state, rec.launched_at, rec.lm, rec.node, rec.repartitioned, rec.attempt = (
-                "launched",
+            if p.node < 0 and rec.life == State.PLACING:  # a preemption request one LM refused, to the next LM
+                self._advance(p.task.task_id, rec, Event.REFUSED)
+            if not self._advance(p.task.task_id, rec, Event.DECIDED):
+                continue
+            rec.launched_at, rec.lm, rec.node, rec.repartitioned, rec.attempt = (
                 now,
                 p.lm,
                 p.node if p.node >= 0 else None,  # a preemption request leaves the node to the LM
@@ -192,11 +223,19 @@ class JobTable(CoreObserver):
                         extra=self._ids(p.task, p.lm, p.node),
                     )
 
+    def rescheduled(self, task: TaskSpec, now: float) -> None:
+        """Nothing fitted the task: it waits. A placed one waits again because its preemption request was refused
+        (the GM core reports no refusal of its own)."""
+        rec = self.tasks.get(task.task_id)
+        if rec is not None and rec.life == State.PLACING:
+            self._advance(task.task_id, rec, Event.REFUSED)
+
     def inconsistency(self, placement: Placement, now: float) -> None:
-        rec = self.tasks[placement.task.task_id]
-        rec.inconsistencies += 1
-        rec.state = "queued"
         task = placement.task
+        rec = self.tasks[task.task_id]
+        rec.inconsistencies += 1
+        if not self._advance(task.task_id, rec, Event.REFUSED):
+            return
         log.info(
             "task %s of job %s: LM %d rejected node %d (an inconsistency: this GM's view was stale); queued again",
             task.task_id,
@@ -210,9 +249,8 @@ class JobTable(CoreObserver):
         rec = self.tasks.get(task.task_id)
         if rec is None:
             return  # its job ended and was forgotten: this is news of an already-ended task
-        ended = rec.state in ENDED
-        rec.state, rec.failed_reason = "failed", reason
-        if not ended:
+        if self._advance(task.task_id, rec, Event.FAILED):
+            rec.failed_reason = reason
             log.warning(
                 "task %s of job %s failed (attempt %d): %s",
                 task.task_id,
@@ -227,7 +265,7 @@ class JobTable(CoreObserver):
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """Its worker was lost: back in the queue, to run again as its next attempt."""
         rec = self.tasks.get(task.task_id)
-        if rec is not None and rec.state not in ENDED:
+        if rec is not None and self._advance(task.task_id, rec, Event.LOST):
             log.warning(
                 "task %s of job %s lost on LM %s node %s (%s): it runs again as attempt %d",
                 task.task_id,
@@ -238,7 +276,6 @@ class JobTable(CoreObserver):
                 task.attempt + 1,
                 extra=self._ids(task, rec.lm, rec.node),
             )
-            rec.state = "queued"
             rec.retries += 1
             _ran(rec, task.attempt)
 
@@ -251,39 +288,47 @@ class JobTable(CoreObserver):
     def task_preempted(self, task: TaskSpec, now: float) -> None:
         """Stopped for another user's task: back in its queue, to run again."""
         rec = self.tasks.get(task.task_id)
-        if rec is not None and rec.state == "launched":
-            rec.state = "queued"
+        if rec is not None and self._advance(task.task_id, rec, Event.PREEMPTED):
             rec.preemptions += 1
             _ran(rec, task.attempt)
 
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool = False) -> None:
         rec = self.tasks.get(task.task_id)
-        if rec is not None and rec.state not in ("finished", "cancelled"):
-            if forwarded and rec.state not in ENDED:
-                kind = "failed" if error else "finished"
-                self.ended_here.append((task, kind, error, rec.lm or 0, rec.node or 0))
-            ended = rec.state in ENDED
-            rec.finished_at = now
-            rec.state = "failed" if error else "finished"
-            rec.failed_reason = error or None
-            if not ended:
-                self._ended(task.task_id, rec)
+        if rec is not None and self._advance(task.task_id, rec, Event.FAILED if error else Event.FINISHED):
+            if forwarded:
+                self.ended_here.append((task, rec.state, error, rec.lm or 0, rec.node or 0))
+            rec.finished_at, rec.failed_reason = now, error or None
+            self._ended(task.task_id, rec)
 
     def task_cancelled(self, task: TaskSpec, now: float) -> None:
         """Its job was cancelled: dropped from the queue, or its run stopped. It does not run again."""
         rec = self.tasks.get(task.task_id)
-        if rec is not None and rec.state not in ENDED:
+        if rec is not None and self._advance(task.task_id, rec, Event.CANCELLED):
             self.ended_here.append((task, "cancelled", "job cancelled", rec.lm or 0, rec.node or 0))
-            rec.state, rec.failed_reason, rec.finished_at = "cancelled", "job cancelled", now
+            rec.failed_reason, rec.finished_at = "job cancelled", now
             self._ended(task.task_id, rec)
 
-    def restore_end(self, task_id: str, state: str, reason: str, now: float) -> None:
+    def restore_end(self, task_id: str, state: str, reason: str, at: float | None) -> None:
         """Replay a task end a restarted GM learnt from its journal or an LM (it was announced then, so nothing is
-        published again)."""
+        published again); `at` is its finish time as first recorded."""
         rec = self.tasks.get(task_id)
-        if rec is not None and rec.state not in ENDED:
-            rec.state, rec.failed_reason, rec.finished_at = state, reason or None, now
+        if rec is not None and self._advance(task_id, rec, _ENDS[state]):
+            rec.failed_reason, rec.finished_at = reason or None, at
             self._ended(task_id, rec)
+
+    def _advance(self, task_id: str, rec: _Task, event: Event) -> bool:
+        """Move a task along `event`: False for a no-op, and for an event the lifecycle does not allow (logged as
+        an error and counted, the task left as it was)."""
+        try:
+            after = next_state(task_id, rec.life, event)
+        except IllegalTransition as exc:
+            self.illegal += 1
+            log.error("%s: ignored", exc, extra=ids(gm=self.gm, task=task_id))
+            return False
+        if after == NO_OP:
+            return False
+        rec.life = after
+        return True
 
     def _ids(self, task: TaskSpec, lm: int | None, node: int | None) -> dict[str, object]:
         return ids(

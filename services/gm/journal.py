@@ -5,8 +5,11 @@ queue (docs/architecture.md says why a GM-local journal and not a broker queue; 
 One file per (run, GM), JSON lines:
 
     {"job": {<JobSubmission with its job_id>}, "at": <unix time it arrived>}
-    {"end": "<task id>", "state": "finished" | "failed" | "cancelled", "reason": "..."}
+    {"end": "<task id>", "state": "finished" | "failed" | "cancelled", "reason": "...", "at": <unix time or null>}
     {"cancel": "<job id>", "at": <unix time>}
+
+An end record's `at` is the task's finish time in the job table (null when it has none, as for a task this GM
+failed): a restarted GM restores it, so a finish time never changes once reported.
 
 A cancel record is durable before DELETE /v1/jobs/{id} is answered: a GM that restarts before the job's placed
 tasks were stopped stops them then.
@@ -25,8 +28,17 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger("megha.gm")
+
+
+class End(NamedTuple):
+    """A task end as journaled."""
+
+    state: str
+    reason: str
+    at: float | None = None  # its finish time in the job table (None: none, or not journaled)
 
 
 @dataclass
@@ -34,7 +46,7 @@ class Replayed:
     """What a journal held: each job's submission (in arrival order) with its arrival time, and each task end."""
 
     jobs: list[tuple[dict[str, object], float]] = field(default_factory=list)
-    ends: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id -> (state, reason)
+    ends: dict[str, End] = field(default_factory=dict)  # task id -> its end
     cancels: set[str] = field(default_factory=set)  # jobs cancelled (DELETE /v1/jobs/{id})
     damaged: int = 0  # lines that could not be read (a write cut short by a crash)
 
@@ -59,7 +71,9 @@ class Journal:
             if "job" in record:
                 found.jobs.append((record["job"], float(record["at"])))
             elif "end" in record:
-                found.ends[str(record["end"])] = (str(record["state"]), str(record.get("reason", "")))
+                at = record.get("at")
+                at = float(at) if isinstance(at, int | float) else None
+                found.ends[str(record["end"])] = End(str(record["state"]), str(record.get("reason", "")), at)
             elif "cancel" in record:
                 found.cancels.add(str(record["cancel"]))
         return found
@@ -134,7 +148,7 @@ def merge_lines(path: Path, lines: list[str]) -> int:
         if "job" in record and isinstance(record["job"], dict) and str(record["job"].get("job_id")) not in jobs:
             jobs.add(str(record["job"].get("job_id")))
         elif "end" in record and str(record["end"]) not in held.ends:
-            held.ends[str(record["end"])] = ("", "")
+            held.ends[str(record["end"])] = End("", "")
         elif "cancel" in record and str(record["cancel"]) not in held.cancels:
             held.cancels.add(str(record["cancel"]))
         else:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic_core import to_json
 
+from megha.services.client import CallError, ServiceClient
 from megha.services.gm.journal import journal_lines
-from megha.services.http import CallError, ServiceClient
 
 log = logging.getLogger("megha.gm")
 

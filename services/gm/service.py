@@ -1,56 +1,50 @@
-"""The GM service's state: the cluster learnt from the LMs, the GM core, and its outputs turned into batched
-launch calls to LMs."""
+"""The GM service: the cluster learnt from its LMs, the GM core and the lock its every step takes, the job table,
+and the calls made on it (submission, cancel, broker messages from the LMs).
+
+What a GM does besides lives in modules of their own: sending what its core decides (`dispatch`), coming back
+from a crash and keeping its journal (`recovery`), standing in for a peer (`standin`, `peers`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from urllib.parse import quote
-
-from pydantic_core import to_json
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import (
-    Delta,
-    LaunchBatch,
-    LaunchResponse,
-    NodeState,
     Output,
-    PreemptRequest,
-    Send,
-    StopRequest,
 )
 from megha.common.core.observer import observe
 from megha.common.core.placement.choice import make_choice
-from megha.common.core.recovery import LMReport, RunsHeld, plan_recovery, runs_lost
-from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.core.policies import gm_policies
+from megha.common.core.recovery import RunsHeld, runs_lost
+from megha.common.core.task import JobSpec
 from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
     BrokerMessage,
-    ErrorBody,
     GMRecovery,
     JobStatus,
     JobSubmission,
-    LaunchBatchModel,
-    LaunchResponseModel,
     LMRebuilt,
-    PreemptRequestModel,
-    PreemptResponseModel,
-    StopRequestModel,
 )
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker, TryLater
+from megha.services import retry
+from megha.services.client import CallError, Reply, ServiceClient
+from megha.services.gm.dispatch import GMDispatch
+from megha.services.gm.events_route import JobEvents
 from megha.services.gm.jobs import ENDED, JobTable
-from megha.services.gm.journal import Journal, Replayed
+from megha.services.gm.journal import Journal
 from megha.services.gm.peers import Replicator
-from megha.services.http import CallError, Reply, ServiceClient, ids, spawn
+from megha.services.gm.recovery import Restart
+from megha.services.logs import ids
 from megha.services.metrics import GMMeter
 
 log = logging.getLogger("megha.gm")
@@ -80,9 +74,12 @@ class GMService:
         self._journal_path = journal
         self.journal: Journal | None = None
         self.replicator: Replicator | None = None  # the journal's copy at the next GM, when peers are configured
-        self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept, self._journal_end)
-        self.meter = GMMeter()  # scheduling attempts and allocation times, for GET /metrics
-        self.observer = observe(self.jobs, self.meter)  # what the GM core reports goes to both
+        self.restart = Restart(self)  # recovery after a start, and the journal's upkeep
+        self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept, self.restart.journal_end)
+        self.meter = GMMeter(self.jobs)  # scheduling attempts and allocation times, for GET /metrics
+        self.job_events = JobEvents(lambda: self.jobs)  # the readers of GET /v1/jobs/{id}/events
+        # What the GM core reports goes to each, the table first (the meter reads it).
+        self.observer = observe(self.jobs, self.meter, self.job_events)
         self.core: GlobalMaster | None = None
         self.cluster: ClusterSpec | None = None
         # Fencing (megha.common.core.fencing): the term this GM identity was claimed with at every LM; `serving`
@@ -90,36 +87,39 @@ class GMService:
         self.term = 0
         self.serving = True
         self.on_superseded: Callable[[str], None] | None = None
-        self._lock = asyncio.Lock()
-        self._calls = ServiceClient(settings.http_timeout, authorization=settings.credentials())
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.lock = asyncio.Lock()  # taken by every step of the core
+        self.calls = ServiceClient(settings.http_timeout, authorization=settings.credentials())
+        self.dispatch = GMDispatch(self)  # the core's outputs to the LMs and the broker
         self._accepting: set[str] = set()  # job ids being journaled
         self._reserved: dict[str, int] = {}  # tasks of jobs being journaled, per user (the submission bound)
+
+    def ready_core(self) -> GlobalMaster:
+        """The GM core; NotServing until this GM learnt the cluster from its LMs."""
+        if self.core is None:
+            raise NotServing(f"GM {self.settings.gm_id} has no view of the cluster yet")
+        return self.core
 
     async def discover(self) -> ClusterSpec:
         """Ask every LM for its partitions, waiting (MEGHA_LM_TIMEOUT) for LMs whose workers have not all
         registered yet."""
         timeout = self.settings.lm_timeout
+        policy = retry.RetryPolicy(deadline=timeout, first_pause=0.2, max_pause=0.2, jitter=0.0, retry=lambda s: True)
         rows = []
-        deadline = time.monotonic() + timeout
-        next_note = time.monotonic() + 2.0
         names: tuple[str, ...] = ()
         for lm, url in enumerate(self.settings.lm_urls):
-            while True:
-                try:
-                    r = await self._calls.get(f"{url}/v1/cluster")
-                    if r.status == 200:
-                        break
-                    reason = r.text
-                except CallError as exc:
-                    reason = str(exc)
+            next_note = time.monotonic() + 2.0
+
+            def waiting(attempt: int, failure: str, lm: int = lm, url: str = url) -> None:
+                nonlocal next_note
                 check_stop(f"LM {lm} at {url}")
-                if time.monotonic() > deadline:
-                    raise StartupError(f"LM {lm} at {url} not ready after {timeout:g} s: {reason}")
                 if time.monotonic() >= next_note:
-                    log.warning("waiting for LM %d at %s: %s", lm, url, reason)
+                    log.warning("waiting for LM %d at %s: %s", lm, url, failure)
                     next_note = time.monotonic() + 5.0
-                await asyncio.sleep(0.2)
+
+            outcome = await retry.call(partial(self.calls.get, f"{url}/v1/cluster"), policy, f"LM {lm}", waiting)
+            r = outcome.reply
+            if not outcome.succeeded or r is None:
+                raise StartupError(f"LM {lm} at {url} not ready after {timeout:g} s: {outcome.failure}")
             doc = json.loads(r.body)
             if doc["lm"] != lm:
                 raise StartupError(f"{url} is LM {doc['lm']}, but it is listed as LM {lm}")
@@ -144,19 +144,22 @@ class GMService:
         """LM `lm`'s answer to `GET /v1/nodes/{node}/tasks/{task_id}/logs?{query}`: the output a run of the task
         left on the agent of that node. Raises CallError when the LM cannot be reached."""
         url = f"{self.settings.lm_urls[lm]}/v1/nodes/{node}/tasks/{quote(task_id, safe='')}/logs?{query}"
-        return await self._calls.get(url)
+        return await self.calls.get(url)
 
     def adopt(self, cluster: ClusterSpec) -> None:
         """Build the GM core over `cluster`, all free: the LMs' deltas and responses correct the view from here."""
         self.cluster = cluster
+        settings = self.settings
+        choice = make_choice(settings.matching)
         self.core = GlobalMaster(
-            self.settings.gm_id,
+            settings.gm_id,
             cluster,
-            make_choice(self.settings.matching),
-            self.settings.seed,
-            self.observer,
-            self.settings.fairness(),
-            self.settings.max_attempts,
+            seed=settings.seed,
+            observer=self.observer,
+            max_attempts=settings.max_attempts,
+            policies=gm_policies(
+                settings.gm_id, cluster, settings.fairness(), choice, settings.queue_order, settings.lm_order
+            ),
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)
 
@@ -182,7 +185,7 @@ class GMService:
                 line = await self.journal.append_durably({"job": record, "at": arrived})
                 if self.replicator is not None:
                     await self.replicator.add_durably(line)
-            async with self._lock:
+            async with self.lock:
                 if self.core is not core or not self.serving:
                     return job  # this identity changed hands meanwhile: its next holder recovers the job
                 outputs = core.submit(job, time.time())
@@ -191,7 +194,7 @@ class GMService:
             self._reserved[sub.user] -= len(job.tasks)
             if not self._reserved[sub.user]:
                 del self._reserved[sub.user]
-        self._dispatch(outputs)
+        self.dispatch.send(outputs)
         await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
 
@@ -230,15 +233,15 @@ class GMService:
             line = await self.journal.append_durably({"cancel": job_id, "at": time.time()})
             if self.replicator is not None:
                 await self.replicator.add_durably(line)
-        async with self._lock:
+        async with self.lock:
             if self.core is not core or not self.serving:
                 raise NotServing(f"GM {self.settings.gm_id} changed hands; cancel again in a few seconds")
             job.cancelled = True
-            outputs = self._cancel_open(job_id)
-        self._dispatch(outputs)
+            outputs = self.cancel_open(job_id)
+        self.dispatch.send(outputs)
         return self.jobs.status(job_id)
 
-    def _cancel_open(self, job_id: str) -> list[Output]:
+    def cancel_open(self, job_id: str) -> list[Output]:
         """Cancel in the core the tasks of `job_id` that did not end (under the lock)."""
         assert self.core is not None
         job = self.jobs.jobs[job_id]
@@ -263,145 +266,25 @@ class GMService:
             return self._journal_path
         return Path(self.settings.journal_dir) / f"{self.settings.run_id}.gm-{self.settings.gm_id}.journal"
 
-    def _journal_end(self, task_id: str, state: str, reason: str) -> None:
-        if self.journal is not None:
-            line = self.journal.append({"end": task_id, "state": state, "reason": reason})
-            if self.replicator is not None:
-                self.replicator.add(line)
-
-    def _restore_end(self, task_id: str, state: str, reason: str, now: float) -> None:
-        """A task end this GM learnt while recovering (from its journal or an LM), not from its core."""
-        self.jobs.restore_end(task_id, state, reason, now)
-        self.meter.ended(task_id)
-
     async def recover(self) -> None:
-        """Rebuild this GM after a start: its view from every LM's full state, its job table from its journal, and
-        its queue from the accepted tasks that no LM runs and that did not end (nothing running or finished is
-        launched again). Then keep journaling, with the journal rewritten to what is still held."""
-        assert self.core is not None
-        replayed = Journal.replay(self.journal_path()) if self.settings.journal_dir else None
-        states = await self._claim()
-        now = time.time()
-        tasks: list[TaskSpec] = []
-        ended: set[str] = set()  # accepted tasks the journal shows ended
-        if replayed is not None:
-            if replayed.damaged:
-                log.warning("journal %s: %d damaged lines skipped", self.journal_path(), replayed.damaged)
-            for record, arrived in replayed.jobs:
-                sub = JobSubmission.model_validate(record)
-                job_id = sub.job_id or ""
-                job = JobSpec(job_id, sub.to_tasks(job_id, self.core.resource_names), arrived)
-                if job_id in self.jobs.jobs:
-                    continue
-                self.observer.job_arrived(job, self.settings.gm_id, arrived)
-                tasks.extend(job.tasks)
-            # Read from the journal, not the job table: restoring the ends forgets finished jobs (their tasks too)
-            # beyond MEGHA_FINISHED_TASKS_KEPT, as it did when they ended.
-            ended = {t.task_id for t in tasks if t.task_id in replayed.ends}
-            for task_id, (how, reason) in replayed.ends.items():
-                self._restore_end(task_id, how, reason, now)
-        reports = [
-            LMReport(
-                s.delta.to_core(), [p.to_core() for p in s.running], [(r.task_id, r.attempt, r.error) for r in s.ended]
-            )
-            for s in states
-        ]
-        plan = plan_recovery(self.settings.gm_id, tasks, ended, reports)
-        for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM
-            self._restore_end(task_id, "failed" if reason else "finished", reason, now)
-        self.observer.decided(plan.running, now)
-        cancels = {job_id for job_id in (replayed.cancels if replayed is not None else ()) if job_id in self.jobs.jobs}
-        for job_id in cancels:
-            self.jobs.jobs[job_id].cancelled = True
-        queued = [t for t in plan.queued if t.job_id not in cancels]
-        for task in plan.queued:
-            if task.job_id in cancels:  # cancelled before the crash, while still queued
-                self.observer.task_cancelled(task, now)
-        async with self._lock:
-            outputs = self.core.recover(plan.deltas, plan.running, queued, now)
-            for job_id in cancels:  # their runs the LMs still hold are stopped now
-                if job_id in self.jobs.jobs:  # a job whose last tasks were just cancelled may be forgotten already
-                    outputs += self._cancel_open(job_id)
-        if replayed is not None:
-            self.journal = Journal(self.journal_path())
-            self.journal.rewrite(self._journal_records(replayed))
-            if self.replicator is not None:
-                self.replicator.behind = True  # the peer's copy is rebuilt from the rewritten journal
-        self.serving = True  # submissions were refused (503) from the claim until here
-        self._dispatch(outputs)
-        if replayed is not None:
-            log.info(
-                "recovered %d jobs from %s: %d tasks running on LMs, %d queued again, %d ended",
-                len(self.jobs.jobs),
-                self.journal_path(),
-                len(plan.running),
-                len(plan.queued),
-                len(ended) + len(plan.ended),
-            )
-
-    def _journal_records(self, replayed: Replayed) -> list[dict[str, object]]:
-        """The journal's records for the jobs the table still holds (forgotten finished jobs are dropped)."""
-        records: list[dict[str, object]] = []
-        for record, arrived in replayed.jobs:
-            job = self.jobs.jobs.get(str(record.get("job_id")))
-            if job is None:
-                continue
-            records.append({"job": record, "at": arrived})
-            if job.cancelled:
-                records.append({"cancel": record.get("job_id"), "at": arrived})
-            for tid in job.task_ids:
-                rec = self.jobs.tasks[tid]
-                if rec.state in ENDED:
-                    records.append({"end": tid, "state": rec.state, "reason": rec.failed_reason or ""})
-        return records
-
-    async def _claim(self) -> list[GMRecovery]:
-        """Claim this GM identity at every LM with a term above any they have seen for it, which fences the holder
-        before (a stalled or cut-off GM, or a peer that stood in for it), and return each LM's state of that
-        moment. Two claimants racing for a term retry with a higher one."""
-        gm = self.settings.gm_id
-        while True:
-            seen = [await self._lm_call(lm, "GET", f"/v1/gms/{gm}/state") for lm in range(len(self.settings.lm_urls))]
-            self.term = max([self.term, *(GMRecovery.model_validate_json(r.body).term for r in seen)]) + 1
-            claim = to_json({"term": self.term, "by": self.holder})
-            states = []
-            for lm in range(len(self.settings.lm_urls)):
-                r = await self._lm_call(lm, "POST", f"/v1/gms/{gm}/claim", claim, (409,))
-                if r.status == 409:
-                    log.warning("claiming GM %d with term %d at LM %d: %s; again", gm, self.term, lm, r.text[:200])
-                    break
-                states.append(GMRecovery.model_validate_json(r.body))
-            else:
-                log.info("GM %d claimed with term %d at every LM", gm, self.term)
-                return states
-
-    async def _lm_call(
-        self, lm: int, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = ()
-    ) -> Reply:
-        url = f"{self.settings.lm_urls[lm]}{path}"
-        try:
-            r = await self._calls.request(method, url, body)
-        except CallError as exc:
-            raise StartupError(f"LM {lm} unreachable at {url}: {exc}") from None
-        if r.status != 200 and r.status not in ok:
-            raise StartupError(f"LM {lm} answered {r.status} at {url}: {r.text[:300]}")
-        return r
+        """Rebuild this GM after a start, from the LMs and its journal (`Restart.recover`)."""
+        await self.restart.recover()
 
     def reset(self) -> None:
         """Forget what this GM identity held (its core, job table and calls in flight) before recovering it
         again: it was fenced while stalled or cut off, and takes its identity back from the LMs and its journal."""
         self.serving = False
-        for task in list(self._tasks):
-            task.cancel()
+        self.dispatch.cancel()
         if self.journal is not None:
             self.journal.close()
             self.journal = None
-        self.jobs = JobTable(self.settings.gm_id, self.settings.finished_tasks_kept, self._journal_end)
-        self.meter = GMMeter()
-        self.observer = observe(self.jobs, self.meter)
+        self.jobs = JobTable(self.settings.gm_id, self.settings.finished_tasks_kept, self.restart.journal_end)
+        self.meter = GMMeter(self.jobs)
+        self.job_events.end_all(f"GM {self.settings.gm_id} recovers its jobs; open the stream again")
+        self.observer = observe(self.jobs, self.meter, self.job_events)
         self.adopt(self.cluster)
 
-    def _superseded(self, reason: str) -> None:
+    def superseded(self, reason: str) -> None:
         """An LM refused a call: another holder claimed this GM identity with a newer term. Stop acting as it."""
         if not self.serving:
             return
@@ -414,7 +297,7 @@ class GMService:
         msg = BrokerMessage.model_validate_json(body)
         if not self.serving:
             raise TryLater(f"GM {self.settings.gm_id} is changing hands")
-        assert self.core is not None
+        core = self.ready_core()
         now = time.time()
         if msg.completions is not None:
             core_msg: object = msg.completions.to_core()
@@ -425,9 +308,9 @@ class GMService:
             return
         else:
             return
-        async with self._lock:
-            outputs = self.core.handle(core_msg, now)
-        self._dispatch(outputs)
+        async with self.lock:
+            outputs = core.handle(core_msg, now)
+        self.dispatch.send(outputs)
 
     async def _runs_lost_with(self, rebuilt: LMRebuilt) -> None:
         """LM `rebuilt.lm` came back from a crash: run again this GM's runs there that it neither holds nor saw
@@ -435,9 +318,9 @@ class GMService:
         accepted before that read."""
         assert self.core is not None
         url = f"{self.settings.lm_urls[rebuilt.lm]}/v1/gms/{self.settings.gm_id}/state"
-        async with self._lock:
+        async with self.lock:
             try:
-                r = await self._calls.get(url)
+                r = await self.calls.get(url)
             except CallError as exc:
                 raise TryLater(f"LM {rebuilt.lm} unreachable: {exc}") from None
             if r.status != 200:
@@ -463,216 +346,18 @@ class GMService:
                 ),
             )
             outputs = self.core.handle(lost, time.time())
-        self._dispatch(outputs)
+        self.dispatch.send(outputs)
 
-    def _dispatch(self, outputs: list[Output]) -> None:
-        if not self.serving:
-            return  # the next holder recovers these tasks from the LMs and the journal
-        if self.jobs.ended_here:
-            spawn(self._tasks, self._publish_ends())
-        for out in outputs:
-            if not isinstance(out, Send):
-                raise TypeError(f"GM cannot send {out!r}")
-            if isinstance(out.msg, LaunchBatch):
-                spawn(self._tasks, self._launch(out.msg))
-            elif isinstance(out.msg, PreemptRequest):
-                spawn(self._tasks, self._preempt(out.msg))
-            elif isinstance(out.msg, StopRequest):
-                spawn(self._tasks, self._stop(out.msg))
-            else:
-                raise TypeError(f"GM cannot send {out!r}")
-
-    async def _publish_ends(self) -> None:
-        """Publish a task event for each end no LM announced: tasks this GM gave up on, and runs a rebuilt LM
-        forwarded (it had not placed them, so it could not tell a stale copy from the run the GM knows)."""
-        ended, self.jobs.ended_here = self.jobs.ended_here, []
-        if self.broker is None or not ended:
-            return
-        now = time.time()
-        events = [
-            {
-                "kind": kind,
-                "task_id": task.task_id,
-                "job_id": task.job_id,
-                "lm": lm,
-                "node": node,
-                "at": now,
-                "error": reason,
-                "attempt": task.attempt,
-            }
-            for task, kind, reason, lm, node in ended
-        ]
-        await self.broker.publish("events", "", to_json({"events": events}))
-
-    async def _launch(self, batch: LaunchBatch) -> None:
-        """POST the batch to its LM. Launch is idempotent per task at the LM (an LM rebuilt after a crash knows
-        what its agents run), so the call is retried (`_post_retrying`): an LM that restarts in MEGHA_LM_TIMEOUT
-        seconds gets the batch.
-
-        A batch whose body would pass the LM's body limit (tasks' commands may be 64K characters each) goes as
-        several calls, one after the other, each with some of its placements and the batch's `seq` (the LM applies
-        each as it comes; it needs nothing else of a batch), and their answers are merged into the one
-        `LaunchResponse` the core awaits for the batch (`_merged`). So a user's big tasks never make another's
-        fail with a 413. A call that fails for good fails the whole batch (`call_failed`), as an unanswered call of a
-        batch in one part does: the LM may have launched what an earlier call carried, as it may have launched
-        the tasks of a call whose answer was lost."""
-        parts = LaunchBatchModel.core_json_parts(batch)
-        if len(parts) > 1:
-            log.info(
-                "launch batch %d of %d tasks to LM %d sent in %d parts (%s bytes), each under the body limit",
-                batch.seq,
-                len(batch.placements),
-                batch.lm,
-                len(parts),
-                "+".join(str(len(body)) for _, body in parts),
-                extra=ids(gm=batch.gm, lm=batch.lm),
-            )
-        answers: list[LaunchResponse] = []
-        r: Reply | None = None
-        failure = ""
-        for k, (_, body) in enumerate(parts):
-            what = f"launch batch {batch.seq}" + (f" (part {k + 1} of {len(parts)})" if len(parts) > 1 else "")
-            r, failure = await self._post_retrying(batch.lm, "/v1/launch", body, what)
-            if r is None or r.status != 200:
-                break
-            answers.append(LaunchResponseModel.model_validate_json(r.body).to_core())
-        if r is not None and _fenced(r):
-            return
-        if r is None or r.status != 200:
-            tasks = [p.task for p in batch.placements]
-            log.warning(
-                "gave up launch batch %d of %d tasks at LM %d (they are queued again or failed): %s; tasks %s",
-                batch.seq,
-                len(tasks),
-                batch.lm,
-                failure,
-                [t.task_id for t in tasks[:20]],
-                extra=ids(
-                    job=sorted({t.job_id for t in tasks}),
-                    task=[t.task_id for t in tasks],
-                    gm=batch.gm,
-                    lm=batch.lm,
-                    node=sorted({p.node for p in batch.placements}),
-                ),
-            )
-            async with self._lock:
-                assert self.core is not None
-                outputs = self.core.call_failed(batch.lm, batch.seq, failure, time.time())
-            self._dispatch(outputs)
-            return
-        response = answers[0] if len(answers) == 1 else _merged(answers)
-        assert self.core is not None
-        async with self._lock:
-            outputs = self.core.handle(response, time.time())
-        self._dispatch(outputs)
-
-    async def _stop(self, req: StopRequest) -> None:
-        """POST the runs of cancelled jobs to stop to their LM. Stopping is idempotent there (a run it no longer
-        holds is left alone), so the call is retried (`_post_retrying`); a run its LM never got the stop for ends
-        as it ends (finished or failed), never twice."""
-        what = f"stop of {len(req.runs)} runs"
-        r, failure = await self._post_retrying(req.lm, "/v1/stop", StopRequestModel.core_json(req), what)
-        if r is None or (r.status != 200 and not _fenced(r)):
-            log.error(
-                "gave up the %s of cancelled jobs at LM %d: %s; runs %s",
-                what,
-                req.lm,
-                failure,
-                req.runs[:20],
-                extra=ids(task=[t for t, _ in req.runs], gm=req.gm, lm=req.lm),
-            )
-
-    async def _post_retrying(self, lm: int, path: str, body: bytes, what: str) -> tuple[Reply | None, str]:
-        """POST an idempotent call to LM `lm` with this GM's term, retrying transport errors, 5xx and 429 with
-        backoff for up to MEGHA_LM_TIMEOUT seconds. Returns the last reply (None if none came) and, unless it is a
-        200, why the call failed. A 409 naming the term (a newer holder fenced this GM) stops serving at once."""
-        url = self.settings.lm_urls[lm]
-        r: Reply | None = None
-        failure = ""
-        deadline = time.monotonic() + self.settings.lm_timeout
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                r = await self._calls.post(f"{url}{path}?term={self.term}", body)
-            except CallError as exc:
-                failure = f"LM {lm} unreachable at {url}: {exc}"
-            else:
-                if r.status == 200:
-                    return r, ""
-                if _fenced(r):
-                    self._superseded(f"LM {lm} refused {what}: {r.text[:300]}")
-                    return r, f"fenced: {r.text[:300]}"
-                failure = f"LM {lm} answered {r.status}: {r.text[:500]}"
-                if r.status < 500 and r.status != 429:
-                    return r, failure  # the LM refused the call itself: retrying cannot help
-            if time.monotonic() > deadline:
-                return r, failure + f" (for {self.settings.lm_timeout:g} s)"
-            if attempt == 1 or attempt % 10 == 0:
-                log.warning("%s to LM %d failed (attempt %d): %s", what, lm, attempt, failure)
-            await asyncio.sleep(min(0.1 * 2 ** min(attempt - 1, 5), 2.0))
-
-    async def _preempt(self, req: PreemptRequest) -> None:
-        """POST a preemption request to its LM; an LM that cannot be reached counts as refusing it (the core
-        then asks the next LM or parks the task). Not retried: a repeat could preempt twice."""
-        url = self.settings.lm_urls[req.lm]
-        task = req.task
-        about = ids(job=task.job_id, task=task.task_id, attempt=task.attempt, gm=req.gm, lm=req.lm, user=task.user)
-        try:
-            body = PreemptRequestModel.core_json(req)
-            r = await self._calls.post(f"{url}/v1/preempt?term={self.term}", body, resend=False)
-        except CallError as exc:
-            failure = f"LM {req.lm} unreachable at {url}: {exc}"
-        else:
-            if _fenced(r):
-                self._superseded(f"LM {req.lm} refused preemption request {req.seq}: {r.text[:300]}")
-                return
-            if r.status == 200:
-                response = PreemptResponseModel.model_validate_json(r.body).to_core()
-                if response.placement is not None:
-                    self.jobs.placed_by_preemption(response.placement)
-                    log.info(
-                        "task %s (user %s) runs on LM %d node %d after preempting %s",
-                        task.task_id,
-                        task.user,
-                        req.lm,
-                        response.placement.node,
-                        response.preempted,
-                        extra=about | {"node": response.placement.node},
-                    )
-                else:
-                    log.info(
-                        "LM %d refused to preempt for task %s (user %s): %s",
-                        req.lm,
-                        task.task_id,
-                        task.user,
-                        response.reason,
-                        extra=about,
-                    )
-                assert self.core is not None
-                async with self._lock:
-                    outputs = self.core.handle(response, time.time())
-                self._dispatch(outputs)
-                return
-            failure = f"LM {req.lm} answered {r.status}: {r.text[:500]}"
-        log.warning(
-            "preemption request %d for task %s (user %s) to LM %d failed: %s",
-            req.seq,
-            task.task_id,
-            task.user,
-            req.lm,
-            failure,
-            extra=about,
-        )
-        assert self.core is not None
-        async with self._lock:
-            outputs = self.core.call_failed(req.lm, req.seq, failure, time.time())
-        self._dispatch(outputs)
+    async def apply(self, step: Callable[[GlobalMaster], list[Output]]) -> None:
+        """Take a step of the core under the lock (an LM's answer, a call that failed) and send what it decided."""
+        core = self.ready_core()
+        async with self.lock:
+            outputs = step(core)
+        self.dispatch.send(outputs)
 
     def queues(self) -> list[dict[str, object]]:
         """Every configured queue with this GM's view of its usage (exact for its own queues)."""
-        assert self.core is not None
-        book = self.core.book
+        book = self.ready_core().book
         if book is None:
             return []
         return [
@@ -691,50 +376,9 @@ class GMService:
 
     async def close(self) -> None:
         self.serving = False
-        for task in list(self._tasks):
-            task.cancel()
-        await self._calls.aclose()
+        self.dispatch.cancel()
+        await self.calls.aclose()
         if self.replicator is not None:
             await self.replicator.close()
         if self.journal is not None:
             self.journal.close()
-
-
-def _merged(answers: list[LaunchResponse]) -> LaunchResponse:
-    """The answer to a batch sent in parts, from the answers to its parts in the order they came: every placement
-    accepted and rejected, the newest state of each node (node states are versioned), and one delta with the
-    newest state of each of its nodes, the highest `applied_through` and the latest usage."""
-
-    def newest(states: list[NodeState]) -> list[NodeState]:
-        by_node: dict[int, NodeState] = {}
-        for state in states:
-            if state.node not in by_node or state.version > by_node[state.node].version:
-                by_node[state.node] = state
-        return list(by_node.values())
-
-    first, last = answers[0], answers[-1]
-    delta = Delta(
-        last.delta.lm,
-        last.delta.gm,
-        max(a.delta.applied_through for a in answers),
-        newest([s for a in answers for s in a.delta.nodes]),
-        last.delta.usage,
-    )
-    return LaunchResponse(
-        first.gm,
-        first.lm,
-        first.seq,
-        [p for a in answers for p in a.accepted],
-        [r for a in answers for r in a.rejected],
-        newest([s for a in answers for s in a.states]),
-        delta,
-    )
-
-
-def _fenced(r: Reply) -> bool:
-    """An LM's 409 naming the term: a newer holder of this GM identity fenced this one."""
-    if r.status != 409:
-        return False
-    with contextlib.suppress(ValueError):
-        return any(d.field == "term" for d in ErrorBody.model_validate_json(r.body).detail)
-    return False

@@ -19,10 +19,11 @@ from megha.common.lifecycle import StartupError, stop_requested
 from megha.common.models import JobSubmission, JournalLines
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker, gm_key
+from megha.services.background import spawn
+from megha.services.client import CallError, ServiceClient
 from megha.services.gm.journal import merge_lines
 from megha.services.gm.peers import ReplicaStore, Replicator
 from megha.services.gm.service import GMService
-from megha.services.http import CallError, ServiceClient, spawn
 
 log = logging.getLogger("megha.gm")
 

@@ -18,6 +18,9 @@ from megha.common.models import (
     GMRecovery,
     LaunchBatchModel,
     LaunchResponseModel,
+    LMCluster,
+    LMHealth,
+    LMState,
     PreemptRequestModel,
     PreemptResponseModel,
     StopRequestModel,
@@ -28,24 +31,16 @@ from megha.common.models import (
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import connected, lm_key
-from megha.services.apidocs import serve_docs_offline
-from megha.services.auth import LM_RULES, acts_as_gm, principal, protect
-from megha.services.http import (
-    CallError,
-    configure_logging,
-    document_bodies,
-    error,
-    errors,
-    ids,
-    install_error_handlers,
-    json_body,
-    json_response,
-    read_body,
-    serving_gc,
-)
-from megha.services.lm.service import LMService, NotReady, RegistrationError
-from megha.services.logroutes import ATTEMPT_QUERY, LOG_RESPONSE, STREAM_QUERY, TAIL_QUERY, Stream, log_query, relay
-from megha.services.metrics import lm_registry, mount_metrics
+from megha.services.appfactory import sealed, service_app
+from megha.services.auth import LM_RULES, acts_as_gm, principal
+from megha.services.background import serving_gc
+from megha.services.client import CallError
+from megha.services.http import error, errors, json_body, json_response, read_body
+from megha.services.lm.membership import RegistrationError
+from megha.services.lm.service import LMService, NotReady
+from megha.services.logroutes import LOG_RESPONSE, LogQueryParam, relay
+from megha.services.logs import configure_logging, ids
+from megha.services.metrics import lm_registry
 
 
 def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
@@ -66,7 +61,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                 settings.num_gms,
             )
             # Heartbeats come over the broker: without one, silence would say nothing about an agent.
-            watcher = asyncio.get_running_loop().create_task(service.watch_workers()) if broker is not None else None
+            watching = service.watch.watch_workers() if broker is not None else None
+            watcher = asyncio.get_running_loop().create_task(watching) if watching is not None else None
             with serving_gc():
                 yield
             if watcher is not None:
@@ -78,19 +74,24 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         log.warning("refused %s (%d): %s", what, status, message, extra=about)
         return error(status, message, field)
 
-    app = FastAPI(title=f"Megha LM {settings.lm_id}", lifespan=lifespan)
-    app.state.service = service
-    install_error_handlers(app)
-    mount_metrics(app, lm_registry(service))
+    def health() -> LMHealth:
+        return LMHealth(lm=settings.lm_id, ready=service.core is not None, incarnation=service.incarnation)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, object]:
-        return {
-            "status": "ok",
-            "lm": settings.lm_id,
-            "ready": service.core is not None,
-            "incarnation": service.incarnation,
-        }
+    name = f"LM {settings.lm_id}"
+    app = service_app(f"Megha {name}", lifespan, lm_registry(service), health, NotReady, name)
+    app.state.service = service
+
+    def gm_call(request: Request, what: str, lm: int, gm: int, about: dict[str, object]) -> Response | None:
+        """The refusal of a GM's call (a launch, preemption or stop) for LM `lm` as GM `gm`, None when this LM
+        takes it: a call for another LM or an unknown GM is a 422, one by a caller that may not act as that GM
+        a 403."""
+        if lm != settings.lm_id:
+            return refuse(422, what, f"{what} for LM {lm} sent to LM {settings.lm_id}", "lm", about)
+        if not 0 <= gm < settings.num_gms:
+            return refuse(422, what, f"no GM {gm}; this deployment has {settings.num_gms}", "gm", about)
+        if not acts_as_gm(who := principal(request), gm, settings.num_gms):
+            return refuse(403, what, f"{who} may not act as GM {gm}", "gm", about)
+        return None
 
     @app.post(
         "/v1/workers",
@@ -115,13 +116,10 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except RegistrationError as exc:
             return refuse(409, f"registration of {reg.worker_id}", str(exc), "nodes", worker)
 
-    @app.get("/v1/cluster", response_model=None, responses=errors(503))
+    @app.get("/v1/cluster", response_model=LMCluster, responses=errors(503))
     async def cluster() -> object:
         """This LM's partitions (one per GM): each node's capacity, machine constraints and task drivers."""
-        try:
-            parts = service.partitions()
-        except NotReady as exc:
-            return error(503, f"LM {settings.lm_id} not ready: {exc}")
+        parts = service.partitions()
         return {
             "lm": settings.lm_id,
             "resource_names": list(service.resource_names),
@@ -151,12 +149,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         what = f"launch batch {batch.seq} of GM {batch.gm}"
         tasks = [p.task for p in batch.placements]
         about = ids(job=sorted({t.job_id for t in tasks}), task=[t.task_id for t in tasks], gm=batch.gm, lm=batch.lm)
-        if batch.lm != settings.lm_id:
-            return refuse(422, what, f"batch for LM {batch.lm} sent to LM {settings.lm_id}", "lm", about)
-        if not 0 <= batch.gm < settings.num_gms:
-            return refuse(422, what, f"no GM {batch.gm}; this deployment has {settings.num_gms}", "gm", about)
-        if not acts_as_gm(who := principal(request), batch.gm, settings.num_gms):
-            return refuse(403, what, f"{who} may not act as GM {batch.gm}", "gm", about)
+        if (refused := gm_call(request, what, batch.lm, batch.gm, about)) is not None:
+            return refused
         for i, p in enumerate(batch.placements):
             field = f"placements.{i}.task.request"
             if len(p.task.request) != len(service.resource_names):
@@ -168,8 +162,6 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             response = await service.launch(batch.to_core(), term)
         except Superseded as exc:
             return refuse(409, what, str(exc), "term", about)
-        except NotReady as exc:
-            return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(LaunchResponseModel.core_json(response))
 
     @app.post(
@@ -183,12 +175,8 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         what = f"preemption request {req.seq} of GM {req.gm} for task {req.task.task_id}"
         t = req.task
         about = ids(job=t.job_id, task=t.task_id, attempt=t.attempt, gm=req.gm, lm=req.lm, user=t.user)
-        if req.lm != settings.lm_id:
-            return refuse(422, what, f"preemption request for LM {req.lm} sent to LM {settings.lm_id}", "lm", about)
-        if not 0 <= req.gm < settings.num_gms:
-            return refuse(422, what, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm", about)
-        if not acts_as_gm(who := principal(request), req.gm, settings.num_gms):
-            return refuse(403, what, f"{who} may not act as GM {req.gm}", "gm", about)
+        if (refused := gm_call(request, what, req.lm, req.gm, about)) is not None:
+            return refused
         if settings.fairness() is None:
             message = f"LM {settings.lm_id} is not configured for fair scheduling (MEGHA_QUEUES)"
             return refuse(409, what, message, "lm", about)
@@ -208,8 +196,6 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             response = await service.preempt(req.to_core(), term)
         except Superseded as exc:
             return refuse(409, what, str(exc), "term", about)
-        except NotReady as exc:
-            return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(PreemptResponseModel.core_json(response))
 
     @app.post(
@@ -221,18 +207,12 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         req = await read_body(request, StopRequestModel)
         what = f"stop of {len(req.runs)} runs of GM {req.gm}"
         about = ids(task=[r.task_id for r in req.runs], gm=req.gm, lm=req.lm)
-        if req.lm != settings.lm_id:
-            return refuse(422, what, f"stop request for LM {req.lm} sent to LM {settings.lm_id}", "lm", about)
-        if not 0 <= req.gm < settings.num_gms:
-            return refuse(422, what, f"no GM {req.gm}; this deployment has {settings.num_gms}", "gm", about)
-        if not acts_as_gm(who := principal(request), req.gm, settings.num_gms):
-            return refuse(403, what, f"{who} may not act as GM {req.gm}", "gm", about)
+        if (refused := gm_call(request, what, req.lm, req.gm, about)) is not None:
+            return refused
         try:
             stopped = await service.stop(req.to_core(), term)
         except Superseded as exc:
             return refuse(409, what, str(exc), "term", about)
-        except NotReady as exc:
-            return error(503, f"LM {settings.lm_id} not ready: {exc}")
         return json_response(StopResponse(stopped=stopped))
 
     @app.get("/v1/gms/{gm}/state", response_model=GMRecovery, responses=errors(404, 503))
@@ -242,10 +222,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return error(404, f"no GM {gm}; this deployment has {settings.num_gms}", "gm")
         if not ((who := principal(request)).operator or acts_as_gm(who, gm, settings.num_gms)):
             return error(403, f"{who} may not read GM {gm}'s state", "gm")
-        try:
-            return json_response(to_json(service.recovery_state(gm)))
-        except NotReady as exc:
-            return error(503, f"LM {settings.lm_id} not ready: {exc}")
+        return json_response(to_json(service.recovery_state(gm)))
 
     @app.post(
         "/v1/gms/{gm}/claim",
@@ -266,8 +243,6 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return json_response(to_json(await service.claim(gm, claim.term, claim.by)))
         except Superseded as exc:
             return error(409, str(exc), "term")
-        except NotReady as exc:
-            return error(503, f"LM {settings.lm_id} not ready: {exc}")
 
     @app.get(
         "/v1/nodes/{node}/tasks/{task_id}/logs",
@@ -278,9 +253,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         request: Request,
         node: int,
         task_id: str,
-        stream: Stream = STREAM_QUERY,
-        attempt: int | None = ATTEMPT_QUERY,
-        tail: int | None = TAIL_QUERY,
+        query: LogQueryParam,
     ) -> Response:
         """The output (stdout or stderr) a task's run left on the agent that holds `node`: that agent's
         `GET /v1/tasks/{task_id}/logs`, relayed. 404 names `node` when no agent registered it here. A GM reads the
@@ -289,18 +262,16 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         if owner is not None and who.role == "gm" and not acts_as_gm(who, owner, settings.num_gms):
             return error(403, f"{who} may not read the output of GM {owner}'s task {task_id}", "task_id")
         try:
-            reply = await service.task_logs(node, task_id, log_query(stream, attempt, tail))
+            reply = await service.task_logs(node, task_id, query.passed_on())
         except KeyError:
             return error(404, f"LM {settings.lm_id} has no registered node {node}", "node")
         except CallError as exc:
             return error(502, f"the agent of node {node} of LM {settings.lm_id} could not be reached: {exc}", "node")
         return relay(reply, f"the agent of node {node} of LM {settings.lm_id}", "node")
 
-    @app.get("/v1/state")
-    async def state() -> dict[str, object]:
-        return service.state()
+    @app.get("/v1/state", response_model=LMState)
+    async def state() -> LMState:
+        return LMState.model_validate(service.state())
 
-    document_bodies(app, WorkerRegistration, LaunchBatchModel, PreemptRequestModel, StopRequestModel, GMClaim)
-    serve_docs_offline(app)
-    protect(app, settings.verifier(), LM_RULES, f"LM {settings.lm_id}")
-    return app
+    bodies = (WorkerRegistration, LaunchBatchModel, PreemptRequestModel, StopRequestModel, GMClaim)
+    return sealed(app, settings.verifier(), LM_RULES, name, *bodies)

@@ -8,24 +8,28 @@ import logging
 import random
 import time
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 
 from pydantic_core import to_json
 
 from megha.common.constraint_stats import load_constraint_stats
-from megha.common.core.messages import Placement
+from megha.common.core.messages import FinishedTask, Placement, RunEvent, WorkerReport
 from megha.common.core.resources import CPU, DEFAULT_RESOURCE_NAMES, MEMORY, describe
 from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
     BrokerMessage,
     PlacementModel,
+    TaskEvents,
     WorkerHeartbeat,
     WorkerNode,
     WorkerRegistered,
 )
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import Broker, lm_key, report_headers, run_background
-from megha.services.http import CallError, ServiceClient, ids
+from megha.services import retry
+from megha.services.client import CallError, ServiceClient
+from megha.services.logs import ids
 from megha.services.worker.drivers import Driver, DriverUnavailable
 from megha.services.worker.exec_driver import ExecDriver
 from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
@@ -79,9 +83,9 @@ class WorkerAgent:
         self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what `_placements` hold
         self._done: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently reported runs, for idempotency
         self._starting: set[asyncio.Task[None]] = set()
-        # Not yet published: FinishedTaskModel fields per LM, and TaskEvent fields.
-        self._reports: dict[int, list[dict[str, object]]] = {}
-        self._events: list[dict[str, object]] = []
+        # Not yet published: the runs that ended, per LM, and the runs that started.
+        self._reports: dict[int, list[FinishedTask]] = {}
+        self._events: list[RunEvent] = []
         self._flusher: asyncio.Task[None] | None = None
         self._calls = ServiceClient(timeout=10.0, authorization=settings.credentials())
         self._lm_unreachable = False
@@ -131,34 +135,29 @@ class WorkerAgent:
                 self.drivers = tuple(d for d in self.drivers if d != name)
 
     async def register(self, timeout: float = 120.0) -> WorkerRegistered:
-        """Register with the LM, retrying until it answers (it may start after us, or be restarting)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                r = await self._calls.post(f"{self.settings.lm_url}/v1/workers", self.registration())
-                if r.status == 201:
-                    self.registered = WorkerRegistered.model_validate_json(r.body)
-                    key = self.registered.report_key
-                    self._report_key = bytes.fromhex(key) if key is not None else None
-                    log.info(
-                        "registered with LM %d (incarnation %d) as nodes %d..%d, %d tasks running",
-                        self.registered.lm,
-                        self.registered.incarnation,
-                        self.registered.first_node,
-                        self.registered.first_node + self.registered.nodes - 1,
-                        len(self._placements),
-                    )
-                    return self.registered
-                reason = f"{r.status} {r.text}"
-                if r.status < 500:
-                    raise StartupError(f"LM at {self.settings.lm_url} refused the registration: {reason}")
-            except CallError as exc:
-                reason = str(exc)
-            check_stop(f"LM at {self.settings.lm_url}")
-            if loop.time() > deadline:
-                raise StartupError(f"LM at {self.settings.lm_url} unreachable for {timeout:g} s: {reason}")
-            await asyncio.sleep(0.2)
+        """Register with the LM, retrying until it answers (it may start after us, or be restarting); the LM gives
+        an agent that registers again the nodes it had, so the call is idempotent."""
+        lm = f"LM at {self.settings.lm_url}"
+        policy = retry.RetryPolicy(deadline=timeout, first_pause=0.2, max_pause=0.2, jitter=0.0)
+        send = partial(self._calls.post, f"{self.settings.lm_url}/v1/workers", self.registration(), idempotent=True)
+        outcome = await retry.call(send, policy, lm, lambda attempt, failure: check_stop(lm))
+        r = outcome.reply
+        if not outcome.succeeded or r is None:
+            if r is not None and not retry.busy(r.status):
+                raise StartupError(f"{lm} refused the registration: {outcome.failure}")
+            raise StartupError(f"{lm} unreachable for {timeout:g} s: {outcome.failure}")
+        self.registered = WorkerRegistered.model_validate_json(r.body)
+        key = self.registered.report_key
+        self._report_key = bytes.fromhex(key) if key is not None else None
+        log.info(
+            "registered with LM %d (incarnation %d) as nodes %d..%d, %d tasks running",
+            self.registered.lm,
+            self.registered.incarnation,
+            self.registered.first_node,
+            self.registered.first_node + self.registered.nodes - 1,
+            len(self._placements),
+        )
+        return self.registered
 
     async def heartbeats(self) -> None:
         """Tell the LM every `heartbeat_interval` seconds that this agent is alive, and register again when the LM
@@ -351,36 +350,27 @@ class WorkerAgent:
         if len(self._done) > REMEMBER_FINISHED:
             self._done.popitem(last=False)
         self._reports.setdefault(placement.lm, []).append(
-            {
-                "task_id": result.task_id,
-                "node": placement.node,
-                "preempted": result.preempted,
-                "cpu_seconds": result.cpu_seconds,
-                "execution_delay": max(0.0, result.execution_delay),
-                "started_at": result.started_at,
-                "finished_at": result.finished_at,
-                "error": result.error,
-                "attempt": placement.task.attempt,
-                "gm": placement.gm,
-            }
+            FinishedTask(
+                result.task_id,
+                placement.node,
+                result.preempted,
+                result.error,
+                placement.task.attempt,
+                gm=placement.gm,
+                cpu_seconds=result.cpu_seconds,
+                execution_delay=max(0.0, result.execution_delay),
+                started_at=result.started_at,
+                finished_at=result.finished_at,
+            )
         )
         self._flush_soon()
 
     def _started(self, p: Placement, at: float) -> None:
-        """Queue the `TaskEvent` of a run's start for the next flush (as plain JSON-ready fields: building the
-        model for every task start would cost a few microseconds each on the path of allocation time). How a run
-        ended is published by the LM, which checks the report against the run it placed."""
-        self._events.append(
-            {
-                "kind": "started",
-                "task_id": p.task.task_id,
-                "job_id": p.task.job_id,
-                "lm": p.lm,
-                "node": p.node,
-                "at": at,
-                "attempt": p.task.attempt,
-            }
-        )
+        """Queue the event of a run's start for the next flush (as a core `RunEvent`: building the wire model for
+        every task start would cost a few microseconds each on the path of allocation time). How a run ended is
+        published by the LM, which checks the report against the run it placed."""
+        task = p.task
+        self._events.append(RunEvent("started", task.task_id, task.job_id, p.lm, p.node, at, attempt=task.attempt))
         self._flush_soon()
 
     def _flush_soon(self) -> None:
@@ -398,9 +388,9 @@ class WorkerAgent:
             if self.broker is None:
                 continue
             for lm, finished in reports.items():
-                await self._to_lm(lm, to_json({"worker_report": {"lm": lm, "finished": finished}}))
+                await self._to_lm(lm, BrokerMessage.core_json(WorkerReport(lm, finished)))
             if events:
-                await self.broker.publish("events", "", to_json({"events": events}))
+                await self.broker.publish("events", "", TaskEvents.core_json(events))
 
     async def close(self) -> None:
         await self.executor.shutdown()

@@ -17,29 +17,27 @@ from typing import Annotated
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
-from pydantic_core import to_json
 
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.lifecycle import StartupError, exit_on_startup_error
-from megha.common.models import WorkerLaunchModel, WorkerPreemptModel
+from megha.common.models import (
+    ROOT_FIELD,
+    StopResponse,
+    TasksAccepted,
+    WorkerHealth,
+    WorkerLaunchModel,
+    WorkerPreemptModel,
+    WorkerState,
+)
 from megha.common.settings import WorkerSettings
 from megha.common.transport.rabbit import connected
-from megha.services.apidocs import serve_docs_offline
-from megha.services.auth import WORKER_RULES, acts_as, principal, protect
-from megha.services.http import (
-    configure_logging,
-    document_bodies,
-    error,
-    errors,
-    ids,
-    install_error_handlers,
-    json_body,
-    json_response,
-    read_body,
-    serving_gc,
-)
+from megha.services.appfactory import sealed, service_app
+from megha.services.auth import WORKER_RULES, acts_as, principal
+from megha.services.background import serving_gc
+from megha.services.http import error, errors, json_body, json_response, read_body
 from megha.services.logroutes import ATTEMPT_HEADER
-from megha.services.metrics import mount_metrics, worker_registry
+from megha.services.logs import configure_logging, ids
+from megha.services.metrics import worker_registry
 from megha.services.worker.agent import LaunchRefused, UnknownRun, WorkerAgent
 from megha.services.worker.tasklogs import Stream
 
@@ -87,19 +85,28 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             beating.cancel()
             await agent.close()
 
-    app = FastAPI(title=f"Megha worker {settings.worker_id}", lifespan=lifespan)
-    app.state.agent = agent
-    install_error_handlers(app)
-    mount_metrics(app, worker_registry(agent))
+    def health() -> WorkerHealth:
+        return WorkerHealth(worker=settings.worker_id, registered=agent.registered is not None)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, object]:
-        return {"status": "ok", "worker": settings.worker_id, "registered": agent.registered is not None}
+    app = service_app(f"Megha worker {settings.worker_id}", lifespan, worker_registry(agent), health)
+    app.state.agent = agent
+
+    def lm_call(request: Request, lm: int, what: str) -> tuple[int, str, str] | None:
+        """Why this agent refuses a call of LM `lm` to `what` (status, message, field), None when it takes it:
+        503 before it registered, 422 for another LM's call, 403 for a caller that may not act as its LM."""
+        registered = agent.registered
+        if registered is None:
+            return 503, "not registered with an LM yet", ROOT_FIELD
+        if lm != registered.lm:
+            return 422, f"this agent belongs to LM {registered.lm}, not {lm}", "lm"
+        if not acts_as(who := principal(request), "lm", str(registered.lm)):
+            return 403, f"{who} may not {what} an agent of LM {registered.lm}", "lm"
+        return None
 
     @app.post(
         "/v1/tasks",
         status_code=202,
-        response_model=None,
+        response_model=TasksAccepted,
         openapi_extra=json_body(WorkerLaunchModel),
         responses=errors(409, 503),
     )
@@ -128,13 +135,10 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             )
             return error(status, message, *field)
 
+        if (why := lm_call(request, body.lm, "launch on")) is not None:
+            return refuse(*why)
         registered = agent.registered
-        if registered is None:
-            return refuse(503, "not registered with an LM yet")
-        if body.lm != registered.lm:
-            return refuse(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
-        if not acts_as(who := principal(request), "lm", str(registered.lm)):
-            return refuse(403, f"{who} may not launch on an agent of LM {registered.lm}", "lm")
+        assert registered is not None
         mine = range(registered.first_node, registered.first_node + registered.nodes)
         stray = [p.node for p in body.launches if p.node not in mine]
         if stray:
@@ -154,24 +158,21 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
         except LaunchRefused as refused:
             return refuse(refused.status, str(refused), refused.field)
         await asyncio.sleep(0)  # the tasks start (simulated ones all of them) before the LM is answered
-        return json_response(to_json({"accepted": accepted}), 202)
+        return json_response(TasksAccepted(accepted=accepted), 202)
 
-    @app.post("/v1/preempt", response_model=None, openapi_extra=json_body(WorkerPreemptModel), responses=errors(503))
+    @app.post(
+        "/v1/preempt", response_model=StopResponse, openapi_extra=json_body(WorkerPreemptModel), responses=errors(503)
+    )
     async def preempt(request: Request) -> Response:
         body = await read_body(request, WorkerPreemptModel)
-        registered = agent.registered
-        if registered is None:
-            return error(503, "not registered with an LM yet")
-        if body.lm != registered.lm:
-            return error(422, f"this agent belongs to LM {registered.lm}, not {body.lm}", "lm")
-        if not acts_as(who := principal(request), "lm", str(registered.lm)):
-            return error(403, f"{who} may not stop tasks on an agent of LM {registered.lm}", "lm")
+        if (why := lm_call(request, body.lm, "stop tasks on")) is not None:
+            return error(*why)
         stopped = await agent.preempt(body.task_ids)
-        return json_response(to_json({"stopped": stopped}))
+        return json_response(StopResponse(stopped=stopped))
 
-    @app.get("/v1/state")
-    async def state() -> dict[str, object]:
-        return {"worker": settings.worker_id, "execution": settings.execution, "running": agent.executor.running()}
+    @app.get("/v1/state", response_model=WorkerState)
+    async def state() -> WorkerState:
+        return WorkerState(worker=settings.worker_id, execution=settings.execution, running=agent.executor.running())
 
     @app.get(
         "/v1/tasks/{task_id}/logs",
@@ -195,7 +196,5 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
             return error(404, unknown.message, unknown.field)
         return PlainTextResponse(output, headers={ATTEMPT_HEADER: str(served)})
 
-    document_bodies(app, WorkerLaunchModel, WorkerPreemptModel)
-    serve_docs_offline(app)
-    protect(app, settings.verifier(), WORKER_RULES, f"agent {settings.worker_id}")
-    return app
+    bodies = (WorkerLaunchModel, WorkerPreemptModel)
+    return sealed(app, settings.verifier(), WORKER_RULES, f"agent {settings.worker_id}", *bodies)

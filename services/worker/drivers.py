@@ -10,24 +10,21 @@ preemption, and turns its `Exit` into the task's result and reason (executor.py)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from megha.common.core.task import RunSpec
     from megha.services.worker.tasklogs import RunLog
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """What a run may use: the task's request."""
 
     cpu_millicores: int
     memory_mb: int
 
 
-@dataclass(frozen=True)
-class Exit:
+class Exit(NamedTuple):
     """How a run ended. `exit_code` is the process's or the container's; negative: killed by that signal.
     `memory_exceeded`: its memory limit stopped it (`memory_how` says how, when that is worth saying)."""
 

@@ -1,7 +1,7 @@
 """The exec driver: a task's command run as a uid of its own, in a session of its own, held to its request.
 
 Each run leases a uid (and the gid of the same number) from MEGHA_TASK_UIDS that no other process has
-(`enforcement.TaskUids`): it cannot read, signal or ptrace the agent or another run, and the agent's environment
+(`isolation.TaskUids`): it cannot read, signal or ptrace the agent or another run, and the agent's environment
 (/proc/<pid>/environ) and its secret files are closed to it. The command (argv, no shell) runs with a minimal
 environment (PATH, HOME, LANG, TMPDIR, then the task's `env`: nothing of the agent's), umask 077, in the task's
 `workdir` or else its scratch folder (0700 and the run's uid's, in the system's temp folder under a random name,
@@ -42,9 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from megha.services.worker import enforcement
+from megha.services.worker import enforcement, isolation
 from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
-from megha.services.worker.enforcement import MIB, Cgroups, Rlimits, TaskUids, UidLease, describe_range
+from megha.services.worker.enforcement import MIB, Cgroups, Rlimits
+from megha.services.worker.isolation import TaskUids, UidLease, describe_range
 from megha.services.worker.tasklogs import RunLog, Stream, folder_name
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class ExecDriver(Driver):
     async def prepare(self) -> str:
         if self._isolated is None:
             uids = describe_range(self._uids.uids)
-            problem = enforcement.why_no_uid_switch(self._uids.uids)
+            problem = isolation.why_no_uid_switch(self._uids.uids)
             if problem is None:
                 self._uids.prepare()
                 self._isolated = True
@@ -297,7 +298,7 @@ class _ExecRun(Run):
         try:
             usage = await self._exited
             if self._lease is not None:  # every process of its uid, wherever it went
-                _warn_left(self._lease.uid, await asyncio.to_thread(enforcement.kill_uid, self._lease.uid))
+                _warn_left(self._lease.uid, await asyncio.to_thread(isolation.kill_uid, self._lease.uid))
             else:
                 self._signal(signal.SIGKILL)  # what it left behind
             killed = True
@@ -334,7 +335,7 @@ class _ExecRun(Run):
         if self._released:
             return
         if self._lease is not None:
-            enforcement.signal_uid(self._lease.uid, signum)
+            isolation.signal_uid(self._lease.uid, signum)
             return
         if self._cgroup is not None:
             if signum == signal.SIGKILL:
@@ -364,7 +365,7 @@ def _clean_up(
     cancelled; a run's own end killed them already), and reap `process`, the run's own, when given. One call, so
     that a cancelled caller never leaves it half done."""
     if kill and lease is not None:
-        _warn_left(lease.uid, enforcement.kill_uid(lease.uid))
+        _warn_left(lease.uid, isolation.kill_uid(lease.uid))
     if process is not None:
         process.wait()
     if cgroup is not None:
@@ -376,7 +377,7 @@ def _clean_up(
         shutil.rmtree(scratch, ignore_errors=True)
     if lease is not None:
         try:
-            enforcement.purge_uid(lease.uid)
+            isolation.purge_uid(lease.uid)
         finally:
             uids.release(lease)
 
@@ -388,7 +389,7 @@ def _warn_left(uid: int, left: list[int]) -> None:
             "are gone",
             uid,
             left,
-            enforcement.KILL_WAIT_SECONDS,
+            isolation.KILL_WAIT_SECONDS,
         )
 
 

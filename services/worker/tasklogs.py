@@ -8,7 +8,7 @@ any other id is percent-encoded (a long one hashed), so no id can reach outside 
 
 Burn tasks print nothing worth keeping and get no folder. Files are written by the agent from the runs' pipes
 (or the Docker engine's stream): a task never writes here itself. Everything is the agent's user's alone: the
-folder is 0700 (`enforcement.private_folder` refuses one another user owns or could swap), its folders 0700, its
+folder is 0700 (`isolation.private_folder` refuses one another user owns or could swap), its folders 0700, its
 files 0600; each is opened relative to its parent without following a link (O_NOFOLLOW), a new file only created
 (O_EXCL), and anything that is not a plain file of its own (a link, a FIFO, a second hard link) is neither
 written nor served.
@@ -31,7 +31,7 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 from megha.services.logroutes import Stream
-from megha.services.worker.enforcement import private_folder
+from megha.services.worker.isolation import private_folder
 
 log = logging.getLogger(__name__)
 

@@ -45,6 +45,10 @@ from megha.sim.experiments.harness import DataCentre, Run, Workload, group, spre
 from megha.sim.experiments.workloads import retime, write_trace
 
 MODULE = "allocation"
+DESCRIPTION = (
+    "Megha vs Sparrow vs centralized: allocation-time distribution at 10,000 and 20,000 workers; writes NAME.csv, "
+    "NAME-cdf.csv, NAME.md, NAME.png and NAME-tail.png."
+)
 SCHEDULERS = ["megha", "sparrow", "centralized"]
 DEFAULT_CENTRES = ["5x5x400", "5x5x800"]
 DEFAULT_FIRST_JOBS = 3000
@@ -221,13 +225,7 @@ def load_value(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = harness.parser(
-        MODULE,
-        "allocation-time",
-        "Megha vs Sparrow vs centralized: allocation-time distribution at 10,000 and 20,000 workers; writes "
-        "NAME.csv, NAME-cdf.csv, NAME.md, NAME.png and NAME-tail.png.",
-        seeds=(0,),
-    )
+    parser = harness.parser(MODULE, "allocation-time", DESCRIPTION, seeds=(0,))
     parser.add_argument("--workload", default="GOOG", help="trace (default: %(default)s, the Google sub-trace)")
     parser.add_argument("--first-jobs", type=positive_int, default=DEFAULT_FIRST_JOBS, help="default: %(default)s")
     parser.add_argument(
@@ -266,14 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     write_cdf(args.out / f"{args.name}-cdf.csv", quantiles)
     plot(quantiles, args.out / f"{args.name}.png", tail=False)
     plot(quantiles, args.out / f"{args.name}-tail.png", tail=True)
-    text = harness.page(
-        "Allocation time: Megha vs Sparrow vs centralized",
-        harness.command_line(MODULE, argv),
-        time.perf_counter() - start,
-        markdown(runs, within, workload, args.first_jobs, args.seeds, args.name, args.constraints, args.delta_interval),
+    body = markdown(
+        runs, within, workload, args.first_jobs, args.seeds, args.name, args.constraints, args.delta_interval
     )
-    (args.out / f"{args.name}.md").write_text(text)
-    harness.progress(f"wrote {args.out}/{args.name}.md, .csv, -cdf.csv and the two plots")
+    title = "Allocation time: Megha vs Sparrow vs centralized"
+    harness.write_page(args, MODULE, argv, title, start, body, ".csv, -cdf.csv and the two plots")
     return 0
 
 

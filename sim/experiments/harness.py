@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import platform
@@ -189,6 +190,22 @@ def run_replay(config: ReplayConfig, workload: str) -> tuple[Run, ReplayResult]:
     return run, result
 
 
+def replay_each(
+    workloads: Sequence[Workload], seeds: Sequence[int], first_jobs: int | None, **options: Sequence[Any]
+) -> list[Run]:
+    """One replay of each workload for every combination of `options` (ReplayConfig fields, each given its values)
+    and seed, in that order (the last varies fastest)."""
+    runs = []
+    for workload in workloads:
+        for *values, seed in itertools.product(*options.values(), seeds):
+            chosen = dict(zip(options, values, strict=True))
+            config = ReplayConfig(
+                trace=workload.trace, first_jobs=first_jobs, seed=seed, **chosen, **workload.centre.replay_fields()
+            )
+            runs.append(run_replay(config, workload.name)[0])
+    return runs
+
+
 def allocation_times(result: ReplayResult) -> np.ndarray:
     """Every started task's allocation time, seconds."""
     values = np.fromiter((t.allocation_time for t in result.recorder.tasks.values()), dtype=np.float64)
@@ -289,6 +306,30 @@ def page(title: str, command: str, wall: float, body: Iterable[str]) -> str:
         "",
     ]
     return "\n".join([*head, *body]) + "\n"
+
+
+def write_page(
+    args: argparse.Namespace,
+    module: str,
+    argv: Sequence[str] | None,
+    title: str,
+    start: float,
+    body: Iterable[str],
+    others: str = ".csv and .png",
+) -> None:
+    """Write the page `args.out`/`args.name`.md (see `page`) of a run begun at `start` (`time.perf_counter()`), and
+    say so, with the `others` files the run wrote."""
+    text = page(title, command_line(module, argv), time.perf_counter() - start, body)
+    (args.out / f"{args.name}.md").write_text(text)
+    progress(f"wrote {args.out}/{args.name}.md, {others}")
+
+
+def parse_workloads(parser: argparse.ArgumentParser, specs: Sequence[str]) -> list[Workload]:
+    """The workloads `specs` name (see `Workload.parse`); a bad one ends the program with the parser's error."""
+    try:
+        return [Workload.parse(spec) for spec in specs]
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:

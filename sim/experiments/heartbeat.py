@@ -20,37 +20,17 @@ from pathlib import Path
 
 from megha.common.argtypes import positive_int
 from megha.common.core.placement.choice import CHOICE_POLICIES
-from megha.loadgen.replay import ReplayConfig
 from megha.sim.experiments import harness
-from megha.sim.experiments.harness import Run, Workload, group, spread
+from megha.sim.experiments.harness import Run, group, spread
 
 MODULE = "heartbeat"
 TITLE = "Heartbeat period (LM delta interval) sensitivity"
+DESCRIPTION = (
+    "Heartbeat-period (LM delta interval) sensitivity: JRT delay, allocation time and inconsistencies; writes "
+    "NAME.csv, NAME.md and NAME.png."
+)
 DEFAULT_INTERVALS = [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 DEFAULT_WORKLOADS = ["syn_1000", "GOOG"]
-
-
-def run_all(
-    workloads: Sequence[Workload],
-    intervals: Sequence[float],
-    seeds: Sequence[int],
-    first_jobs: int | None,
-    matching: str,
-) -> list[Run]:
-    runs = []
-    for workload in workloads:
-        for interval in intervals:
-            for seed in seeds:
-                config = ReplayConfig(
-                    trace=workload.trace,
-                    first_jobs=first_jobs,
-                    delta_interval=interval,
-                    matching=matching,
-                    seed=seed,
-                    **workload.centre.replay_fields(),
-                )
-                runs.append(harness.run_replay(config, workload.name)[0])
-    return runs
 
 
 def markdown(runs: Sequence[Run], first_jobs: int | None, stem: str) -> list[str]:
@@ -120,13 +100,7 @@ def plot(runs: Sequence[Run], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = harness.parser(
-        MODULE,
-        "heartbeat",
-        "Heartbeat-period (LM delta interval) sensitivity: JRT delay, allocation time and inconsistencies; writes "
-        "NAME.csv, NAME.md and NAME.png.",
-        seeds=(0,),
-    )
+    parser = harness.parser(MODULE, "heartbeat", DESCRIPTION, seeds=(0,))
     parser.add_argument(
         "--workloads", nargs="+", default=DEFAULT_WORKLOADS, help="as for vs_pigeonc (default: %(default)s)"
     )
@@ -136,23 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(not i > 0 for i in args.intervals):
         parser.error("--intervals must be positive")
-    try:
-        workloads = [Workload.parse(spec) for spec in args.workloads]
-    except (ValueError, FileNotFoundError) as exc:
-        parser.error(str(exc))
+    workloads = harness.parse_workloads(parser, args.workloads)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    runs = run_all(workloads, args.intervals, args.seeds, args.first_jobs, args.matching)
+    runs = harness.replay_each(
+        workloads, args.seeds, args.first_jobs, delta_interval=args.intervals, matching=[args.matching]
+    )
     harness.write_runs(args.out / f"{args.name}.csv", runs)
     plot(runs, args.out / f"{args.name}.png")
-    text = harness.page(
-        TITLE,
-        harness.command_line(MODULE, argv),
-        time.perf_counter() - start,
-        markdown(runs, args.first_jobs, args.name),
-    )
-    (args.out / f"{args.name}.md").write_text(text)
-    harness.progress(f"wrote {args.out}/{args.name}.md, .csv and .png")
+    harness.write_page(args, MODULE, argv, TITLE, start, markdown(runs, args.first_jobs, args.name))
     return 0
 
 

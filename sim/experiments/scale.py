@@ -30,6 +30,10 @@ from megha.sim.experiments.harness import Run, group, spread
 from megha.sim.experiments.workloads import PoissonLoad
 
 MODULE = "scale"
+DESCRIPTION = (
+    "Allocation time against data-centre size (10 GMs x 10 LMs) and against the numbers of GMs and LMs; writes "
+    "NAME.csv, NAME.md and NAME.png."
+)
 DEFAULT_SIZES = [1000, 2000, 5000, 10000, 20000, 30000, 50000]
 DEFAULT_COUNTS = [1, 2, 5, 10, 20]
 
@@ -127,13 +131,7 @@ def _cost(runs: Sequence[Run]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = harness.parser(
-        MODULE,
-        "scale",
-        "Allocation time against data-centre size (10 GMs x 10 LMs) and against the numbers of GMs and LMs; "
-        "writes NAME.csv, NAME.md and NAME.png.",
-        seeds=(0,),
-    )
+    parser = harness.parser(MODULE, "scale", DESCRIPTION, seeds=(0,))
     parser.add_argument("--sizes", type=positive_int, nargs="+", default=DEFAULT_SIZES, help="default: %(default)s")
     parser.add_argument(
         "--gms-lms",
@@ -188,14 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"![scale]({args.name}.png)",
     ]
-    text = harness.page(
-        "Scale: allocation time against data-centre size and the numbers of GMs and LMs",
-        harness.command_line(MODULE, argv),
-        time.perf_counter() - start,
-        body,
-    )
-    (args.out / f"{args.name}.md").write_text(text)
-    harness.progress(f"wrote {args.out}/{args.name}.md, .csv and .png")
+    title = "Scale: allocation time against data-centre size and the numbers of GMs and LMs"
+    harness.write_page(args, MODULE, argv, title, start, body)
     return 0
 
 

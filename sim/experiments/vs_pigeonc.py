@@ -20,38 +20,17 @@ from pathlib import Path
 
 from megha.common.argtypes import positive_int
 from megha.common.core.placement.choice import CHOICE_POLICIES
-from megha.loadgen.replay import ReplayConfig
 from megha.sim.experiments import harness
-from megha.sim.experiments.harness import Run, Workload, group, spread
+from megha.sim.experiments.harness import Run, group, spread
 
 MODULE = "vs_pigeonc"
+DESCRIPTION = (
+    "Megha vs PigeonC: JRT delay and utilization with Random and Minimum-Constraints matching; writes NAME.csv, "
+    "NAME.md and NAME.png."
+)
 DEFAULT_WORKLOADS = ["syn_250", "syn_500", "syn_1000", "GOOG"]
 SCHEDULERS = ["megha", "pigeonc", "pigeonc-published"]
 DEFAULT_SCHEDULERS = ["megha", "pigeonc"]
-
-
-def run_all(
-    workloads: Sequence[Workload],
-    schedulers: Sequence[str],
-    matchings: Sequence[str],
-    seeds: Sequence[int],
-    first_jobs: int | None,
-) -> list[Run]:
-    runs = []
-    for workload in workloads:
-        for scheduler in schedulers:
-            for matching in matchings:
-                for seed in seeds:
-                    config = ReplayConfig(
-                        trace=workload.trace,
-                        first_jobs=first_jobs,
-                        scheduler=scheduler,
-                        matching=matching,
-                        seed=seed,
-                        **workload.centre.replay_fields(),
-                    )
-                    runs.append(harness.run_replay(config, workload.name)[0])
-    return runs
 
 
 def markdown(runs: Sequence[Run], first_jobs: int | None, seeds: Sequence[int], name: str) -> list[str]:
@@ -158,12 +137,7 @@ def plot(runs: Sequence[Run], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = harness.parser(
-        MODULE,
-        "megha-vs-pigeonc",
-        "Megha vs PigeonC: JRT delay and utilization with Random and Minimum-Constraints "
-        "matching; writes NAME.csv, NAME.md and NAME.png.",
-    )
+    parser = harness.parser(MODULE, "megha-vs-pigeonc", DESCRIPTION)
     parser.add_argument(
         "--workloads",
         nargs="+",
@@ -179,26 +153,24 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_SCHEDULERS,
         help="pigeonc-published: PigeonC with the authors' simulator's worker tally (default: %(default)s)",
     )
-    parser.add_argument("--matchings", nargs="+", choices=sorted(CHOICE_POLICIES), default=list(CHOICE_POLICIES))
+    parser.add_argument(
+        "--matchings",
+        nargs="+",
+        choices=sorted(CHOICE_POLICIES),
+        default=["random", "min-constraints"],
+        help="the GM's node choices to compare (default: the constraint-aware paper's two, %(default)s)",
+    )
     args = parser.parse_args(argv)
-    try:
-        workloads = [Workload.parse(spec) for spec in args.workloads]
-    except (ValueError, FileNotFoundError) as exc:
-        parser.error(str(exc))
+    workloads = harness.parse_workloads(parser, args.workloads)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    runs = run_all(workloads, args.schedulers, args.matchings, args.seeds, args.first_jobs)
+    runs = harness.replay_each(
+        workloads, args.seeds, args.first_jobs, scheduler=args.schedulers, matching=args.matchings
+    )
     harness.write_runs(args.out / f"{args.name}.csv", runs)
     plot(runs, args.out / f"{args.name}.png")
     body = markdown(runs, args.first_jobs, args.seeds, args.name)
-    text = harness.page(
-        "Megha vs PigeonC: JRT delay and utilization",
-        harness.command_line(MODULE, argv),
-        time.perf_counter() - start,
-        body,
-    )
-    (args.out / f"{args.name}.md").write_text(text)
-    harness.progress(f"wrote {args.out}/{args.name}.md, .csv and .png")
+    harness.write_page(args, MODULE, argv, "Megha vs PigeonC: JRT delay and utilization", start, body)
     return 0
 
 

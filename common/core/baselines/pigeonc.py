@@ -63,7 +63,6 @@ from operator import add, sub
 import numpy as np
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
-from megha.common.core.constraints import constraint_ids
 from megha.common.core.gm import Unschedulable
 from megha.common.core.messages import (
     Output,
@@ -76,7 +75,8 @@ from megha.common.core.messages import (
 )
 from megha.common.core.observer import CoreObserver
 from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
-from megha.common.core.resources import Resources, describe
+from megha.common.core.placement.filters import explain_on_arrays
+from megha.common.core.resources import Resources
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.core.view import PartitionView, covers
 
@@ -186,24 +186,9 @@ class GroupCatalogue:
     def unschedulable_reason(self, task: TaskSpec) -> str | None:
         """Why no node of the data centre could ever run `task`, or None when some node could."""
         shape = (task.constraints, task.request)
-        if shape in self._reasons:
-            return self._reasons[shape]
-        reason: str | None
-        if len(task.request) != len(self.resource_names):
-            reason = f"request has {len(task.request)} amounts; expected {len(self.resource_names)}"
-        elif any(v <= 0 for v in task.request):
-            reason = f"request {describe(task.request, self.resource_names)} must be positive"
-        elif self.weights(shape)[0]:
-            reason = None
-        elif not (self._masks & task.constraints == task.constraints).any():
-            reason = f"no node satisfies placement constraints {constraint_ids(task.constraints)}"
-        else:
-            reason = (
-                f"no node satisfying placement constraints {constraint_ids(task.constraints)} has capacity "
-                f"for {describe(task.request, self.resource_names)}"
-            )
-        self._reasons[shape] = reason
-        return reason
+        if shape not in self._reasons:
+            self._reasons[shape] = explain_on_arrays(task, self.resource_names, self._masks, self._fitting)
+        return self._reasons[shape]
 
     def group_of(self, node: int) -> int:
         """The master whose group holds data-centre node `node`."""

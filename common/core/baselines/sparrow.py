@@ -65,11 +65,11 @@ from operator import add, ge, sub
 import numpy as np
 
 from megha.common.core.cluster import ClusterSpec
-from megha.common.core.constraints import constraint_ids
 from megha.common.core.gm import Unschedulable
 from megha.common.core.messages import FinishTick, Output, Placement, Send, Wake
 from megha.common.core.observer import CoreObserver
-from megha.common.core.resources import Resources, describe
+from megha.common.core.placement.filters import explain_on_arrays
+from megha.common.core.resources import Resources
 from megha.common.core.task import JobSpec, TaskSpec
 
 Node = tuple[int, int]  # (lm, LM-local node index)
@@ -170,20 +170,8 @@ class EligibleNodes:
         return fitting
 
     def unschedulable_reason(self, task: TaskSpec) -> str | None:
-        """Why no worker could ever run `task`, or None when some worker could (wording as Megha's GM)."""
-        names = self.resource_names
-        if len(task.request) != len(names):
-            return f"request has {len(task.request)} amounts; expected {len(names)}"
-        if any(v <= 0 for v in task.request):
-            return f"request {describe(task.request, names)} must be positive"
-        if len(self.eligible(task.constraints, task.request)):
-            return None
-        if not ((self._masks & task.constraints) == task.constraints).any():
-            return f"no node satisfies placement constraints {constraint_ids(task.constraints)}"
-        return (
-            f"no node satisfying placement constraints {constraint_ids(task.constraints)} has capacity "
-            f"for {describe(task.request, names)}"
-        )
+        """Why no worker could ever run `task`, or None when some worker could (the GM's feasibility filters)."""
+        return explain_on_arrays(task, self.resource_names, self._masks, self._fitting_nodes)
 
 
 class _Job:

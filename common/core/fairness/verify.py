@@ -112,3 +112,22 @@ class LocalShares:
                 "frees enough by preempting its tasks without taking it below its share"
             )
         return "; ".join(reasons) or "no victims named"
+
+
+class NoLocalShares:
+    """An LM without fair scheduling: it keeps no usage per user and refuses every preemption request. The
+    default."""
+
+    def __init__(self, lm: int) -> None:
+        self.lm = lm
+
+    def started(self, task: TaskSpec, node: int) -> None: ...
+
+    def ended(self, task: TaskSpec, node: int) -> None: ...
+
+    def snapshot(self) -> None:
+        return None
+
+    def plan(self, task: TaskSpec, *state: object) -> str:
+        """Refuse, whatever the victims and the LM's state (`LocalShares.plan`'s other arguments)."""
+        return f"LM {self.lm} is not configured for fair scheduling"

@@ -1,4 +1,4 @@
-"""Choice: which of the feasible nodes gets the task. Strategies: Random (default) and Minimum-Constraints."""
+"""Choice: which of the feasible nodes gets the task: Random (default), Minimum-Constraints or First-Fit."""
 
 from __future__ import annotations
 
@@ -57,9 +57,21 @@ class MinimumConstraintsChoice:
         raise ValueError("no candidates to choose from")
 
 
-CHOICE_POLICIES: dict[str, type[RandomChoice] | type[MinimumConstraintsChoice]] = {
+class FirstFitChoice:
+    """The feasible node with the lowest index in its partition: the first match of the fair paper's Algorithm 1.
+
+    Deterministic: two GMs with the same stale view pick the same node, so it invites inconsistencies."""
+
+    name = "first-fit"
+
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int:
+        return (candidates & -candidates).bit_length() - 1
+
+
+CHOICE_POLICIES: dict[str, type[RandomChoice] | type[MinimumConstraintsChoice] | type[FirstFitChoice]] = {
     RandomChoice.name: RandomChoice,
     MinimumConstraintsChoice.name: MinimumConstraintsChoice,
+    FirstFitChoice.name: FirstFitChoice,
 }
 
 

@@ -1,7 +1,9 @@
-"""The order a GM searches partitions: its internal partitions round-robin across LMs, then external ones.
+"""The order a GM searches partitions (LM order): its internal partitions first, then external ones.
 
-External partitions are also visited round-robin across LMs (to spread repartitions evenly); within one LM the
-other GMs' partitions are visited in a rotating order too.
+`round-robin` (the fair paper, the default) starts each task at the next LM, and visits external partitions
+round-robin across LMs too (to spread repartitions evenly), the other GMs' partitions of one LM in a rotating
+order. `first-fit` (the authors' simulator) visits LMs, and the other GMs' partitions of each, in id order for
+every task.
 """
 
 from __future__ import annotations
@@ -39,3 +41,20 @@ class PartitionSearch:
             for j in range(self.num_gms - 1):
                 other = (self.gm + 1 + (gm_offset + j) % (self.num_gms - 1)) % self.num_gms
                 yield row[other]
+
+
+class FirstFitSearch(PartitionSearch):
+    """LMs in id order for every task: internal partitions of LM 0, 1, ...; then LM 0's external partitions in GM
+    order, LM 1's, ..."""
+
+    __slots__ = ()
+
+    def internal(self) -> Iterator[PartitionView]:
+        for row in self._views:
+            yield row[self.gm]
+
+    def external(self) -> Iterator[PartitionView]:
+        for row in self._views:
+            for g, view in enumerate(row):
+                if g != self.gm:
+                    yield view

@@ -1,0 +1,134 @@
+"""A GM's view upkeep: its possibly stale copy of every partition's free resources, kept from LM reports with
+read-your-writes for its own placements still in flight (Megha paper, section IV-B: the GM's global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from operator import add, gt, sub
+
+from megha.common.core.cluster import ClusterSpec
+from megha.common.core.messages import NodeState, Placement
+from megha.common.core.resources import Resources
+from megha.common.core.view import PartitionView
+
+
+class GlobalView:
+    """Every partition of every LM as GM `gm` last heard of it.
+
+    LM reports (absolute, versioned node states) are held, newest per node, and reach the partition views only
+    when a placement needs them (`sync`), so a node that changed many times in between costs one update. The
+    GM's own placements deduct from the view at once; until their LM answers, they are re-applied on top of any
+    state the LM read before processing them."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.resource_names = cluster.resource_names
+        # views[lm][gm]: partition gm of LM lm.
+        self.views: list[list[PartitionView]] = [
+            [PartitionView(cluster.partitions[lm][g], cluster.partition_start(lm, g)) for g in range(cluster.num_gms)]
+            for lm in range(cluster.num_lms)
+        ]
+        # locate[lm][node]: the partition view holding LM `lm`'s node, and the node's index in it.
+        self.locate: list[list[tuple[PartitionView, int]]] = [
+            [(view, i) for view in row for i in range(view.size)] for row in self.views
+        ]
+        # The newest node version each LM reported and the view has adopted.
+        self._known_version: list[list[int]] = [[0] * len(nodes) for nodes in self.locate]
+        # Newest LM-reported state per node not yet in the view: node -> (free, version, applied_through).
+        self._unapplied_states: list[dict[int, tuple[Resources, int, int]]] = [{} for _ in range(cluster.num_lms)]
+        self.has_unapplied_states = False
+        # The requests of launch batches sent and not answered yet, per LM: node -> [(seq, request)].
+        self._unanswered_requests: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
+        # (LM, node) whose free resources grew since the GM last took them: parked tasks may fit there.
+        self.freed_nodes: list[tuple[int, int]] = []
+
+    def partitions(self) -> Iterable[PartitionView]:
+        return (v for row in self.views for v in row)
+
+    # ------------------------------------------------------- own placements
+
+    def deduct(self, lm: int, node: int, request: Resources) -> None:
+        """A placement of this GM takes `request` on LM `lm`'s node."""
+        view, i = self.locate[lm][node]
+        view.set_free(i, tuple(map(sub, view.free[i], request)))
+
+    def sent(self, lm: int, seq: int, placements: Iterable[Placement]) -> None:
+        """Launch batch `seq` went to LM `lm`: its requests hold until the LM answers (read-your-writes)."""
+        unanswered = self._unanswered_requests[lm]
+        for p in placements:
+            unanswered.setdefault(p.node, []).append((seq, p.task.request))
+
+    def answered(self, lm: int, seq: int, placements: Iterable[Placement]) -> None:
+        """LM `lm` answered batch `seq`: its state reports cover those placements from now on."""
+        unanswered = self._unanswered_requests[lm]
+        for p in placements:
+            entries = unanswered.get(p.node, [])
+            if (seq, p.task.request) in entries:
+                entries.remove((seq, p.task.request))
+            if not entries:
+                unanswered.pop(p.node, None)
+
+    def given_back(self, lm: int, seq: int, placements: Iterable[Placement]) -> None:
+        """Batch `seq` to LM `lm` got no answer: its requests return to the view (if the LM launched them after
+        all, its next report of the node says so)."""
+        self.sync()
+        self.answered(lm, seq, placements)
+        for p in placements:
+            view, i = self.locate[lm][p.node]
+            view.set_free(i, tuple(map(min, view.capacity[i], map(add, view.free[i], p.task.request))))
+            self.freed_nodes.append((lm, p.node))
+
+    # ----------------------------------------------------------- LM reports
+
+    def hold_states(self, lm: int, states: Iterable[NodeState], applied_through: int) -> None:
+        """Keep the newest reported state of each node until the view next needs it."""
+        known = self._known_version[lm]
+        unapplied = self._unapplied_states[lm]
+        held_get = unapplied.get
+        for node, free, version in states:
+            if version > known[node]:
+                held = held_get(node)
+                if held is None or version > held[1]:
+                    unapplied[node] = (free, version, applied_through)
+                    self.has_unapplied_states = True
+
+    def sync(self) -> None:
+        """Adopt the held LM states, re-applying this GM's own placements on a node that the LM had not
+        processed when it read the state (read-your-writes); note which nodes gained free resources."""
+        self.has_unapplied_states = False
+        freed = self.freed_nodes
+        for lm, unapplied in enumerate(self._unapplied_states):
+            if not unapplied:
+                continue
+            known = self._known_version[lm]
+            locate = self.locate[lm]
+            unanswered = self._unanswered_requests[lm]
+            for node, (free, version, applied_through) in unapplied.items():
+                known[node] = version
+                if unanswered and node in unanswered:
+                    for seq, request in unanswered[node]:
+                        if seq > applied_through:
+                            free = tuple(map(sub, free, request))
+                view, i = locate[node]
+                old = view.free[i]
+                if free != old:
+                    if any(map(gt, free, old)):
+                        freed.append((lm, node))
+                    view.set_free(i, free)
+            unapplied.clear()
+
+    def take_freed(self) -> list[tuple[int, int]]:
+        """The nodes whose free resources grew since the last call, oldest first."""
+        freed, self.freed_nodes = self.freed_nodes, []
+        return freed
+
+    # --------------------------------------------------------------- queries
+
+    def total_capacity(self) -> list[int]:
+        return [sum(c[k] for v in self.partitions() for c in v.capacity) for k in range(len(self.resource_names))]
+
+    def partition_usage(self) -> list[dict[str, int | float]]:
+        """Each partition's size and used share of its first resource, in this view."""
+        return [
+            {"lm": v.lm, "gm": v.gm, "nodes": v.size, "used_fraction": round(v.used_fraction(), 4)}
+            for v in self.partitions()
+        ]

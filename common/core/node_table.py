@@ -1,0 +1,77 @@
+"""An LM's node table: the authoritative capacity, free resources and version of every node of its cluster, their
+constraints, drivers and owning GM, the nodes out of service, and per GM the nodes changed since its last delta."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from megha.common.core.cluster import PartitionSpec
+from megha.common.core.messages import NodeState, node_state
+from megha.common.core.resources import Resources
+
+VERSION_BITS = 20
+"""Node versions of incarnation i start at i << VERSION_BITS: with millisecond incarnations, a later one starts
+above an earlier one unless that one changed nodes more than a billion times a second on average."""
+
+
+class NodeTable:
+    """Nodes numbered LM-locally, partition after partition (`partitions[g]` is GM g's). Every change of a node's
+    free resources bumps its version, so GMs can order the states they hear of."""
+
+    def __init__(self, partitions: Sequence[PartitionSpec], incarnation: int) -> None:
+        num_gms = len(partitions)
+        self.capacity: list[Resources] = [cap for p in partitions for cap in p.capacities]
+        self.free: list[Resources] = list(self.capacity)
+        self.masks: list[int] = [m for p in partitions for m in p.constraint_masks]
+        self.drivers: list[tuple[str, ...]] = [d for p in partitions for d in p.node_drivers()]
+        self.burn_everywhere = all("burn" in d for d in self.drivers)  # burn tasks need no driver check
+        self.owner: list[int] = [p.gm for p in partitions for _ in range(p.size)]
+        self._clock = incarnation << VERSION_BITS
+        self.version: list[int] = [self._clock] * len(self.capacity)
+        # Nodes out of service (their worker went silent): node -> why. They show no free resources to every GM.
+        self.down: dict[int, str] = {}
+        # Per GM, the nodes changed since its last delta.
+        self.dirty: list[set[int]] = [set() for _ in range(num_gms)]
+        # For each GM, the dirty sets of all the others: a GM's own change is not reported back to it.
+        self._others_dirty: list[list[set[int]]] = [
+            [d for g, d in enumerate(self.dirty) if g != gm] for gm in range(num_gms)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.capacity)
+
+    def set_free(self, n: int, free: Resources, except_gm: int) -> None:
+        """Change node n's free resources; every GM but `except_gm` (whose own action it was) learns it by delta."""
+        self.free[n] = free
+        self._clock += 1
+        self.version[n] = self._clock
+        for dirty in self._others_dirty[except_gm]:
+            dirty.add(n)
+
+    def set_free_for_all(self, n: int, free: Resources) -> None:
+        """Change node n's free resources, to be reported to every GM."""
+        self.free[n] = free
+        self._clock += 1
+        self.version[n] = self._clock
+        for dirty in self.dirty:
+            dirty.add(n)
+
+    def state(self, n: int) -> NodeState:
+        return node_state((n, self.free[n], self.version[n]))
+
+    def take_changes(self, gm: int) -> list[NodeState]:
+        """The states of the nodes changed for `gm` since the last call; clears them."""
+        dirty = self.dirty[gm]
+        free, version = self.free, self.version
+        nodes = [node_state((n, free[n], version[n])) for n in dirty]
+        dirty.clear()
+        return nodes
+
+    def all_states(self) -> list[NodeState]:
+        free, version = self.free, self.version
+        return [node_state((n, free[n], version[n])) for n in range(len(free))]
+
+    def report_everything(self) -> None:
+        """Mark every node changed for every GM (a rebuilt LM's first deltas)."""
+        for dirty in self.dirty:
+            dirty.update(range(len(self.capacity)))

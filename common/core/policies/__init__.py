@@ -1,0 +1,76 @@
+"""The GM core's extension points, each with a plain default, and the registries that name their policies.
+
+| extension point | default | alternatives | module |
+|---|---|---|---|
+| queue order (QueueSort) | `fifo` | `fair` (with fair scheduling) | `queue_order`, `fair_share` |
+| preemption (PostFilter) | `none` | `fair-share` (with fair scheduling) | `preemption`, `fair_share` |
+| usage accounting | none | the share book (with fair scheduling) | `usage`, `fairness.queues` |
+| node choice | `random` | `min-constraints`, `first-fit` | `placement.choice` |
+| LM order | `round-robin` | `first-fit` | `placement.search` |
+
+A new queue order is one new module here defining a class with the `QueueOrder` methods (or a `KeyedOrder`
+subclass with a `key`), plus one line in `QUEUE_ORDERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from megha.common.core.cluster import ClusterSpec
+from megha.common.core.fairness.config import FairnessConfig
+from megha.common.core.fairness.policy import make_share_policy
+from megha.common.core.fairness.queues import ShareBook
+from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
+from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
+from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
+from megha.common.core.policies.preemption import NoPreemption, PreemptionPolicy
+from megha.common.core.policies.queue_order import FifoOrder, QueueOrder
+from megha.common.core.policies.usage import NoAccounting, UsageAccounting
+from megha.common.core.view import PartitionView
+
+QUEUE_ORDERS: dict[str, Callable[[], QueueOrder]] = {
+    FifoOrder.name: FifoOrder,
+}
+"""Queue orders a GM without fair scheduling may use, by name (`megha replay --queue-order`)."""
+
+LM_ORDERS: dict[str, Callable[[int, list[list[PartitionView]]], PartitionSearch]] = {
+    "round-robin": PartitionSearch,
+    "first-fit": FirstFitSearch,
+}
+"""The orders a GM searches LMs' partitions in, by name."""
+
+
+@dataclass
+class GmPolicies:
+    """The policies one GM core runs with."""
+
+    queue_order: QueueOrder = field(default_factory=FifoOrder)
+    preemption: PreemptionPolicy = field(default_factory=NoPreemption)
+    usage: UsageAccounting = field(default_factory=NoAccounting)
+    choice: ChoicePolicy = field(default_factory=RandomChoice)
+    lm_order: str = "round-robin"
+
+
+def gm_policies(
+    gm: int,
+    cluster: ClusterSpec,
+    fairness: FairnessConfig | None = None,
+    choice: ChoicePolicy | None = None,
+    queue_order: str = "fifo",
+    lm_order: str = "round-robin",
+) -> GmPolicies:
+    """GM `gm`'s policies: with `fairness`, its user queues, fair share preemption and share book (the queue order
+    is then `fair`); without, the named queue order and no preemption."""
+    if lm_order not in LM_ORDERS:
+        raise ValueError(f"unknown LM order {lm_order!r}; choose one of {sorted(LM_ORDERS)}")
+    chosen = choice or RandomChoice()
+    if fairness is None:
+        if queue_order not in QUEUE_ORDERS:
+            raise ValueError(f"unknown queue order {queue_order!r}; choose one of {sorted(QUEUE_ORDERS)}")
+        return GmPolicies(QUEUE_ORDERS[queue_order](), choice=chosen, lm_order=lm_order)
+    if queue_order not in ("fifo", FairQueueOrder.name):
+        raise ValueError(f"queue order {queue_order!r} does not apply under fair scheduling (its order is 'fair')")
+    fairness.check_gms(cluster.num_gms)
+    book = ShareBook(fairness, gm, cluster.num_lms, cluster.total_capacity(), make_share_policy(fairness.policy))
+    return GmPolicies(FairQueueOrder(book), FairSharePreemption(book), book, chosen, lm_order)

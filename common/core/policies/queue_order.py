@@ -1,0 +1,141 @@
+"""Queue order (the Kubernetes scheduler framework's QueueSort extension point): which queued task a GM tries
+next, and which parked shape gets a node that frees up. FIFO is the default; `KeyedOrder` serves tasks by a key."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
+
+from megha.common.core.parked import Shape
+from megha.common.core.task import TaskSpec
+
+
+class TaskQueue(Protocol):
+    """The queue a GM's scheduling loop takes tasks from: deque-like, in the order its policy serves them."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[TaskSpec]: ...
+
+    def extend(self, tasks: Iterable[TaskSpec]) -> None:
+        """Newly accepted tasks, at the back."""
+
+    def extendleft(self, tasks: Iterable[TaskSpec]) -> None:
+        """Tasks to retry first (refused as inconsistent, preempted, lost): as deque.extendleft, the last first."""
+
+    def push_front(self, task: TaskSpec) -> None:
+        """A parked task taken back to be tried next (already counted as waiting)."""
+
+    def popleft(self) -> TaskSpec: ...
+
+    def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
+        """Take out the tasks `drop` selects (a cancelled job's), keeping the others' order; returns them."""
+
+
+class QueueOrder(Protocol):
+    """A queue order policy."""
+
+    name: str
+    #: Whether parked shapes are kept apart per user (the order serves users, not only tasks).
+    shapes_by_user: bool
+
+    def new_queue(self) -> TaskQueue: ...
+
+    def admission_reason(self, task: TaskSpec) -> str | None:
+        """Why this GM holds no queue for `task` (None when it does)."""
+
+    def service_order(self, shapes: Iterator[Shape], parked: Mapping[Shape, deque[TaskSpec]]) -> Iterable[Shape]:
+        """Parked shapes a freed node could take (given oldest first) in the order they are served; `parked`
+        holds each shape's tasks, oldest first."""
+
+
+class FifoQueue(deque[TaskSpec]):
+    """First in, first out."""
+
+    def push_front(self, task: TaskSpec) -> None:
+        self.appendleft(task)
+
+    def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
+        removed = [t for t in self if drop(t)]
+        if removed:
+            kept = [t for t in self if not drop(t)]
+            self.clear()
+            self.extend(kept)
+        return removed
+
+
+class FifoOrder:
+    """Tasks in the order they arrived; a parked shape waits its turn oldest first. The default."""
+
+    name = "fifo"
+    shapes_by_user = False
+
+    def new_queue(self) -> FifoQueue:
+        return FifoQueue()
+
+    def admission_reason(self, task: TaskSpec) -> str | None:
+        return None
+
+    def service_order(self, shapes: Iterator[Shape], parked: Mapping[Shape, deque[TaskSpec]]) -> Iterable[Shape]:
+        return shapes
+
+
+class KeyedQueue:
+    """Tasks served smallest key first, FIFO among equal keys; tasks put back in front come before any key."""
+
+    def __init__(self, key: Callable[[TaskSpec], Any]) -> None:
+        self._key = key
+        self._heap: list[tuple[int, Any, int, TaskSpec]] = []  # (0 front / 1 keyed, key, arrival, task)
+        self._arrivals = itertools.count()
+        self._fronts = itertools.count(-1, -1)  # front entries: the newest first
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        return (entry[3] for entry in sorted(self._heap, key=lambda e: e[:3]))
+
+    def extend(self, tasks: Iterable[TaskSpec]) -> None:
+        for task in tasks:
+            heapq.heappush(self._heap, (1, self._key(task), next(self._arrivals), task))
+
+    def extendleft(self, tasks: Iterable[TaskSpec]) -> None:
+        for task in tasks:
+            self.push_front(task)
+
+    def push_front(self, task: TaskSpec) -> None:
+        heapq.heappush(self._heap, (0, 0, next(self._fronts), task))
+
+    def popleft(self) -> TaskSpec:
+        if not self._heap:
+            raise IndexError("pop from an empty queue")
+        return heapq.heappop(self._heap)[3]
+
+    def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
+        removed = [entry[3] for entry in self._heap if drop(entry[3])]
+        if removed:
+            self._heap = [entry for entry in self._heap if not drop(entry[3])]
+            heapq.heapify(self._heap)
+        return removed
+
+
+class KeyedOrder:
+    """Base of an order by a key of each task (smallest first): subclass it and define `key`."""
+
+    name = "keyed"
+    shapes_by_user = False
+
+    def key(self, task: TaskSpec) -> Any:
+        raise NotImplementedError
+
+    def new_queue(self) -> KeyedQueue:
+        return KeyedQueue(self.key)
+
+    def admission_reason(self, task: TaskSpec) -> str | None:
+        return None
+
+    def service_order(self, shapes: Iterator[Shape], parked: Mapping[Shape, deque[TaskSpec]]) -> Iterable[Shape]:
+        return sorted(shapes, key=lambda shape: self.key(parked[shape][0]))

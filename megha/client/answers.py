@@ -1,0 +1,58 @@
+"""The answer of `/healthz` read alike from a GM or an LM, and the job files and bodies `submit` takes. The other
+answers are the shared response models of common/models.py (`GMState`, `LMState`, `LMCluster`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from megha.common.models import GMState, JobSubmission, LMCluster, LMState
+
+
+class Health(BaseModel):
+    """`GET /healthz` of a GM or LM (`GMHealth`, `LMHealth`): what both say, the rest kept as it came."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: str
+    ready: bool
+
+
+class JobFileError(ValueError):
+    """A job file that cannot be read, or holds no mapping (the message names the file and the problem)."""
+
+
+def read_job_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A job file's mapping, the body of `POST /v1/jobs`: YAML, or JSON for a `.json` file; `-` reads stdin."""
+    name = str(path)
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text("utf-8")
+    except OSError as exc:
+        raise JobFileError(f"{name}: {exc.strerror or exc}") from None
+    kind = "JSON" if name.endswith(".json") else "YAML"
+    try:
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise JobFileError(f"{name}: not valid {kind}: {exc}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise JobFileError(f"{name}: a job file holds a mapping with 'tasks' (see examples/job.yaml)")
+    return data
+
+
+def submission(job: JobSubmission | Mapping[str, Any] | str | os.PathLike[str]) -> JobSubmission:
+    """The `JobSubmission` of a model, a mapping (the JSON body) or a job file's path; pydantic's ValidationError
+    names each bad field, JobFileError a file that cannot be read."""
+    if isinstance(job, JobSubmission):
+        return job
+    data = job if isinstance(job, Mapping) else read_job_file(job)
+    return JobSubmission.model_validate_json(json.dumps(data, default=str))
+
+
+__all__ = ["GMState", "Health", "JobFileError", "LMCluster", "LMState", "read_job_file", "submission"]

@@ -1,0 +1,161 @@
+"""How a GM comes back: its identity claimed at every LM with a newer term (fencing the holder before), its job table
+from its journal, its view from the LMs' full states, its queue from what neither runs nor ended; and how it keeps
+its journal (every task end, with its finish time) from then on. A peer standing in for a GM recovers it the same
+way from its copy of the journal (services/gm/standin.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from pydantic_core import to_json
+
+from megha.common.core.recovery import LMReport, plan_recovery
+from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.lifecycle import StartupError
+from megha.common.models import GMRecovery, JobSubmission
+from megha.services.client import CallError, Reply
+from megha.services.gm.jobs import ENDED
+from megha.services.gm.journal import Journal, Replayed
+
+if TYPE_CHECKING:
+    from megha.services.gm.service import GMService
+
+log = logging.getLogger("megha.gm")
+
+
+class Restart:
+    """The recovery and journal upkeep of GM service `gm`."""
+
+    def __init__(self, gm: GMService) -> None:
+        self.gm = gm
+
+    def journal_end(self, task_id: str, state: str, reason: str) -> None:
+        if self.gm.journal is not None:
+            at = self.gm.jobs.tasks[task_id].finished_at  # restored as it is, so a finish time never changes
+            line = self.gm.journal.append({"end": task_id, "state": state, "reason": reason, "at": at})
+            if self.gm.replicator is not None:
+                self.gm.replicator.add(line)
+
+    def _restore_end(self, task_id: str, state: str, reason: str, at: float | None) -> None:
+        """A task end this GM learnt while recovering (from its journal or an LM), not from its core; `at`: its
+        finish time as first recorded."""
+        self.gm.jobs.restore_end(task_id, state, reason, at)
+
+    async def recover(self) -> None:
+        """Rebuild this GM after a start: its view from every LM's full state, its job table from its journal, and
+        its queue from the accepted tasks that no LM runs and that did not end (nothing running or finished is
+        launched again). Then keep journaling, with the journal rewritten to what is still held."""
+        gm = self.gm
+        assert gm.core is not None
+        replayed = Journal.replay(gm.journal_path()) if gm.settings.journal_dir else None
+        states = await self.claim()
+        now = time.time()
+        tasks: list[TaskSpec] = []
+        ended: set[str] = set()  # accepted tasks the journal shows ended
+        if replayed is not None:
+            if replayed.damaged:
+                log.warning("journal %s: %d damaged lines skipped", gm.journal_path(), replayed.damaged)
+            for record, arrived in replayed.jobs:
+                sub = JobSubmission.model_validate(record)
+                job_id = sub.job_id or ""
+                job = JobSpec(job_id, sub.to_tasks(job_id, gm.core.resource_names), arrived)
+                if job_id in gm.jobs.jobs:
+                    continue
+                gm.observer.job_arrived(job, gm.settings.gm_id, arrived)
+                tasks.extend(job.tasks)
+            # Read from the journal, not the job table: restoring the ends forgets finished jobs (their tasks too)
+            # beyond MEGHA_FINISHED_TASKS_KEPT, as it did when they ended.
+            ended = {t.task_id for t in tasks if t.task_id in replayed.ends}
+            for task_id, end in replayed.ends.items():
+                self._restore_end(task_id, end.state, end.reason, end.at)
+        reports = [
+            LMReport(
+                s.delta.to_core(), [p.to_core() for p in s.running], [(r.task_id, r.attempt, r.error) for r in s.ended]
+            )
+            for s in states
+        ]
+        plan = plan_recovery(gm.settings.gm_id, tasks, ended, reports)
+        for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM: first seen now
+            self._restore_end(task_id, "failed" if reason else "finished", reason, now)
+        gm.observer.decided(plan.running, now)
+        cancels = {job_id for job_id in (replayed.cancels if replayed is not None else ()) if job_id in gm.jobs.jobs}
+        for job_id in cancels:
+            gm.jobs.jobs[job_id].cancelled = True
+        queued = [t for t in plan.queued if t.job_id not in cancels]
+        for task in plan.queued:
+            if task.job_id in cancels:  # cancelled before the crash, while still queued
+                gm.observer.task_cancelled(task, now)
+        async with gm.lock:
+            outputs = gm.core.recover(plan.deltas, plan.running, queued, now)
+            for job_id in cancels:  # their runs the LMs still hold are stopped now
+                if job_id in gm.jobs.jobs:  # a job whose last tasks were just cancelled may be forgotten already
+                    outputs += gm.cancel_open(job_id)
+        if replayed is not None:
+            gm.journal = Journal(gm.journal_path())
+            gm.journal.rewrite(self._journal_records(replayed))
+            if gm.replicator is not None:
+                gm.replicator.behind = True  # the peer's copy is rebuilt from the rewritten journal
+        gm.serving = True  # submissions were refused (503) from the claim until here
+        gm.dispatch.send(outputs)
+        if replayed is not None:
+            log.info(
+                "recovered %d jobs from %s: %d tasks running on LMs, %d queued again, %d ended",
+                len(gm.jobs.jobs),
+                gm.journal_path(),
+                len(plan.running),
+                len(plan.queued),
+                len(ended) + len(plan.ended),
+            )
+
+    def _journal_records(self, replayed: Replayed) -> list[dict[str, object]]:
+        """The journal's records for the jobs the table still holds (forgotten finished jobs are dropped)."""
+        jobs = self.gm.jobs
+        records: list[dict[str, object]] = []
+        for record, arrived in replayed.jobs:
+            job = jobs.jobs.get(str(record.get("job_id")))
+            if job is None:
+                continue
+            records.append({"job": record, "at": arrived})
+            if job.cancelled:
+                records.append({"cancel": record.get("job_id"), "at": arrived})
+            for tid in job.task_ids:
+                rec = jobs.tasks[tid]
+                if rec.state in ENDED:
+                    end = {"end": tid, "state": rec.state, "reason": rec.failed_reason or "", "at": rec.finished_at}
+                    records.append(end)
+        return records
+
+    async def claim(self) -> list[GMRecovery]:
+        """Claim this GM identity at every LM with a term above any they have seen for it, which fences the holder
+        before (a stalled or cut-off GM, or a peer that stood in for it), and return each LM's state of that
+        moment. Two claimants racing for a term retry with a higher one."""
+        me = self.gm
+        gm = me.settings.gm_id
+        while True:
+            seen = [await self._lm_call(lm, "GET", f"/v1/gms/{gm}/state") for lm in range(len(me.settings.lm_urls))]
+            me.term = max([me.term, *(GMRecovery.model_validate_json(r.body).term for r in seen)]) + 1
+            claim = to_json({"term": me.term, "by": me.holder})
+            states = []
+            for lm in range(len(me.settings.lm_urls)):
+                r = await self._lm_call(lm, "POST", f"/v1/gms/{gm}/claim", claim, (409,))
+                if r.status == 409:
+                    log.warning("claiming GM %d with term %d at LM %d: %s; again", gm, me.term, lm, r.text[:200])
+                    break
+                states.append(GMRecovery.model_validate_json(r.body))
+            else:
+                log.info("GM %d claimed with term %d at every LM", gm, me.term)
+                return states
+
+    async def _lm_call(
+        self, lm: int, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = ()
+    ) -> Reply:
+        url = f"{self.gm.settings.lm_urls[lm]}{path}"
+        try:
+            r = await self.gm.calls.request(method, url, body, idempotent=method == "GET")
+        except CallError as exc:
+            raise StartupError(f"LM {lm} unreachable at {url}: {exc}") from None
+        if r.status != 200 and r.status not in ok:
+            raise StartupError(f"LM {lm} answered {r.status} at {url}: {r.text[:300]}")
+        return r

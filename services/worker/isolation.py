@@ -1,0 +1,261 @@
+"""A uid of its own for each exec run: leased host-wide from MEGHA_TASK_UIDS with a lock file (so several agents of
+one host never share one) and only when no process of that uid is left (`TaskUids`). The run's processes are
+signalled all at once with kill(-1) from a child that became the uid, so one that left the session is still
+reached (`signal_uid`); when the run ends every process of the uid is killed (`kill_uid`) and what it left in the
+shared temporary folders and System V IPC is removed (`purge_uid`), before the uid is free again. The agent's own
+folders are private to it (`private_folder`)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import pwd
+import shutil
+import signal
+import stat
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from megha.common.lifecycle import StartupError
+from megha.services.worker.enforcement import live_processes, processes, status_field, sysvipc
+
+KILL_WAIT_SECONDS = 10.0
+"""How long the end of a run waits for the processes of its uid to be gone after SIGKILL (one stuck in the kernel
+may take a while); a uid with a process left is not leased again until it is gone."""
+UID_LOCKS = Path("/run/megha-task-uids")
+"""Where agents of one host lease task uids: a lock file per uid, held (flock) while a run has it."""
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+"""Folders every uid may write to: what a run's uid left at their top level is removed when the run ends."""
+SETUID_CAPABILITIES = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_SETGID": 6, "CAP_SETUID": 7}
+"""What the agent needs to give runs uids of their own: switch to the uid, hand it its scratch folder, and remove
+what the uid left behind (root has them all, unless they were dropped)."""
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_IPC_RMID = 0
+
+
+@dataclass(frozen=True)
+class UidLease:
+    """A uid (and the gid of the same number) one run holds; `lock` is the open lock file that holds it."""
+
+    uid: int
+    lock: int
+
+    @property
+    def gid(self) -> int:
+        return self.uid
+
+
+class TaskUids:
+    """The uids runs take, one each (MEGHA_TASK_UIDS), leased host-wide: a uid is taken only when no agent of the
+    host holds its lock file and no live process has it. A uid that zombies still hold (killed, not yet reaped by
+    the host's init) is taken only when no other is free: zombies count against the uid's process limit.
+
+    Leases are taken at once by an agent's threads and by the agents of a host: the lock decides. Each lease
+    opens the lock file anew, and flock's locks belong to open files, not processes, so two threads of one agent
+    exclude each other as two agents do. A lease is released (its descriptor closed) when its run's processes are
+    all killed; one left alive (stuck in the kernel) keeps its uid from being leased again until it is gone."""
+
+    def __init__(self, uids: range, locks: Path = UID_LOCKS) -> None:
+        self.uids = uids
+        self._locks_path = locks
+        self._locks: int | None = None  # the lock folder, opened by `prepare`
+        self._next = 0  # where the next lease starts looking, so that uids are reused as late as possible
+
+    def prepare(self) -> None:
+        """Check the range is usable here (raises `StartupError` saying why not) and open the lock folder."""
+        if self._locks is not None:
+            return
+        taken = sorted(f"{u.pw_name} ({u.pw_uid})" for u in pwd.getpwall() if u.pw_uid in self.uids)
+        if taken:
+            raise StartupError(
+                f"MEGHA_TASK_UIDS={describe_range(self.uids)} holds the uids of users of this host ({', '.join(taken)}"
+                "): tasks would act as them; choose a range no user, group or program uses"
+            )
+        locks = self._locks_path
+        if not locks.parent.is_dir():  # no /run: a private folder in the system's temp folder instead
+            locks = Path(tempfile.gettempdir()) / "megha-task-uids"
+        self._locks = private_folder(locks, "the task uids' lock folder")
+
+    def lease(self) -> UidLease:
+        """A uid for a new run; raises `OSError` (EAGAIN) when every uid of the range is held or has processes."""
+        self.prepare()
+        assert self._locks is not None
+        live: set[int] = set()
+        zombies: set[int] = set()
+        for p in processes():
+            (zombies if p.zombie else live).update(uid for uid in p.uids if uid in self.uids)
+        count = len(self.uids)
+        for i in range(2 * count):  # the second round takes uids only zombies hold
+            uid = self.uids[(self._next + i) % count]
+            if uid in live or (uid in zombies and i < count):
+                continue
+            fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._locks)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    free = True
+                except BlockingIOError:
+                    free = False
+                # Not free after all when a process has it: one the run that released it a moment ago left.
+                free = free and not live_processes(uid)
+                if free:
+                    purge_uid(uid)  # what an earlier run left, should its agent have died before removing it
+            except BaseException:  # the lock goes with its descriptor: never held for a lease not made
+                os.close(fd)
+                raise
+            if not free:
+                os.close(fd)
+                continue
+            self._next = (self._next + i + 1) % count
+            return UidLease(uid, fd)
+        raise OSError(
+            errno.EAGAIN,
+            f"every task uid of MEGHA_TASK_UIDS={describe_range(self.uids)} is taken, by running tasks or processes "
+            "they left (see them with ps -eo uid,pid,stat,cmd)",
+        )
+
+    def release(self, lease: UidLease) -> None:
+        os.close(lease.lock)
+
+
+def describe_range(uids: range) -> str:
+    return f"{uids.start}-{uids.stop - 1}"
+
+
+def signal_uid(uid: int, signum: int) -> None:
+    """Send `signum` to every process of `uid` at once: kill(-1) from a child process that became `uid`. The kernel
+    signals every process that child may signal in one pass that no fork can slip through, so a fork bomb cannot
+    outrun it, and a process that left its session is reached. The child does not run a new program, so it works
+    when the uid is at its process limit. Needs CAP_SETUID."""
+    if uid <= 0:
+        raise ValueError(f"uid {uid}: only a task's uid is signalled this way")
+    with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setresuid(uid, uid, uid)
+            if os.getresuid() == (uid, uid, uid):  # never kill(-1) as anyone else
+                os.kill(-1, signum)
+                code = 0
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def kill_uid(uid: int, within: float = KILL_WAIT_SECONDS) -> list[int]:
+    """SIGKILL every process of `uid` and wait until none is alive; returns those still alive after `within`
+    seconds (none, unless one is stuck in the kernel)."""
+    deadline = time.monotonic() + within
+    while True:
+        signal_uid(uid, signal.SIGKILL)
+        left = live_processes(uid)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.01)
+
+
+def purge_uid(uid: int) -> None:
+    """Remove what `uid` left where every uid may write: its entries at the top of SHARED_FOLDERS (and of the
+    system's temp folder) and its System V shared memory segments, message queues and semaphore sets. Called when
+    none of its processes is left, so nothing of it adds more meanwhile."""
+    if uid <= 0:
+        raise ValueError(f"uid {uid}: only what a task's uid left is removed")
+    for path in {*SHARED_FOLDERS, tempfile.gettempdir()}:
+        try:
+            folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            with os.scandir(folder) as entries:
+                left = [e for e in entries if _owner(e) == uid]
+            for entry in left:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.name, dir_fd=folder, ignore_errors=True)
+                    else:
+                        os.unlink(entry.name, dir_fd=folder)
+        finally:
+            os.close(folder)
+    for kind, key, remove in (("shm", "shmid", _LIBC.shmctl), ("msg", "msqid", _LIBC.msgctl)):
+        for row in sysvipc(kind):
+            if uid in (int(row["uid"]), int(row["cuid"])):
+                remove(int(row[key]), _IPC_RMID, None)
+    for row in sysvipc("sem"):
+        if uid in (int(row["uid"]), int(row["cuid"])):
+            _LIBC.semctl(int(row["semid"]), 0, _IPC_RMID)
+
+
+def _owner(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return -1
+
+
+def why_no_uid_switch(uids: range) -> str | None:
+    """Why this agent cannot give runs the uids of `uids` (None: it can): the capabilities it lacks, or a range its
+    user namespace does not map."""
+    try:
+        effective = int(status_field(Path("/proc/self/status").read_bytes(), b"CapEff")[0], 16)
+    except (OSError, IndexError, ValueError):
+        effective = 0
+    missing = [name for name, bit in SETUID_CAPABILITIES.items() if not effective >> bit & 1]
+    if missing:
+        return f"it runs as uid {os.geteuid()} without {', '.join(missing)}"
+    for kind in ("uid", "gid"):
+        try:
+            extents = [
+                tuple(map(int, line.split())) for line in Path(f"/proc/self/{kind}_map").read_text().splitlines()
+            ]
+        except OSError:
+            continue
+        if not any(inside <= uids.start and uids.stop <= inside + count for inside, _, count in extents):
+            mapped = "; ".join(f"{inside}-{inside + count - 1}" for inside, _, count in extents)
+            return (
+                f"its user namespace maps {kind}s {mapped} only, not MEGHA_TASK_UIDS={describe_range(uids)} "
+                f"(/proc/self/{kind}_map)"
+            )
+    return None
+
+
+def private_folder(path: Path, what: str) -> int:
+    """Open `path` (O_NOFOLLOW), a folder only this agent's user may enter, creating it and missing parents 0700;
+    tightens one it owns to 0700. Raises `StartupError` for a link, a file, a folder of another user, or one in a
+    folder another user may write to (unless sticky, as /tmp is): it could be swapped for another."""
+    euid = os.geteuid()
+    missing = []
+    at = path
+    while not os.path.lexists(at) and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    try:
+        for folder in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o700)
+        parent = os.stat(path.parent)
+        if parent.st_uid not in (0, euid) or (parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX):
+            raise StartupError(
+                f"{what} {path}: its parent folder belongs to uid {parent.st_uid} or others may write to it "
+                f"(mode {stat.S_IMODE(parent.st_mode):o})"
+            )
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        how = "is a link or not a folder" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror or str(exc)
+        raise StartupError(f"{what} {path}: {how}") from None
+    st = os.fstat(fd)
+    if st.st_uid != euid:
+        os.close(fd)
+        raise StartupError(f"{what} {path} belongs to uid {st.st_uid}, not to this agent's user (uid {euid})")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.fchmod(fd, 0o700)
+    return fd
