@@ -63,7 +63,7 @@ def test_an_end_no_lm_announced_is_kept_for_the_gm_to_publish_once() -> None:
     table.task_completed(job.tasks[1], "", 1.0, forwarded=True)
     table.task_completed(job.tasks[1], "", 1.1, forwarded=True)  # a repeat
     table.task_failed(job.tasks[2], "LM 1 unreachable", 2.0)
-    assert [(t.task_id, kind, why) for t, kind, why, _, _ in table.ended_here] == [
+    assert [(t.task_id, kind, why) for t, kind, why, *_ in table.ended_here] == [
         ("j.1", "finished", ""),
         ("j.2", "failed", "LM 1 unreachable"),
     ]
@@ -109,7 +109,7 @@ def test_a_task_ends_once_and_later_news_changes_neither_its_state_nor_its_finis
         ("failed", None, "LM 0 unreachable"),
         ("finished", 3.0, None),
     ]
-    assert [kind for _, kind, _, _, _ in table.ended_here] == ["failed"] and table.illegal == 0
+    assert [kind for _, kind, *_ in table.ended_here] == ["failed"] and table.illegal == 0
 
 
 def test_a_decision_for_a_cancelled_task_is_logged_and_ignored(

@@ -25,8 +25,19 @@ from megha.common.core.messages import (
     WorkerReport,
 )
 from megha.common.core.recovery import lm_report
-from megha.common.models import DeltaModel, EndedRun, GMRecovery, JobSubmission, PlacementModel
+from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.models import (
+    CompletionsModel,
+    DeltaModel,
+    EndedRun,
+    GMRecovery,
+    JobSubmission,
+    PlacementModel,
+    TaskEvent,
+    TaskEvents,
+)
 from megha.common.settings import GMSettings
+from megha.loadgen.events import EventRecorder
 from megha.services.gm.journal import End, Journal
 from megha.services.gm.service import GMService
 
@@ -80,11 +91,11 @@ SPEC = ClusterSpec(((PartitionSpec(0, 0, ((4000, 8192),) * 3, (0, 0, 0)),),))  #
 class _Life:
     """One life of GM 0 with its journal in `journal_dir`, and what it sent its LM."""
 
-    def __init__(self, journal_dir: Path, kept: int, lm: LocalMaster) -> None:
+    def __init__(self, journal_dir: Path, kept: int, lm: LocalMaster, broker: object = None) -> None:
         settings = GMSettings(
             lm_urls=["http://127.0.0.1:9"], journal_dir=str(journal_dir), run_id="t", finished_tasks_kept=kept
         )
-        self.service = GMService(settings)
+        self.service = GMService(settings, broker)  # type: ignore[arg-type]
         self.service.adopt(SPEC)
         self.lm = lm
         self.sent: list[Output] = []
@@ -247,3 +258,60 @@ def test_a_completion_redelivered_to_a_restarted_gm_leaves_the_first_finish_time
         assert third.ends == {"j.0": End("finished", "", finished_at)}
 
     asyncio.run(lives())
+
+
+class _Events:
+    """Keeps the task events the GM publishes."""
+
+    def __init__(self) -> None:
+        self.events: list[TaskEvent] = []
+
+    async def publish(self, exchange: str, routing_key: str, body: bytes, headers: object = None) -> None:
+        if exchange == "events":
+            self.events.extend(TaskEvents.model_validate_json(body).events)
+
+
+def test_an_end_a_killed_lm_published_and_its_successor_forwards_is_one_event_at_the_run_s_finish(
+    tmp_path: Path,
+) -> None:
+    """An LM publishes a run's end as a task event, then is killed before its GM hears of it; the worker's report
+    reaches the restarted LM, which did not place that run and forwards it. The GM announces the forwarded end at
+    the time the worker measured, so a consumer of the event stream sees one end, not two (before the fix the GM
+    stamped the time it learnt of it: `megha chaos` counted such a task as finished twice)."""
+    lm = LocalMaster(0, SPEC.partitions[0])
+    broker = _Events()
+
+    async def life() -> None:
+        gm = _Life(tmp_path, 10, lm, broker)
+        await gm.service.recover()
+        await gm.submit("j")
+        node = gm.launch(gm.batches())["j.0"]
+        measured = FinishedTask("j.0", node, gm=0, cpu_seconds=1.0, started_at=1000.0, finished_at=1005.0)
+        # The killed LM published this (the LM service's event for a run it placed carries the worker's time):
+        published = TaskEvent(kind="finished", task_id="j.0", job_id="j", lm=0, node=node, at=1005.0, attempt=1)
+        rebuilt = LocalMaster(0, SPEC.partitions[0], incarnation=1)
+        rebuilt.adopt([])
+        rebuilt.start(time.time())
+        (forwarded,) = [
+            o.msg for o in rebuilt.handle(WorkerReport(0, [measured]), time.time()) if isinstance(o.msg, Completions)
+        ]
+        assert [(c.task_id, c.forwarded, c.finished_at) for c in forwarded.items] == [("j.0", True, 1005.0)]
+        core = gm.service.core
+        assert core is not None
+        core.handle(CompletionsModel.model_validate_json(CompletionsModel.core_json(forwarded)).to_core(), 2e9)
+        await gm.service.dispatch._publish_ends()
+        assert [(e.kind, e.task_id, e.at) for e in broker.events] == [("finished", "j.0", 1005.0)]
+        status = gm.service.jobs.status("j")
+        assert status is not None and [(t.state, t.finished_at) for t in status.tasks] == [("finished", 1005.0)]
+
+        recorder = EventRecorder()
+        job = JobSpec("j", (TaskSpec("j.0", "j", "u", 60.0, (500, 256), 0),), 0.0)
+        recorder.expect(0, job)
+        recorder.accept(job)
+        for event in [published, *broker.events]:
+            recorder.record(event, event.at - 1000.0)
+        assert recorder.tasks.columns["completions"][0] == 1 and recorder.open == 0
+        assert gm.service.journal is not None
+        gm.service.journal.close()
+
+    asyncio.run(life())

@@ -384,7 +384,8 @@ class GlobalMaster:
                 requeue.append(placement.task)
             elif not item.lost:
                 cancelling.discard(item.task_id)  # it ended before the stop reached it: as it ended
-                observer.task_completed(placement.task, item.error, now, item.forwarded)
+                at = item.finished_at if item.forwarded and item.finished_at is not None else now
+                observer.task_completed(placement.task, item.error, at, item.forwarded)
             else:
                 task = placement.task
                 if task.attempt < self.max_attempts:

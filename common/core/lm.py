@@ -330,7 +330,9 @@ class LocalMaster:
                     # or a repeat. Its GM, which knows the run, decides (a repeat or a stale copy is ignored).
                     n = item.node
                     state = self.nodes.state(n)
-                    forwarded = Completion(item.task_id, state, item.error, item.preempted, False, item.attempt, True)
+                    forwarded = Completion(
+                        item.task_id, state, item.error, item.preempted, False, item.attempt, True, item.finished_at
+                    )
                     by_gm.setdefault(item.gm, []).append(forwarded)
                     continue
                 else:

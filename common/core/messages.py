@@ -176,6 +176,10 @@ class Completion:
     lost: bool = False
     attempt: int = 1
     forwarded: bool = False  # the LM did not place this run (it restarted since): the GM checks the attempt
+    # When the run ended, as its worker measured it (unix seconds; set on forwarded ends, None when not known):
+    # the end the GM then announces carries it, so it is the same event as one an earlier LM incarnation
+    # published before it crashed (a consumer tells a repeat by task, attempt, kind and time).
+    finished_at: float | None = None
 
 
 @dataclass(slots=True)

@@ -42,7 +42,8 @@ class CoreObserver:
 
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
         """A GM learnt that its task's run ended, finished (`error` "") or failed. `forwarded`: the LM had not
-        placed that run (it restarted since), so no LM announced the end as a task event."""
+        placed that run (it restarted since), so no LM announced the end as a task event; `now` is then when the
+        run ended as its worker measured it, when the LM forwarded that."""
 
     def task_preempted(self, task: TaskSpec, now: float) -> None:
         """A GM learnt that its task was stopped for another user's; it goes back into its queue."""

@@ -81,15 +81,16 @@ class GMDispatch:
 
     async def _publish_ends(self) -> None:
         """Publish a task event for each end no LM announced: tasks this GM gave up on, and runs a rebuilt LM
-        forwarded (it had not placed them, so it could not tell a stale copy from the run the GM knows)."""
+        forwarded (it had not placed them, so it could not tell a stale copy from the run the GM knows). A
+        forwarded end carries the time its worker measured: an LM killed after publishing that end, but before
+        its GM heard of it, forwards it again once restarted, and the two events are then the same event."""
         gm = self.gm
         ended, gm.jobs.ended_here = gm.jobs.ended_here, []
         if gm.broker is None or not ended:
             return
-        now = time.time()
         events = [
-            RunEvent(kind, task.task_id, task.job_id, lm, node, now, error=reason, attempt=task.attempt)
-            for task, kind, reason, lm, node in ended
+            RunEvent(kind, task.task_id, task.job_id, lm, node, at, error=reason, attempt=task.attempt)
+            for task, kind, reason, lm, node, at in ended
         ]
         await gm.broker.publish("events", "", TaskEvents.core_json(events))
 

@@ -166,8 +166,8 @@ class JobTable(CoreObserver):
         self._finished_jobs: deque[str] = deque()  # oldest first
         self._finished_tasks = 0
         # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
-        # service to publish as task events: (task, kind, reason, lm, node).
-        self.ended_here: list[tuple[TaskSpec, str, str, int, int]] = []
+        # service to publish as task events: (task, kind, reason, lm, node, when it ended).
+        self.ended_here: list[tuple[TaskSpec, str, str, int, int, float]] = []
         self.illegal = 0  # events the lifecycle did not allow (each logged as an error)
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
@@ -259,7 +259,7 @@ class JobTable(CoreObserver):
                 reason,
                 extra=self._ids(task, rec.lm, rec.node),
             )
-            self.ended_here.append((task, "failed", reason, rec.lm or 0, rec.node or 0))
+            self.ended_here.append((task, "failed", reason, rec.lm or 0, rec.node or 0, now))
             self._ended(task.task_id, rec)
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
@@ -296,7 +296,7 @@ class JobTable(CoreObserver):
         rec = self.tasks.get(task.task_id)
         if rec is not None and self._advance(task.task_id, rec, Event.FAILED if error else Event.FINISHED):
             if forwarded:
-                self.ended_here.append((task, rec.state, error, rec.lm or 0, rec.node or 0))
+                self.ended_here.append((task, rec.state, error, rec.lm or 0, rec.node or 0, now))
             rec.finished_at, rec.failed_reason = now, error or None
             self._ended(task.task_id, rec)
 
@@ -304,7 +304,7 @@ class JobTable(CoreObserver):
         """Its job was cancelled: dropped from the queue, or its run stopped. It does not run again."""
         rec = self.tasks.get(task.task_id)
         if rec is not None and self._advance(task.task_id, rec, Event.CANCELLED):
-            self.ended_here.append((task, "cancelled", "job cancelled", rec.lm or 0, rec.node or 0))
+            self.ended_here.append((task, "cancelled", "job cancelled", rec.lm or 0, rec.node or 0, now))
             rec.failed_reason, rec.finished_at = "job cancelled", now
             self._ended(task.task_id, rec)
 
