@@ -4,7 +4,8 @@ that fit nowhere and preemption requests (Megha paper, section IV-B), over four 
 * `GlobalView` (view upkeep): every partition's free resources as the LMs last reported them;
 * `Placer`: LM order, feasibility and node choice for one task, and why a task could never be placed;
 * `RunLedger`: the requests awaiting an LM's answer and the runs the GM holds;
-* `GmPolicies`: queue order, preemption and usage accounting (plain defaults; fair scheduling as plug-ins).
+* `GmPolicies`: queue order, preemption and usage accounting (plain defaults; fair scheduling as plug-ins);
+  `Preemptor` sends the preemption policy's requests and applies the LMs' answers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from megha.common.core.messages import (
     LaunchResponse,
     Output,
     Placement,
-    PreemptRequest,
     PreemptResponse,
     Send,
     StopRequest,
@@ -36,6 +36,7 @@ from megha.common.core.parked import ParkedShapes, Shape, shape_of
 from megha.common.core.placement.choice import ChoicePolicy
 from megha.common.core.placement.placer import Placer
 from megha.common.core.policies import LM_ORDERS, GmPolicies, gm_policies
+from megha.common.core.preemptor import Preemptor
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.core.view import covers
 
@@ -92,8 +93,7 @@ class GlobalMaster:
         # could use frees up in the view (or for a preemption when a delta arrives).
         self.parked = ParkedShapes()
         self.waiting = self.parked.tasks
-        # Shapes whose oldest task has a preemption request out.
-        self._preempt_shapes: set[Shape] = set()
+        self.preemptor = Preemptor(self)
         self._sends_to_flush: list[Output] = []  # stop and preemption requests, sent with the next launch batches
         self.cancelled = 0
         self.repartitions = 0
@@ -133,7 +133,7 @@ class GlobalMaster:
         queue `queued` (its accepted tasks that are neither running nor ended), and schedule."""
         for delta in states:
             self.ledger.continue_from(delta.lm, delta.applied_through)
-            self._apply_delta(delta)
+            self.apply_delta(delta)
         usage = self.policies.usage
         for p in running:
             self.running[p.task.task_id] = p
@@ -148,13 +148,11 @@ class GlobalMaster:
         elif isinstance(msg, Completions):
             self._on_completions(msg, now)
         elif isinstance(msg, Delta):
-            self._apply_delta(msg)
+            self.apply_delta(msg)
             if self.waiting:
-                self.policies.preemption.retry(
-                    self.waiting, self._preempt_shapes, lambda s: self._retry_preempt(s, now)
-                )
+                self.preemptor.retry(now)
         elif isinstance(msg, PreemptResponse):
-            self._on_preempt_response(msg, now)
+            self.preemptor.answered(msg, now)
         else:
             raise TypeError(f"GM cannot handle {type(msg).__name__}")
         return self._drain(now)
@@ -183,19 +181,17 @@ class GlobalMaster:
             self._sends_to_flush.append(Send(lm_address(lm), StopRequest(self.gm_id, lm, runs)))
         return self._drain(now)
 
-    def _cancelled_run(self, task: TaskSpec, now: float) -> None:
+    def cancelled_run(self, task: TaskSpec, now: float) -> None:
         """A cancelled task's run ended (stopped, or refused by its LM): it is cancelled, not run again."""
         self.ledger.cancelling.discard(task.task_id)
         self.cancelled += 1
         self.observer.task_cancelled(task, now)
 
-    def _stop_if_cancelled(self, placement: Placement) -> None:
+    def stop_if_cancelled(self, placement: Placement) -> None:
         """A run just found running belongs to a cancelled task: stop it."""
         if placement.task.task_id in self.ledger.cancelling:
             lm, task = placement.lm, placement.task
-            self._sends_to_flush.append(
-                Send(lm_address(lm), StopRequest(self.gm_id, lm, [(task.task_id, task.attempt)]))
-            )
+            self.send_later(Send(lm_address(lm), StopRequest(self.gm_id, lm, [(task.task_id, task.attempt)])))
 
     def call_failed(self, lm: int, seq: int, reason: str, now: float) -> list[Output]:
         """The LaunchBatch or PreemptRequest `seq` to LM `lm` got no answer (the LM is unreachable or refused the
@@ -211,7 +207,7 @@ class GlobalMaster:
                     continue  # its completion came first: it ended already, and its resources were released
                 self.policies.usage.released(p.task, lm)
                 if p.task.task_id in self.ledger.cancelling:
-                    self._cancelled_run(p.task, now)
+                    self.cancelled_run(p.task, now)
                 else:
                     self.observer.task_failed(p.task, reason, now)
             return self._drain(now)
@@ -262,7 +258,7 @@ class GlobalMaster:
                 continue
             observer.attempt(task, now)
             if not self._place(task, batches):
-                if shape not in self._preempt_shapes and self._preempt(task, now):
+                if shape not in self.preemptor.shapes and self.preemptor.ask(task, now):
                     continue
                 self.parked.park(shape, task)
                 self.reschedules += 1
@@ -338,12 +334,12 @@ class GlobalMaster:
             return  # a duplicate response; the first one was applied
         self.view.answered(resp.lm, resp.seq, placements)
         self.view.hold_states(resp.lm, resp.states, resp.delta.applied_through)
-        self._apply_delta(resp.delta)
+        self.apply_delta(resp.delta)
         ledger = self.ledger
         accepted, cancelling = ledger.accepted, ledger.cancelling
         for p in resp.accepted:
             if accepted(p) and cancelling:
-                self._stop_if_cancelled(p)
+                self.stop_if_cancelled(p)
             if p.repartition:
                 self.repartitions += 1
         retry: list[TaskSpec] = []
@@ -354,7 +350,7 @@ class GlobalMaster:
                 self.inconsistencies += 1
                 self.observer.inconsistency(rejection.placement, now)
             if refused.task_id in ledger.cancelling:
-                self._cancelled_run(refused, now)
+                self.cancelled_run(refused, now)
             elif rejection.inconsistency:
                 retry.append(refused)
             else:
@@ -377,7 +373,7 @@ class GlobalMaster:
                 continue
             usage.released(placement.task, msg.lm)
             if cancelling and item.task_id in cancelling and (item.preempted or item.lost):
-                self._cancelled_run(placement.task, now)  # stopped as asked (or its worker was lost meanwhile)
+                self.cancelled_run(placement.task, now)  # stopped as asked (or its worker was lost meanwhile)
             elif item.preempted:
                 self.preempted += 1
                 observer.task_preempted(placement.task, now)
@@ -399,82 +395,18 @@ class GlobalMaster:
             self.queue.extendleft(reversed(requeue))
         self.view.hold_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
 
-    def _apply_delta(self, delta: Delta) -> None:
+    def apply_delta(self, delta: Delta) -> None:
         self.view.hold_states(delta.lm, delta.nodes, delta.applied_through)
         if delta.usage is not None:
             self.policies.usage.report(delta.lm, delta.usage)
 
-    # ------------------------------------------------------------ preemption
-
-    def _preempt(self, task: TaskSpec, now: float, lms: list[int] | None = None) -> bool:
-        """Ask the preemption policy for a request that would make room for `task` (on one of `lms`, or any LM),
-        and send it. False when the policy has none."""
-        plan = self.policies.preemption.plan(task, lms)
-        if plan is None:
-            return False
-        lm = plan.lm
-        seq = self.ledger.preemption_sent(lm, task, plan.rest)
-        self._preempt_shapes.add(self._shape(task))
-        self.policies.usage.placed(task, lm)  # counted against its user while the request is out
-        self.preemption_attempts += 1
-        self.observer.preemption_attempted(task, lm, now)
-        self.observer.decided([Placement(task, lm, -1, False, self.gm_id)], now)
-        self._sends_to_flush.append(
-            Send(lm_address(lm), PreemptRequest(self.gm_id, lm, seq, task, plan.victims, plan.total))
-        )
-        return True
-
-    def _retry_preempt(self, shape: Shape, now: float) -> bool:
-        """A parked shape's oldest task tries a preemption again; True when a request went out."""
-        parked = self.waiting[shape]
-        self.observer.attempt(parked[0], now)
-        if not self._preempt(parked[0], now):
-            return False
-        parked.popleft()
-        if not parked:
-            self.parked.unpark(shape)
-        return True
-
-    def _on_preempt_response(self, resp: PreemptResponse, now: float) -> None:
-        entry = self.ledger.preemption_answered(resp.lm, resp.seq)
-        if entry is None:
-            return  # a duplicate response
-        task, rest = entry
-        shape = self._shape(task)
-        self._preempt_shapes.discard(shape)
-        self.view.hold_states(resp.lm, resp.states, resp.delta.applied_through)
-        self._apply_delta(resp.delta)
-        if resp.placement is not None:
-            self.preemptions += len(resp.preempted)
-            if resp.placement.repartition:
-                self.repartitions += 1
-            if self.ledger.accepted(resp.placement):
-                self._stop_if_cancelled(resp.placement)
-            parked = self.waiting.get(shape)
-            if parked:  # the next task of this shape may preempt in turn
-                head = parked.popleft()
-                if not parked:
-                    self.parked.unpark(shape)
-                self.queue.push_front(head)
-            return
-        usage = self.policies.usage
-        usage.released(task, resp.lm)
-        if task.task_id in self.ledger.cancelling:
-            self._cancelled_run(task, now)
-            return
-        usage.pending(task)
-        if rest and self._preempt(task, now, rest):
-            return
-        parked = self.waiting.get(shape)
-        if parked is None:
-            self.parked.park(shape, task)
-        else:
-            parked.appendleft(task)
-        self.reschedules += 1
-        self.observer.rescheduled(task, now)
-
-    def _shape(self, task: TaskSpec) -> Shape:
+    def shape(self, task: TaskSpec) -> Shape:
+        """The shape `task` is parked by."""
         return shape_of(task, self.policies.queue_order.shapes_by_user)
+
+    def send_later(self, out: Output) -> None:
+        """Send `out` (a stop or preemption request) with the next launch batches."""
+        self._sends_to_flush.append(out)
 
     # ---------------------------------------------------------------- queries
 

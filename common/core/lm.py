@@ -4,13 +4,13 @@ placement (the plan applier), repartition into logical nodes, and per-GM delta u
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import add, ge, sub
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_ids
+from megha.common.core.ended_runs import EndedRuns
 from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.fairness.policy import make_share_policy
 from megha.common.core.fairness.verify import LocalShares, NoLocalShares
@@ -107,13 +107,9 @@ class LocalMaster:
         self.incarnation = incarnation
         self.nodes = NodeTable(partitions, incarnation)
         # The node table's columns, read on every launch.
-        self.capacity, self.free, self.masks = self.nodes.capacity, self.nodes.free, self.nodes.masks
-        self.drivers, self.owner, self.version, self.down = (
-            self.nodes.drivers,
-            self.nodes.owner,
-            self.nodes.version,
-            self.nodes.down,
-        )
+        nodes = self.nodes
+        self.capacity, self.free, self.masks, self.drivers = nodes.capacity, nodes.free, nodes.masks, nodes.drivers
+        self.owner, self.version, self.down = nodes.owner, nodes.version, nodes.down
         self.running: dict[str, Allocation] = {}
         self.logical_nodes: dict[int, LogicalNode] = {}
         self._next_logical = 0
@@ -133,10 +129,7 @@ class LocalMaster:
         self.preemptions = 0
         self.preemption_refusals = 0
         self.stopped = 0  # runs stopped at their GM's request (job cancelled)
-        # The last `ended_runs_kept` runs that ended here: (task id, attempt), and in order with their GM and error.
-        self.ended_runs_kept = ended_runs_kept
-        self._ended_runs: set[tuple[str, int]] = set()
-        self._ended_order: deque[tuple[str, int, int, str]] = deque()
+        self.ended = EndedRuns(ended_runs_kept)  # the last `ended_runs_kept` runs that ended here
 
     @classmethod
     def in_cluster(
@@ -217,7 +210,7 @@ class LocalMaster:
             if current is not None and current.placement.node == p.node and current.gm == batch.gm:
                 accepted.append(p)  # a repeated request: launch is idempotent per task
                 continue
-            if self.ended_runs_kept and (p.task.task_id, p.task.attempt) in self._ended_runs:
+            if self.ended and (p.task.task_id, p.task.attempt) in self.ended:
                 accepted.append(p)  # a repeat of a run that already ended here (its answer was lost): not again
                 continue
             rejection = self._validate(p, batch.gm, current)
@@ -338,8 +331,8 @@ class LocalMaster:
                 else:
                     continue  # a stale copy's report: each run frees its resources once
             n = alloc.placement.node
-            if self.ended_runs_kept and not (item.preempted or item.lost):
-                self._remember_ended(item.task_id, item.attempt, alloc.gm, item.error)
+            if self.ended and not (item.preempted or item.lost):
+                self.ended.add(item.task_id, item.attempt, alloc.gm, item.error)
             completion = Completion(
                 item.task_id,
                 self.nodes.state(n),
@@ -356,17 +349,9 @@ class LocalMaster:
         self._arm_tick(now, out)
         return out
 
-    def _remember_ended(self, task_id: str, attempt: int, gm: int, error: str) -> None:
-        self._ended_runs.add((task_id, attempt))
-        order = self._ended_order
-        order.append((task_id, attempt, gm, error))
-        if len(order) > self.ended_runs_kept:
-            old_id, old_attempt, _, _ = order.popleft()
-            self._ended_runs.discard((old_id, old_attempt))
-
     def ended_runs(self, gm: int) -> list[tuple[str, int, str]]:
         """GM `gm`'s runs that ended here recently, oldest first: (task id, attempt, error)."""
-        return [(t, a, e) for t, a, g, e in self._ended_order if g == gm]
+        return self.ended.of_gm(gm)
 
     # ------------------------------------------------------- node failures
 
