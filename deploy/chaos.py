@@ -36,7 +36,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import httpx
 
 from megha.common.settings import LoadgenSettings
-from megha.deploy.broker_node import BrokerNode
+from megha.deploy.broker_node import BrokerNode, broker_node
 from megha.deploy.containers import ContainerDeployment, DockerError, docker
 from megha.deploy.local import LocalDeployment
 from megha.loadgen.records import TaskRecord
@@ -87,7 +87,8 @@ class Backend(Generic[T]):
 
 @dataclass
 class Processes:
-    """The process backend's deployment: separate processes on this host and a RabbitMQ node of their own."""
+    """The process backend's deployment: separate processes on this host and a RabbitMQ node of their own
+    (`rabbitmq-server`, or a container of the RabbitMQ image where it is not installed: deploy/broker_node.py)."""
 
     deployment: LocalDeployment
     node: BrokerNode
@@ -119,7 +120,7 @@ class Processes:
 
 @contextlib.contextmanager
 def _processes(config: ChaosConfig, logs: Path) -> Iterator[Processes]:
-    with BrokerNode() as node:
+    with broker_node() as node:
         deployment = LocalDeployment(**config.deployment_shape(), amqp_url=node.url, log_dir=logs)
         with deployment:
             yield Processes(deployment, node)

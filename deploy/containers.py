@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -45,6 +46,11 @@ class DockerError(RuntimeError):
     pass
 
 
+def rabbitmq_image() -> str:
+    """The RabbitMQ image brokers run from (MEGHA_RABBITMQ_IMAGE; deploy/images/build.sh makes the default)."""
+    return os.environ.get("MEGHA_RABBITMQ_IMAGE", "megha-rabbitmq:bookworm")
+
+
 def docker(*args: str, timeout: float = 60.0, check: bool = True) -> str:
     """Run one docker command and return its output; DockerError with its message when it fails."""
     try:
@@ -67,6 +73,43 @@ def _shown(args: tuple[str, ...]) -> str:
         else arg
         for arg in args
     )
+
+
+def run_detached(name: str, argv: Callable[[], list[str]], redraw: Callable[[], None] | None) -> None:
+    """`docker run --detach` the container `name` with the options, image and command `argv()` gives. When a port it
+    publishes on this host was taken between its draw and the start ("port is already allocated"), the failed
+    container is removed, `redraw()` draws its ports again and it is run again (a few times); without `redraw`
+    (ports the caller chose) the failure is raised."""
+    for attempt in range(5):
+        try:
+            docker("run", "--detach", *argv())
+            return
+        except DockerError as exc:
+            if "port is already allocated" not in str(exc) or redraw is None or attempt == 4:
+                raise
+            docker("rm", "--force", name, check=False)
+            redraw()
+
+
+def stopped(*names: str) -> dict[str, int]:
+    """The exit status of each of the containers `names` that has stopped (exited, or dead), by name."""
+    out = docker("inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}", *names)
+    codes = {}
+    for line in out.splitlines():
+        name, status, code = line.strip().lstrip("/").split()
+        if status in ("exited", "dead"):
+            codes[name] = int(code)
+    return codes
+
+
+def log_tail(name: str, chars: int = 3000) -> str:
+    """The end of the container `name`'s output, stdout and stderr interleaved."""
+    argv = ["docker", "logs", name]
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "(docker logs did not answer within 30 s)"
+    return done.stdout[-chars:]
 
 
 def amqp_answers(port: int, timeout: float = 2.0) -> bool:
@@ -121,9 +164,7 @@ class ContainerDeployment:
     heartbeat_interval: float = 5.0
     worker_timeout: float = 30.0
     image: str = field(default_factory=lambda: os.environ.get("MEGHA_IMAGE", "megha:latest"))
-    rabbitmq_image: str = field(
-        default_factory=lambda: os.environ.get("MEGHA_RABBITMQ_IMAGE", "megha-rabbitmq:bookworm")
-    )
+    rabbitmq_image: str = field(default_factory=rabbitmq_image)
     log_dir: Path = Path("out/containers/logs")
     name: str = field(default_factory=lambda: f"megha-{uuid.uuid4().hex[:8]}")
     containers: dict[str, Container] = field(default_factory=dict)
@@ -254,20 +295,20 @@ class ContainerDeployment:
         another program took between the plan and the start is given up for another (a few times)."""
         self._plan(self._create_network())
         for service, container in self.containers.items():
-            for attempt in range(5):
-                try:
-                    docker("run", "--detach", *container.run)
-                    break
-                except DockerError as exc:
-                    if "port is already allocated" not in str(exc) or container.host_port is None or attempt == 4:
-                        raise
-                    docker("rm", "--force", container.name, check=False)
-                    old = f"127.0.0.1:{container.host_port}:{container.port}"
-                    container.host_port = self._host_port()
-                    new = f"127.0.0.1:{container.host_port}:{container.port}"
-                    container.run = [new if arg == old else arg for arg in container.run]
+            self._run(container)
             if service == BROKER:
                 self.wait_broker()
+
+    def _run(self, container: Container) -> None:
+        """`docker run` the container as planned; a port it publishes that was taken since is drawn again."""
+
+        def redraw() -> None:
+            old = f"127.0.0.1:{container.host_port}:{container.port}"
+            container.host_port = self._host_port()
+            new = f"127.0.0.1:{container.host_port}:{container.port}"
+            container.run = [new if arg == old else arg for arg in container.run]
+
+        run_detached(container.name, lambda: container.run, redraw if container.host_port is not None else None)
 
     def wait_broker(self, timeout: float = 90.0) -> None:
         """Until RabbitMQ answers AMQP clients; fails with its log when its container stops or time runs out."""
@@ -292,22 +333,13 @@ class ContainerDeployment:
             time.sleep(0.2)
 
     def _fail_if_exited(self, services: list[str]) -> None:
-        names = [self.containers[s].name for s in services]
-        out = docker("inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}", *names)
-        for line in out.splitlines():
-            name, status, code = line.strip().lstrip("/").split()
-            if status in ("exited", "dead"):
-                service = name.removeprefix(f"{self.name}-")
-                raise RuntimeError(f"{service} exited with {code}:\n{self.log_tail(service)}")
+        for name, code in stopped(*(self.containers[s].name for s in services)).items():
+            service = name.removeprefix(f"{self.name}-")
+            raise RuntimeError(f"{service} exited with {code}:\n{self.log_tail(service)}")
 
     def log_tail(self, service: str, chars: int = 3000) -> str:
         """The end of the container's output, stdout and stderr interleaved."""
-        argv = ["docker", "logs", self.containers[service].name]
-        try:
-            done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
-        except subprocess.TimeoutExpired:
-            return "(docker logs did not answer within 30 s)"
-        return done.stdout[-chars:]
+        return log_tail(self.containers[service].name, chars)
 
     # Faults, named after the docker commands that make them.
 

@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from brokerkit import BrokerContainer
-
     from megha.deploy.broker_node import BrokerNode
 
 SKIP_DOCKER = "MEGHA_SKIP_DOCKER"
@@ -31,41 +29,41 @@ SKIP_DOCKER = "MEGHA_SKIP_DOCKER"
 os.environ.setdefault("MEGHA_AUTH", "off")
 
 
-_OWN_BROKER: list[BrokerNode | BrokerContainer] = []  # the RabbitMQ node this test run started, if it started one
+_OWN_BROKER: list[BrokerNode] = []  # the RabbitMQ node this test run started, if it started one
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The service tests need RabbitMQ at 127.0.0.1:5672. When nothing answers there, the run starts a node of its
-    own on that port and stops it at the end: Debian's rabbitmq-server when it is installed (its data in a temporary
-    folder; `rabbitmqctl` then reaches it through RABBITMQ_NODENAME), else, when a Docker engine answers, a
-    container of the megha-rabbitmq image (built by deploy/images/build.sh when missing; brokerkit.rabbitmqctl runs
-    in it). Without either, the tests that need a broker say so: they skip, or fail under CI=true."""
-    from brokerkit import CONTAINER, BrokerContainer
+    """The broker nodes of the test run (deploy/broker_node.py) are Debian's rabbitmq-server when it is installed,
+    else containers of the megha-rabbitmq image, which is built first (deploy/images/build.sh) when a Docker engine
+    answers and lacks it. The service tests need RabbitMQ at 127.0.0.1:5672: when nothing answers there, the run
+    starts such a node of its own on that port and stops it at the end (`brokerkit.rabbitmqctl` reaches it: through
+    RABBITMQ_NODENAME, or in its container). Without either backend, the tests that need a broker say so."""
+    from brokerkit import CONTAINER, ensure_rabbitmq_image
 
-    from megha.deploy.broker_node import BrokerNode, port_open
+    from megha.deploy.broker_node import ContainerNode, broker_node, port_open
 
+    if shutil.which("rabbitmq-server") is None and docker_problem() is None:
+        try:
+            ensure_rabbitmq_image()
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            _warn(config, f"no RabbitMQ image: {exc}")
     if port_open(5672):
         return
-    if shutil.which("rabbitmq-server") is not None:
-        node = BrokerNode(port=5672)
-        if _started(config, node):
-            os.environ["RABBITMQ_NODENAME"] = node.name
-    elif docker_problem() is None:
-        container = BrokerContainer(port=5672)
-        if _started(config, container):
-            os.environ[CONTAINER] = container.name
-
-
-def _started(config: pytest.Config, broker: BrokerNode | BrokerContainer) -> bool:
-    """Start the test run's own broker, to be destroyed when the run ends; warn and go on without it if it fails."""
     try:
-        broker.start()
+        node = broker_node(port=5672)
+    except RuntimeError as exc:
+        return _warn(config, str(exc))
+    try:
+        node.start()
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
-        broker.destroy()
-        config.issue_config_time_warning(pytest.PytestWarning(f"could not start a RabbitMQ node: {exc}"), 3)
-        return False
-    _OWN_BROKER.append(broker)
-    return True
+        node.destroy()
+        return _warn(config, f"could not start a RabbitMQ node: {exc}")
+    _OWN_BROKER.append(node)
+    os.environ[CONTAINER if isinstance(node, ContainerNode) else "RABBITMQ_NODENAME"] = node.name
+
+
+def _warn(config: pytest.Config, text: str) -> None:
+    config.issue_config_time_warning(pytest.PytestWarning(text), 3)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -19,7 +19,7 @@ from megha.common.core.task import TaskSpec
 from megha.common.models import BrokerMessage, TaskEvents, WorkerNode, WorkerRegistration, WorkerReportModel
 from megha.common.settings import LMSettings, WorkerSettings
 from megha.common.transport.rabbit import AMQP_HEARTBEAT, Broker, TryLater, gm_key, lm_key, with_heartbeat
-from megha.deploy.broker_node import BrokerNode
+from megha.deploy.broker_node import broker_node
 from megha.services.lm.service import LMService
 from megha.services.worker.agent import WorkerAgent
 
@@ -183,7 +183,7 @@ async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_i
     consumer's connection comes back by itself. Each connection says once that it was lost (not on each of the
     attempts to reconnect, one a second), and how long it was away when it is back."""
     caplog.set_level(logging.INFO, logger="megha.common.transport.rabbit")
-    with BrokerNode() as node:
+    with broker_node() as node:
         publisher = Broker(node.url, "outage")
         consumer = Broker(node.url, "outage")
         await publisher.connect()

@@ -21,8 +21,6 @@ from megha.deploy.chaos import PROCESS_FAULTS, ChaosConfig, _keep_suspects, _kee
 from megha.loadgen.records import JobRecord, TaskColumns, TaskRecord
 from megha.loadgen.services import ServicesRun
 
-from servicekit import needs_rabbitmq
-
 
 def test_a_fault_of_another_backend_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--backend", "containers", "--faults", "gm-stall"]) == 2
@@ -126,7 +124,6 @@ test named here."""
 CI_FAULTS = [name for name in PROCESS_FAULTS if name not in LEFT_TO_MEGHA_CHAOS]
 
 
-@needs_rabbitmq
 @pytest.mark.parametrize("name", CI_FAULTS)
 def test_one_trial_of_each_fault_loses_nothing_and_recovers_in_time(name: str, tmp_path: Path) -> None:
     config = ChaosConfig(out=tmp_path)

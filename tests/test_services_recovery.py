@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from megha.deploy.broker_node import BrokerNode
+from megha.deploy.broker_node import broker_node
 from megha.deploy.local import LocalDeployment
 
 from faultkit import BACKLOG, assert_nothing_lost, backlog_deployment, replay_with_fault, service_state
@@ -77,7 +77,7 @@ def test_a_gm_killed_with_tasks_queued_and_restarted_recovers_its_jobs_from_its_
 
 
 def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:
-    with BrokerNode() as node:
+    with broker_node() as node:
         deployment = LocalDeployment(gms=2, lms=2, workers_per_lm=2, amqp_url=node.url, heartbeat_interval=0.5)
 
         def kill_broker_then_restart() -> None:

@@ -1,5 +1,6 @@
 """The test run's own set-up: a missing ../shared file skips naming it, and the RabbitMQ container the run starts
-when no broker answers and rabbitmq-server is not installed."""
+when no broker answers and rabbitmq-server is not installed (a `ContainerNode`: tests/test_broker_node.py has the
+rest of it)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from brokerkit import CONTAINER, BrokerContainer, rabbitmqctl
+from brokerkit import CONTAINER, rabbitmqctl
 from conftest import _shared_file
 
-from megha.deploy.local import free_port
+from megha.deploy.broker_node import ContainerNode
 
 
 def test_a_missing_shared_file_skips_the_test_naming_it(tmp_path: Path) -> None:
@@ -27,9 +28,8 @@ def test_a_missing_shared_file_skips_the_test_naming_it(tmp_path: Path) -> None:
 def test_the_broker_container_takes_guest_clients_and_rabbitmqctl_and_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    container = BrokerContainer(port=free_port())
-    container.start()
-    try:
+    container = ContainerNode()
+    with container:
         monkeypatch.setenv(CONTAINER, container.name)
 
         async def round_trip() -> bytes:
@@ -45,7 +45,5 @@ def test_the_broker_container_takes_guest_clients_and_rabbitmqctl_and_leaves_not
         assert asyncio.run(round_trip()) == b"hello"
         users = rabbitmqctl("list_users", capture_output=True, text=True, timeout=60)
         assert users.returncode == 0 and "guest" in users.stdout, users
-    finally:
-        container.destroy()
     left = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={container.name}"], capture_output=True, text=True)
     assert left.stdout.strip() == ""

@@ -17,13 +17,11 @@ from click.testing import CliRunner
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker, BrokerUnavailable
 from megha.ctl import cli
-from megha.deploy.broker_node import BrokerNode
+from megha.deploy.broker_node import BrokerNode, broker_node
 from megha.loadgen.services import replay_services
 from megha.services.client import CallError, ServiceClient, use_tls_ca
 
-from servicekit import needs_rabbitmq, small_deployment
-
-pytestmark = needs_rabbitmq  # the node is Debian's rabbitmq-server, which the system broker comes from
+from servicekit import small_deployment
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -73,7 +71,7 @@ def pki(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 @pytest.fixture
 def node(pki: tuple[Path, Path, Path]) -> Iterator[BrokerNode]:
-    with BrokerNode(tls=pki) as started:
+    with broker_node(tls=pki) as started:
         yield started
 
 
