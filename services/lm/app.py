@@ -37,10 +37,10 @@ from megha.services.background import serving_gc
 from megha.services.client import CallError
 from megha.services.http import error, errors, json_body, json_response, read_body
 from megha.services.lm.membership import RegistrationError
+from megha.services.lm.metrics import lm_registry
 from megha.services.lm.service import LMService, NotReady
 from megha.services.logroutes import LOG_RESPONSE, LogQueryParam, relay
 from megha.services.logs import configure_logging, ids
-from megha.services.metrics import lm_registry
 
 
 def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
