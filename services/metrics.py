@@ -10,10 +10,9 @@ docs/metrics.md lists every metric, its labels and where it comes from.
 from __future__ import annotations
 
 import platform
-from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -67,28 +66,27 @@ class Identity:
             yield family.family
 
 
-class ServiceCollector(Collector, ABC):
-    """A service's collector: what every service reports (which Megha it runs, its broker connection's counters),
-    then the service's own families."""
+class Service(Protocol):
+    """What every service's metrics read of it: its broker connection (None: none, in tests), at each scrape."""
 
-    @abstractmethod
-    def identity(self) -> Identity:
-        """The service's identity label."""
+    @property
+    def broker(self) -> Broker | None: ...
 
-    @abstractmethod
-    def broker(self) -> Broker | None:
-        """The service's broker connection, None without one."""
 
-    @abstractmethod
-    def families(self, me: Identity) -> Iterator[Metric]:
-        """The service's own families."""
+class ServiceCollector(Collector):
+    """One service's collector: what every service reports (which Megha it runs, its broker connection's counters),
+    then its own families (`families(me)`), all labelled with its identity `me`."""
+
+    def __init__(self, me: Identity, service: Service, families: Callable[[Identity], Iterable[Metric]]) -> None:
+        self.me = me
+        self.service = service
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        me = self.identity()
-        yield _build_info(me)
-        if (broker := self.broker()) is not None:
-            yield from _broker_counters(me, broker)
-        yield from self.families(me)
+        yield _build_info(self.me)
+        if (broker := self.service.broker) is not None:
+            yield from _broker_counters(self.me, broker)
+        yield from self.families(self.me)
 
 
 def _build_info(identity: Identity) -> Metric:
@@ -126,10 +124,10 @@ def _broker_counters(identity: Identity, broker: Broker) -> Iterator[Metric]:
     )
 
 
-def registry_of(collector: Collector) -> CollectorRegistry:
-    """A registry of its own for one service's collector."""
+def registry_of(me: Identity, service: Service, families: Callable[[Identity], Iterable[Metric]]) -> CollectorRegistry:
+    """A registry of its own for one service (`ServiceCollector`)."""
     registry = CollectorRegistry()
-    registry.register(collector)
+    registry.register(ServiceCollector(me, service, families))
     return registry
 
 

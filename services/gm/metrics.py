@@ -1,6 +1,6 @@
 """What a GM counts and reports on GET /metrics: its `GMMeter` (scheduling attempts, the allocation-time
-histogram) beside the job table, and `GMCollector`, which reads its queues, task counts and fair-scheduling view
-from its core and job table when Prometheus scrapes (docs/metrics.md)."""
+histogram) beside the job table, and its registry (`gm_registry`), which reads its queues, task counts and
+fair-scheduling view from its core and job table when Prometheus scrapes (docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,11 @@ from megha.common.core.lifecycle import State
 from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import TaskSpec
-from megha.services.metrics import FAIR_SHARE, Identity, ServiceCollector, registry_of
+from megha.services.metrics import FAIR_SHARE, Identity, registry_of
 
 if TYPE_CHECKING:
     from megha.common.core.fairness.config import FairnessConfig
     from megha.common.core.gm import GlobalMaster
-    from megha.common.transport.rabbit import Broker
     from megha.services.gm.jobs import JobTable
     from megha.services.gm.service import GMService
 
@@ -85,32 +84,25 @@ class GMMeter(CoreObserver):
                 allocation.decided(rec.arrival, rec.attempts, now)
 
 
-class GMCollector(ServiceCollector):
+def gm_registry(service: GMService, stand_in: Callable[[], GMService | None] = lambda: None) -> CollectorRegistry:
     """A GM's queues, task counts, allocation times and fair-scheduling view, read from its core and job table.
-    `stand_in` answers the service this GM runs for the previous GM while it stands in for it (or None)."""
+    `stand_in` answers the service this GM runs for the previous GM while it stands in for it (or None), whose
+    families join this GM's under that GM's identity."""
 
-    def __init__(self, service: GMService, stand_in: Callable[[], GMService | None]) -> None:
-        self.service = service
-        self.stand_in = stand_in
-
-    def identity(self) -> Identity:
-        return Identity("gm", self.service.settings.gm_id)
-
-    def broker(self) -> Broker | None:
-        return self.service.broker
-
-    def families(self, me: Identity) -> Iterator[Metric]:
-        services = [self.service]
-        if (other := self.stand_in()) is not None:
+    def families(me: Identity) -> Iterator[Metric]:
+        services = [service]
+        if (other := stand_in()) is not None:
             services.append(other)
-        families: dict[str, Metric] = {}
-        for service in services:
-            for family in _gm_families(service):
-                if family.name in families:
-                    families[family.name].samples.extend(family.samples)
+        merged: dict[str, Metric] = {}
+        for held in services:
+            for family in _gm_families(held):
+                if family.name in merged:
+                    merged[family.name].samples.extend(family.samples)
                 else:
-                    families[family.name] = family
-        yield from families.values()
+                    merged[family.name] = family
+        yield from merged.values()
+
+    return registry_of(Identity("gm", service.settings.gm_id), service, families)
 
 
 def tasks_per_queue(core: GlobalMaster) -> dict[str, tuple[int, int]]:
@@ -250,7 +242,3 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
 
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
-
-
-def gm_registry(service: GMService, stand_in: Callable[[], GMService | None] = lambda: None) -> CollectorRegistry:
-    return registry_of(GMCollector(service, stand_in))
