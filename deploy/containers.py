@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -20,11 +19,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
 
 import httpx
 
 from megha.common.auth import Credential, Role, new_secret, token_digest
+from megha.deploy.lifetime import Deployment
 from megha.deploy.local import ALL_CONSTRAINTS, OPERATOR, free_port
 
 LABEL = "org.megha.deployment"
@@ -102,7 +101,7 @@ class Container:
 
 
 @dataclass
-class ContainerDeployment:
+class ContainerDeployment(Deployment):
     """G GMs, L LMs and W worker agents per LM (every node satisfying every constraint) and a RabbitMQ of their own,
     as containers on the network `name`.
 
@@ -383,25 +382,9 @@ class ContainerDeployment:
             if left:
                 print(f"megha: could not remove {left} of {self.name}", file=sys.stderr)
 
-    def __enter__(self) -> ContainerDeployment:
-        previous = signal.getsignal(signal.SIGTERM)
+    def bring_up(self) -> None:
+        self.start_all()
+        self.wait_healthy()
 
-        def on_term(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, on_term)  # a terminated run removes its containers too
-        self._previous_sigterm = previous
-        try:
-            self.start_all()
-            self.wait_healthy()
-        except BaseException:
-            self.remove()
-            signal.signal(signal.SIGTERM, previous)
-            raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def tear_down(self) -> None:
         self.remove()
-        signal.signal(signal.SIGTERM, self._previous_sigterm)
