@@ -53,7 +53,7 @@ from megha.services.gm.metrics import gm_registry, tasks_per_queue
 from megha.services.gm.service import DuplicateJob, GMService, NotServing, TooManyUnfinished
 from megha.services.gm.standin import NotHere, Peers, StandingIn
 from megha.services.http import error, errors, json_body, json_response, read_body
-from megha.services.logroutes import LOG_RESPONSE, LogQueryParam, relay
+from megha.services.logroutes import LogQueryParam, relay, relay_route
 from megha.services.logs import configure_logging, ids
 
 SUBMIT_AGAIN_AFTER = 2
@@ -219,11 +219,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             return error(404, message, "job_id")
         return json_response(status)
 
-    @app.get(
-        "/v1/jobs/{job_id}/tasks/{task_id}/logs",
-        response_class=Response,
-        responses={**LOG_RESPONSE, **errors(404, 502, 503)},
-    )
+    @relay_route(app, "/v1/jobs/{job_id}/tasks/{task_id}/logs")
     async def task_logs(
         job_id: str,
         task_id: str,
