@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from megha.common.auth import Credential, Role, new_secret, token_digest
-from megha.deploy.lifetime import Deployment
+from megha.deploy.deployment import Deployment
 from megha.deploy.local import ALL_CONSTRAINTS, OPERATOR, free_port
 
 LABEL = "org.megha.deployment"
@@ -111,14 +111,7 @@ class ContainerDeployment(Deployment):
     `docker network disconnect` deletes from the container's /etc/hosts every line with a peer's address (entries
     given with --add-host included), which `docker network connect` does not put back."""
 
-    gms: int = 2
-    lms: int = 2
-    workers_per_lm: int = 2
-    nodes_per_worker: int = 1
     execution: str = "simulated"
-    delta_interval: float = 1.0
-    heartbeat_interval: float = 5.0
-    worker_timeout: float = 30.0
     image: str = field(default_factory=lambda: os.environ.get("MEGHA_IMAGE", "megha:latest"))
     rabbitmq_image: str = field(
         default_factory=lambda: os.environ.get("MEGHA_RABBITMQ_IMAGE", "megha-rabbitmq:bookworm")

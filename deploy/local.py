@@ -24,7 +24,7 @@ from megha.common.auth import Credential, Role, Signer, new_secret, token_digest
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker, gm_key, lm_key
-from megha.deploy.lifetime import Deployment
+from megha.deploy.deployment import Deployment
 from megha.loadgen.progress import Progress
 from megha.loadgen.services import ServicesRun, replay_services
 
@@ -80,10 +80,6 @@ class LocalDeployment(Deployment):
     case each agent's constraints are drawn with the published machine fractions (and some jobs of a constrained
     trace may then be unschedulable on a small deployment)."""
 
-    gms: int = 2
-    lms: int = 2
-    workers_per_lm: int = 2
-    nodes_per_worker: int = 1
     execution: str = "real"
     node_cpu_millicores: int = 2000
     node_memory_mb: int = 4096
@@ -91,9 +87,6 @@ class LocalDeployment(Deployment):
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     run_id: str = field(default_factory=lambda: f"local-{uuid.uuid4().hex[:8]}")
     log_dir: Path = Path("out/local/logs")
-    delta_interval: float = 1.0
-    heartbeat_interval: float = 5.0  # worker agents -> LM
-    worker_timeout: float = 30.0  # an LM takes a silent agent's nodes out of service after this long
     queues: str = ""  # fair scheduling: user:share:gm,... (empty: off), given to every GM and LM
     share_policy: str = "share"
     takeover_after: float = 45.0  # a GM down this long is stood in for by the next GM (0: never)
