@@ -37,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -139,16 +140,17 @@ class ExecDriver(Driver):
             raise ValueError("an exec task needs a command")
         await self.prepare()
         how = self._enforcement
-        lease = await self._lease() if self._isolated else None
-        scratch = cgroup = None
+        held = _Held(self._uids, await self._lease() if self._isolated else None)
+        lease = held.lease
         try:
-            scratch = Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
+            scratch = held.scratch = Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
             if lease is not None:
                 os.chown(scratch, lease.uid, lease.gid)
             cwd = spec.workdir or str(scratch)
             env = {"PATH": BASE_PATH, "HOME": cwd, "LANG": "C.UTF-8", "TMPDIR": str(scratch)} | dict(spec.env)
+            cgroup = None
             if isinstance(how, Cgroups):
-                cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
+                cgroup = held.cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
             setup = functools.partial(
                 enforcement.child_setup,
                 None if cgroup is None else str(cgroup / "cgroup.procs"),
@@ -173,10 +175,10 @@ class ExecDriver(Driver):
             )
         except BaseException:
             # Popen may fail after its child became the uid: the uid is killed before it is given back.
-            await asyncio.to_thread(_clean_up, cgroup, scratch, lease, self._uids, kill=True)
+            await asyncio.to_thread(held.give_back, kill=True)
             raise
         watch = self._watch if cgroup is None else None
-        run = _ExecRun(process, log, limits, cgroup, scratch, lease, self._uids, watch)
+        run = _ExecRun(process, log, limits, held, watch)
         try:
             run.begin()
         except BaseException:
@@ -205,21 +207,17 @@ class _ExecRun(Run):
         process: subprocess.Popen[bytes],
         log: RunLog,
         limits: Limits,
-        cgroup: Path | None,
-        scratch: Path | None,
-        lease: UidLease | None,
-        uids: TaskUids,
+        held: _Held,
         watch: MemoryWatch | None,
     ) -> None:
         self._process = process
         self._log = log
         self._limits = limits
-        self._cgroup = cgroup
-        self._scratch = scratch
-        self._lease = lease
-        self._uids = uids
+        self._held = held
+        self._cgroup = held.cgroup
+        self._lease = held.lease
         self._watch = watch
-        self._key: WatchKey = ("uid", lease.uid) if lease is not None else ("sid", process.pid)
+        self._key: WatchKey = ("uid", held.lease.uid) if held.lease is not None else ("sid", process.pid)
         self._released = False  # the uid went back to the pool: signalling it would reach another run
         self._over_memory_mb: float | None = None  # what the watch saw when it killed the run
         self._peak_bytes = 0
@@ -276,9 +274,7 @@ class _ExecRun(Run):
             self._watch.forget(self._key)
         self._released = True
         process = None if killed or self._process.returncode is not None else self._process
-        await asyncio.to_thread(
-            _clean_up, self._cgroup, self._scratch, self._lease, self._uids, process, kill=not killed
-        )
+        await asyncio.to_thread(self._held.give_back, process, kill=not killed)
 
     def _seen(self, resident: int) -> None:
         """The memory watch's look at the run: its processes (and its uid's shared memory) hold `resident` bytes."""
@@ -346,35 +342,36 @@ class _ExecRun(Run):
                 os.kill(pid, signum)
 
 
-def _clean_up(
-    cgroup: Path | None,
-    scratch: Path | None,
-    lease: UidLease | None,
-    uids: TaskUids,
-    process: subprocess.Popen[bytes] | None = None,
-    *,
-    kill: bool = False,
-) -> None:
-    """Remove a run's cgroup (killing what is left in it) and its scratch folder, remove what its uid left in the
-    shared folders, and give the uid back. `kill`: kill every process of the uid first (a start that failed, a wait
-    cancelled; a run's own end killed them already), and reap `process`, the run's own, when given. One call, so
-    that a cancelled caller never leaves it half done."""
-    if kill and lease is not None:
-        _warn_left(lease.uid, isolation.kill_uid(lease.uid))
-    if process is not None:
-        process.wait()
-    if cgroup is not None:
-        try:
-            enforcement.remove(cgroup)
-        except OSError as exc:
-            log.warning("could not remove cgroup %s: %s", cgroup, exc)
-    if scratch is not None:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if lease is not None:
-        try:
-            isolation.purge_uid(lease.uid)
-        finally:
-            uids.release(lease)
+@dataclass
+class _Held:
+    """What an exec run holds until it is over: its uid (leased from `uids`), its scratch folder, its cgroup."""
+
+    uids: TaskUids
+    lease: UidLease | None
+    scratch: Path | None = None
+    cgroup: Path | None = None
+
+    def give_back(self, process: subprocess.Popen[bytes] | None = None, *, kill: bool = False) -> None:
+        """Remove the cgroup (killing what is left in it) and the scratch folder, remove what the uid left in the
+        shared folders, and give the uid back. `kill`: kill every process of the uid first (a start that failed, a
+        wait cancelled; a run's own end killed them already), and reap `process`, the run's own, when given. One
+        call, so that a cancelled caller never leaves it half done."""
+        if kill and self.lease is not None:
+            _warn_left(self.lease.uid, isolation.kill_uid(self.lease.uid))
+        if process is not None:
+            process.wait()
+        if self.cgroup is not None:
+            try:
+                enforcement.remove(self.cgroup)
+            except OSError as exc:
+                log.warning("could not remove cgroup %s: %s", self.cgroup, exc)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.lease is not None:
+            try:
+                isolation.purge_uid(self.lease.uid)
+            finally:
+                self.uids.release(self.lease)
 
 
 def _warn_left(uid: int, left: list[int]) -> None:
