@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -21,11 +20,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
 
 import httpx
 
 from megha.common.auth import Credential, Role, new_secret, token_digest
+from megha.deploy.deployment import Deployment
 from megha.deploy.local import ALL_CONSTRAINTS, OPERATOR, free_port
 
 LABEL = "org.megha.deployment"
@@ -145,7 +144,7 @@ class Container:
 
 
 @dataclass
-class ContainerDeployment:
+class ContainerDeployment(Deployment):
     """G GMs, L LMs and W worker agents per LM (every node satisfying every constraint) and a RabbitMQ of their own,
     as containers on the network `name`.
 
@@ -155,14 +154,7 @@ class ContainerDeployment:
     `docker network disconnect` deletes from the container's /etc/hosts every line with a peer's address (entries
     given with --add-host included), which `docker network connect` does not put back."""
 
-    gms: int = 2
-    lms: int = 2
-    workers_per_lm: int = 2
-    nodes_per_worker: int = 1
     execution: str = "simulated"
-    delta_interval: float = 1.0
-    heartbeat_interval: float = 5.0
-    worker_timeout: float = 30.0
     image: str = field(default_factory=lambda: os.environ.get("MEGHA_IMAGE", "megha:latest"))
     rabbitmq_image: str = field(default_factory=rabbitmq_image)
     log_dir: Path = Path("out/containers/logs")
@@ -415,25 +407,9 @@ class ContainerDeployment:
             if left:
                 print(f"megha: could not remove {left} of {self.name}", file=sys.stderr)
 
-    def __enter__(self) -> ContainerDeployment:
-        previous = signal.getsignal(signal.SIGTERM)
+    def bring_up(self) -> None:
+        self.start_all()
+        self.wait_healthy()
 
-        def on_term(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, on_term)  # a terminated run removes its containers too
-        self._previous_sigterm = previous
-        try:
-            self.start_all()
-            self.wait_healthy()
-        except BaseException:
-            self.remove()
-            signal.signal(signal.SIGTERM, previous)
-            raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def tear_down(self) -> None:
         self.remove()
-        signal.signal(signal.SIGTERM, self._previous_sigterm)

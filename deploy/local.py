@@ -16,7 +16,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
 
 import httpx
 from pydantic import SecretStr
@@ -25,6 +24,7 @@ from megha.common.auth import Credential, Role, Signer, new_secret, token_digest
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.settings import LoadgenSettings
 from megha.common.transport.rabbit import Broker, gm_key, lm_key
+from megha.deploy.deployment import Deployment
 from megha.loadgen.progress import Progress
 from megha.loadgen.services import ServicesRun, replay_services
 
@@ -75,15 +75,11 @@ class Process:
 
 
 @dataclass
-class LocalDeployment:
+class LocalDeployment(Deployment):
     """A deployment on this host. Worker nodes satisfy every constraint unless `constraint_seed` is set, in which
     case each agent's constraints are drawn with the published machine fractions (and some jobs of a constrained
     trace may then be unschedulable on a small deployment)."""
 
-    gms: int = 2
-    lms: int = 2
-    workers_per_lm: int = 2
-    nodes_per_worker: int = 1
     execution: str = "real"
     node_cpu_millicores: int = 2000
     node_memory_mb: int = 4096
@@ -91,9 +87,6 @@ class LocalDeployment:
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     run_id: str = field(default_factory=lambda: f"local-{uuid.uuid4().hex[:8]}")
     log_dir: Path = Path("out/local/logs")
-    delta_interval: float = 1.0
-    heartbeat_interval: float = 5.0  # worker agents -> LM
-    worker_timeout: float = 30.0  # an LM takes a silent agent's nodes out of service after this long
     queues: str = ""  # fair scheduling: user:share:gm,... (empty: off), given to every GM and LM
     share_policy: str = "share"
     takeover_after: float = 45.0  # a GM down this long is stood in for by the next GM (0: never)
@@ -312,28 +305,13 @@ class LocalDeployment:
         finally:
             await broker.close(flush_timeout=0.5)
 
-    def __enter__(self) -> LocalDeployment:
-        previous = signal.getsignal(signal.SIGTERM)
-
-        def on_term(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, on_term)
+    def bring_up(self) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops us even if started ignoring it
-        self._previous_sigterm = previous
-        try:
-            self.start()
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self.start()
+        self.wait_healthy()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def tear_down(self) -> None:
         self.stop()
-        signal.signal(signal.SIGTERM, self._previous_sigterm)
 
 
 def _bindable(port: int) -> bool:

@@ -4,15 +4,16 @@ output it kept: services/worker/tasklogs.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlencode
 
-from fastapi import Depends, Query
+from fastapi import Depends, FastAPI, Query
 from fastapi.responses import Response
 
 from megha.services.client import Reply
-from megha.services.http import error
+from megha.services.http import error, errors
 
 Stream = Literal["stdout", "stderr"]
 
@@ -65,6 +66,15 @@ def _log_query(
 
 LogQueryParam = Annotated[LogQuery, Depends(_log_query)]
 """A log route's query parameters, read into one `LogQuery` (`query: LogQueryParam`)."""
+
+
+Route = TypeVar("Route", bound=Callable[..., Any])
+
+
+def relay_route(app: FastAPI, path: str) -> Callable[[Route], Route]:
+    """Declare GET `path` of `app`, a log route that relays the service behind it (the GM's and the LM's): the
+    stream's text, or the error it passed on, or a 502."""
+    return app.get(path, response_class=Response, responses={**LOG_RESPONSE, **errors(404, 502, 503)})
 
 
 def relay(reply: Reply, who: str, field: str) -> Response:

@@ -49,55 +49,64 @@ class Inbox:
         return self.messages.pop(0)
 
 
-async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id)
+@contextlib.asynccontextmanager
+async def fresh_broker(**options: Any) -> AsyncIterator[Broker]:
+    """A connection of a fresh run (`options`: more of Broker's), closed at the end."""
+    broker = Broker(AMQP, f"test-{uuid.uuid4().hex[:8]}", **options)
     await broker.connect()
-    inboxes = [Inbox(), Inbox()]
-    queues = [await broker.consume("gm", gm_key(g), inboxes[g]) for g in (0, 1)]
-    settings = LMSettings(lm_id=0, num_gms=2, expected_nodes=2, delta_interval=0.05, run_id=run_id, amqp_url=AMQP)
-    lm = LMService(settings, broker)
-    queues.append(await broker.consume("lm", lm_key(0), lm.on_broker_message))
-    launched: list[object] = []
-
-    def fake_workers(launch: object) -> None:
-        launched.append(launch)
-
-    monkeypatch.setattr(lm.dispatch, "send_to_workers", fake_workers)
     try:
-        node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024}, constraints=[3])
-        await lm.register(WorkerRegistration(worker_id="w", url="http://127.0.0.1:9", nodes=[node, node]))
-        # A new LM incarnation tells every GM every node's state (a GM may hold a crashed incarnation's).
-        for inbox in inboxes:
-            first = (await inbox.next()).delta
-            assert first is not None and sorted((n.node, n.free) for n in first.nodes) == [
-                (0, [1000, 1024]),
-                (1, [1000, 1024]),
-            ]
-        task = TaskSpec("j.0", "j", "u", 1.0, (400, 100), 1 << 3)
-        response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
-        assert [p.task.task_id for p in response.accepted] == ["j.0"]
-        # GM 1 learns of GM 0's placement from the periodic delta, through its queue.
-        delta = (await inboxes[1].next()).delta
-        assert delta is not None and delta.gm == 1
-        assert [(n.node, n.free) for n in delta.nodes] == [(0, [600, 924])]
-        # The worker reports completion through the LM's queue; GM 0 gets the completion through its queue...
-        report = WorkerReportModel.from_core(WorkerReport(0, [FinishedTask("j.0", 0)]))
-        await broker.publish("lm", lm_key(0), BrokerMessage(worker_report=report).model_dump_json().encode())
-        completions = (await inboxes[0].next()).completions
-        assert completions is not None and [c.task_id for c in completions.items] == ["j.0"]
-        assert completions.items[0].state.free == [1000, 1024]
-        # ...and GM 1 sees the freed node in its next delta, while GM 0's own completion never appears as a delta.
-        delta = (await inboxes[1].next()).delta
-        assert delta is not None and [(n.node, n.free) for n in delta.nodes] == [(0, [1000, 1024])]
-        await asyncio.sleep(0.2)  # an absence: no delta of its own comes to GM 0 meanwhile
-        assert all(m.delta is None for m in inboxes[0].messages)
-        assert lm.core is not None and lm.core.is_idle() and len(launched) == 1
+        yield broker
     finally:
-        await lm.close()
-        for q in queues:
-            await broker.delete_queue(q)
         await broker.close()
+
+
+async def test_lm_deltas_and_completions_travel_through_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with fresh_broker() as broker:
+        run_id = broker.run_id
+        inboxes = [Inbox(), Inbox()]
+        queues = [await broker.consume("gm", gm_key(g), inboxes[g]) for g in (0, 1)]
+        settings = LMSettings(lm_id=0, num_gms=2, expected_nodes=2, delta_interval=0.05, run_id=run_id, amqp_url=AMQP)
+        lm = LMService(settings, broker)
+        queues.append(await broker.consume("lm", lm_key(0), lm.on_broker_message))
+        launched: list[object] = []
+
+        def fake_workers(launch: object) -> None:
+            launched.append(launch)
+
+        monkeypatch.setattr(lm.dispatch, "send_to_workers", fake_workers)
+        try:
+            node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024}, constraints=[3])
+            await lm.register(WorkerRegistration(worker_id="w", url="http://127.0.0.1:9", nodes=[node, node]))
+            # A new LM incarnation tells every GM every node's state (a GM may hold a crashed incarnation's).
+            for inbox in inboxes:
+                first = (await inbox.next()).delta
+                assert first is not None and sorted((n.node, n.free) for n in first.nodes) == [
+                    (0, [1000, 1024]),
+                    (1, [1000, 1024]),
+                ]
+            task = TaskSpec("j.0", "j", "u", 1.0, (400, 100), 1 << 3)
+            response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
+            assert [p.task.task_id for p in response.accepted] == ["j.0"]
+            # GM 1 learns of GM 0's placement from the periodic delta, through its queue.
+            delta = (await inboxes[1].next()).delta
+            assert delta is not None and delta.gm == 1
+            assert [(n.node, n.free) for n in delta.nodes] == [(0, [600, 924])]
+            # The worker reports completion through the LM's queue; GM 0 gets the completion through its queue...
+            report = WorkerReportModel.from_core(WorkerReport(0, [FinishedTask("j.0", 0)]))
+            await broker.publish("lm", lm_key(0), BrokerMessage(worker_report=report).model_dump_json().encode())
+            completions = (await inboxes[0].next()).completions
+            assert completions is not None and [c.task_id for c in completions.items] == ["j.0"]
+            assert completions.items[0].state.free == [1000, 1024]
+            # ...and GM 1 sees the freed node in its next delta, while GM 0's own completion never appears as a delta.
+            delta = (await inboxes[1].next()).delta
+            assert delta is not None and [(n.node, n.free) for n in delta.nodes] == [(0, [1000, 1024])]
+            await asyncio.sleep(0.2)  # an absence: no delta of its own comes to GM 0 meanwhile
+            assert all(m.delta is None for m in inboxes[0].messages)
+            assert lm.core is not None and lm.core.is_idle() and len(launched) == 1
+        finally:
+            await lm.close()
+            for q in queues:
+                await broker.delete_queue(q)
 
 
 async def _dead_letters(broker: Broker, want: int, timeout: float = 20.0) -> list[bytes]:
@@ -119,13 +128,11 @@ async def _dead_letters(broker: Broker, want: int, timeout: float = 20.0) -> lis
 async def retrying_broker(key: str, **options: Any) -> AsyncIterator[Broker]:
     """A connection of a fresh run that requeues a failed message after 0.05 s (`options`: more of Broker's); the
     run's queue `key` and its dead letters are deleted at the end."""
-    broker = Broker(AMQP, f"test-{uuid.uuid4().hex[:8]}", retry_pause=0.05, **options)
-    await broker.connect()
-    try:
-        yield broker
-    finally:
-        await broker.delete_run([key])
-        await broker.close()
+    async with fresh_broker(retry_pause=0.05, **options) as broker:
+        try:
+            yield broker
+        finally:
+            await broker.delete_run([key])
 
 
 async def test_a_message_whose_handler_keeps_failing_is_retried_then_dead_lettered_never_dropped() -> None:
@@ -303,101 +310,94 @@ async def test_a_connection_cut_without_a_close_is_dropped_and_made_again_once_t
 
 
 async def test_worker_heartbeats_reach_the_lm_through_the_broker() -> None:
-    run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id)
-    await broker.connect()
-    lm = LMService(LMSettings(lm_id=0, num_gms=1, expected_nodes=1, run_id=run_id, amqp_url=AMQP), broker)
-    queue = await broker.consume("lm", lm_key(0), lm.on_broker_message)
-    settings = WorkerSettings(worker_id="w-hb", execution="simulated", run_id=run_id, amqp_url=AMQP)
-    agent = WorkerAgent(settings, broker)
-    try:
-        agent.registered = await lm.register(
-            WorkerRegistration(worker_id="w-hb", url="http://127.0.0.1:9", nodes=agent.nodes())
-        )
-        await agent.heartbeat()
-        await wait_for(lambda: "w-hb" in lm.state()["heartbeats"], 5, lm.state)  # type: ignore[operator]
-        beat = lm.state()["heartbeats"]["w-hb"]  # type: ignore[index]
-        assert beat["running"] == 0 and 0 <= beat["age_seconds"] < 5
-    finally:
-        await agent.close()
-        await lm.close()
-        await broker.delete_queue(queue)
-        await broker.close()
+    async with fresh_broker() as broker:
+        run_id = broker.run_id
+        lm = LMService(LMSettings(lm_id=0, num_gms=1, expected_nodes=1, run_id=run_id, amqp_url=AMQP), broker)
+        queue = await broker.consume("lm", lm_key(0), lm.on_broker_message)
+        settings = WorkerSettings(worker_id="w-hb", execution="simulated", run_id=run_id, amqp_url=AMQP)
+        agent = WorkerAgent(settings, broker)
+        try:
+            agent.registered = await lm.register(
+                WorkerRegistration(worker_id="w-hb", url="http://127.0.0.1:9", nodes=agent.nodes())
+            )
+            await agent.heartbeat()
+            await wait_for(lambda: "w-hb" in lm.state()["heartbeats"], 5, lm.state)  # type: ignore[operator]
+            beat = lm.state()["heartbeats"]["w-hb"]  # type: ignore[index]
+            assert beat["running"] == 0 and 0 <= beat["age_seconds"] < 5
+        finally:
+            await agent.close()
+            await lm.close()
+            await broker.delete_queue(queue)
 
 
 async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_lost_for_a_retry() -> None:
-    run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id)
-    await broker.connect()
-    gm_inbox, events = Inbox(), []
-    event_arrived = asyncio.Event()
+    async with fresh_broker() as broker:
+        run_id = broker.run_id
+        gm_inbox, events = Inbox(), []
+        event_arrived = asyncio.Event()
 
-    async def on_events(body: bytes) -> None:
-        events.extend(TaskEvents.model_validate_json(body).events)
-        event_arrived.set()
+        async def on_events(body: bytes) -> None:
+            events.extend(TaskEvents.model_validate_json(body).events)
+            event_arrived.set()
 
-    queues = [
-        await broker.consume("gm", gm_key(0), gm_inbox),
-        await broker.consume("events", "", on_events, queue=f"{run_id}.events.test"),
-    ]
-    lm = LMService(
-        LMSettings(lm_id=0, num_gms=1, expected_nodes=1, http_timeout=0.5, run_id=run_id, amqp_url=AMQP), broker
-    )
-    try:
-        node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024})
-        await lm.register(
-            WorkerRegistration(worker_id="gone", url="http://127.0.0.1:9", nodes=[node])
-        )  # nobody listens
-        task = TaskSpec("j.0", "j", "u", 1.0, (1000, 1024), 0)
-        response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
-        assert len(response.accepted) == 1
-        await asyncio.wait_for(event_arrived.wait(), 10)
-        assert [(e.kind, e.task_id, e.attempt) for e in events] == [("lost", "j.0", 1)]
-        assert "unreachable" in events[0].error
-        completions = (await gm_inbox.next()).completions  # the GM learns the node is free again
-        assert completions is not None and completions.items[0].state.free == [1000, 1024]
-        # The GM places the task again as its next attempt (or fails it after MEGHA_MAX_ATTEMPTS), with the reason.
-        assert completions.items[0].lost and "unreachable" in completions.items[0].error
-        assert lm.core is not None and lm.core.is_idle() and lm.state()["failed_launches"] == 1
-    finally:
-        await lm.close()
-        for q in queues:
-            await broker.delete_queue(q)
-        await broker.close()
+        queues = [
+            await broker.consume("gm", gm_key(0), gm_inbox),
+            await broker.consume("events", "", on_events, queue=f"{run_id}.events.test"),
+        ]
+        lm = LMService(
+            LMSettings(lm_id=0, num_gms=1, expected_nodes=1, http_timeout=0.5, run_id=run_id, amqp_url=AMQP), broker
+        )
+        try:
+            node = WorkerNode(capacity={"cpu_millicores": 1000, "memory_mb": 1024})
+            await lm.register(
+                WorkerRegistration(worker_id="gone", url="http://127.0.0.1:9", nodes=[node])
+            )  # nobody listens
+            task = TaskSpec("j.0", "j", "u", 1.0, (1000, 1024), 0)
+            response = await lm.launch(LaunchBatch(0, 0, 1, [Placement(task, 0, 0, False)]))
+            assert len(response.accepted) == 1
+            await asyncio.wait_for(event_arrived.wait(), 10)
+            assert [(e.kind, e.task_id, e.attempt) for e in events] == [("lost", "j.0", 1)]
+            assert "unreachable" in events[0].error
+            completions = (await gm_inbox.next()).completions  # the GM learns the node is free again
+            assert completions is not None and completions.items[0].state.free == [1000, 1024]
+            # The GM places the task again as its next attempt (or fails it after MEGHA_MAX_ATTEMPTS), with the reason.
+            assert completions.items[0].lost and "unreachable" in completions.items[0].error
+            assert lm.core is not None and lm.core.is_idle() and lm.state()["failed_launches"] == 1
+        finally:
+            await lm.close()
+            for q in queues:
+                await broker.delete_queue(q)
 
 
 async def test_a_handler_cut_off_by_its_channel_closing_runs_to_its_end() -> None:
     """aiormq cancels the consumer callbacks of a channel that closes (the broker went away). A handler that had
     changed state and not yet published what follows from it would lose that for good, since the message that
     comes again finds the change made; so a started handler runs to its end, and the message comes again."""
-    run_id = f"test-{uuid.uuid4().hex[:8]}"
-    broker = Broker(AMQP, run_id)
-    await broker.connect()
-    started, release = asyncio.Event(), asyncio.Event()
-    runs: list[str] = []
+    async with fresh_broker() as broker:
+        started, release = asyncio.Event(), asyncio.Event()
+        runs: list[str] = []
 
-    async def handler(body: bytes) -> None:
-        runs.append("started")
-        started.set()
+        async def handler(body: bytes) -> None:
+            runs.append("started")
+            started.set()
+            try:
+                await release.wait()  # the channel closes while the first run is here
+            except asyncio.CancelledError:
+                runs.append("cancelled")
+                raise
+            runs.append("ended")
+
         try:
-            await release.wait()  # the channel closes while the first run is here
-        except asyncio.CancelledError:
-            runs.append("cancelled")
-            raise
-        runs.append("ended")
-
-    try:
-        await broker.consume("gm", gm_key(0), handler)
-        await broker.publish("gm", gm_key(0), b"1")
-        await asyncio.wait_for(started.wait(), 10)
-        assert broker._channel is not None
-        channel = await broker._channel.get_underlay_channel()
-        await channel.close()  # as when the connection drops: aiormq cancels the channel's consumer tasks
-        # The message was not acked on the closed channel: it comes again once the channel is restored.
-        await wait_for(lambda: runs.count("started") == 2, 30, lambda: runs)
-        release.set()
-        await wait_for(lambda: runs.count("ended") == 2, 10, lambda: runs)
-        assert "cancelled" not in runs, runs
-    finally:
-        await broker.delete_run([gm_key(0)])
-        await broker.close(flush_timeout=1)
+            await broker.consume("gm", gm_key(0), handler)
+            await broker.publish("gm", gm_key(0), b"1")
+            await asyncio.wait_for(started.wait(), 10)
+            assert broker._channel is not None
+            channel = await broker._channel.get_underlay_channel()
+            await channel.close()  # as when the connection drops: aiormq cancels the channel's consumer tasks
+            # The message was not acked on the closed channel: it comes again once the channel is restored.
+            await wait_for(lambda: runs.count("started") == 2, 30, lambda: runs)
+            release.set()
+            await wait_for(lambda: runs.count("ended") == 2, 10, lambda: runs)
+            assert "cancelled" not in runs, runs
+        finally:
+            await broker.delete_run([gm_key(0)])

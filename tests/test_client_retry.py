@@ -78,23 +78,23 @@ def test_a_named_submission_is_sent_again_to_the_same_gm_and_its_409_is_the_earl
     assert [(r.method, r.url.host) for r in seen] == [("POST", "gm0.test"), ("POST", "gm0.test"), ("GET", "gm0.test")]
 
 
-def test_an_unnamed_submission_answered_503_is_an_error_carrying_the_body() -> None:
+@pytest.mark.parametrize(
+    ("status", "error", "field", "message", "says"),
+    [
+        (503, "GM 0 is changing hands", "gm", "GM 0 is changing hands", "GM 0 is changing hands"),
+        (422, "invalid job", "tasks.0.cpu_millicores", "too big", "invalid job; tasks.0.cpu_millicores: too big"),
+    ],
+)
+def test_an_unnamed_submission_refused_is_not_sent_again_and_its_error_carries_the_body_and_names_the_field(
+    status: int, error: str, field: str, message: str, says: str
+) -> None:
     seen: list[httpx.Request] = []
-    body = {"error": "GM 0 is changing hands", "detail": [{"field": "gm", "message": "GM 0 is changing hands"}]}
-    with client([httpx.Response(503, json=body)], seen) as gm, pytest.raises(MeghaError) as err:
+    body = {"error": error, "detail": [{"field": field, "message": message}]}
+    with client([httpx.Response(status, json=body)], seen) as gm, pytest.raises(MeghaError) as err:
         gm.submit(JOB)
-    assert len(seen) == 1 and err.value.status == 503
-    assert err.value.body is not None and err.value.body.detail[0].field == "gm"
-    assert str(err.value) == f"{GM0} answered 503: GM 0 is changing hands"
-
-
-def test_a_refusal_names_the_field_and_is_not_retried() -> None:
-    seen: list[httpx.Request] = []
-    body = {"error": "invalid job", "detail": [{"field": "tasks.0.cpu_millicores", "message": "too big"}]}
-    with client([httpx.Response(422, json=body)], seen) as gm, pytest.raises(MeghaError) as err:
-        gm.submit(JOB)
-    assert len(seen) == 1 and err.value.status == 422
-    assert "tasks.0.cpu_millicores: too big" in str(err.value)
+    assert len(seen) == 1 and err.value.status == status
+    assert err.value.body is not None and err.value.body.detail[0].field == field
+    assert str(err.value) == f"{GM0} answered {status}: {says}"
 
 
 def test_a_job_is_looked_for_at_each_gm_until_one_holds_it() -> None:

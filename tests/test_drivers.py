@@ -33,7 +33,8 @@ from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.app import create_app as create_worker
 from megha.services.worker.drivers import Driver
 from megha.services.worker.exec_driver import ExecDriver
-from megha.services.worker.executor import ExecutionResult, TaskExecutor
+from megha.services.worker.execution import ExecutionResult
+from megha.services.worker.executor import TaskExecutor
 from megha.services.worker.tasklogs import TaskLogs, folder_name
 
 from servicekit import needs_rabbitmq, wait_for, wait_until

@@ -25,7 +25,7 @@ from megha.common.settings import GMSettings
 from megha.ctl import cli
 from megha.deploy.local import LocalDeployment
 from megha.services.gm.app import create_app
-from megha.services.gm.jobs import JobIds
+from megha.services.gm.job_ids import JobIds
 
 from servicekit import needs_rabbitmq, wait_until
 

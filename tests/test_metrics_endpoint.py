@@ -1,5 +1,6 @@
-"""GET /metrics of the GM, LM and worker-agent services (services/metrics.py): Prometheus's text format, one
-registry per app, and values that agree with each service's JSON API after a real run through separate processes."""
+"""GET /metrics of the GM, LM and worker-agent services (services/metrics.py, services/{gm,lm,worker}/metrics.py):
+Prometheus's text format, one registry per app, and values that agree with each service's JSON API after a real run
+through separate processes."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, Worke
 from megha.deploy.local import free_port
 from megha.loadgen.services import replay_services
 from megha.services.gm.app import create_app as create_gm
+from megha.services.gm.metrics import ALLOCATION_TIME_BUCKETS, TaskMeter
 from megha.services.lm.app import create_app as create_lm
-from megha.services.metrics import ALLOCATION_TIME_BUCKETS, TaskMeter
 from megha.services.worker.app import create_app as create_worker
 
 from servicekit import api, needs_rabbitmq, small_deployment, wait_until

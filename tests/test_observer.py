@@ -15,7 +15,8 @@ from megha.common.core.task import JobSpec, TaskSpec
 from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
 from megha.loadgen.recorder import Recorder, WallClockRecorder
 from megha.services.gm.jobs import JobTable
-from megha.services.metrics import GMMeter, LMMeter
+from megha.services.gm.metrics import GMMeter
+from megha.services.lm.metrics import LMMeter
 
 from corekit import CAP, cluster, job, task
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from deploykit import MODELS, ROLE_OF
+from deploykit import MODELS, ROLE_OF, check_secrets, module_of, settings_in
 
 from megha.common.settings import (
     SECRET_SETTINGS,
@@ -40,7 +40,6 @@ from megha.common.settings import (
     ServiceSettings,
     WorkerSettings,
 )
-from megha.common.transport.rabbit import broker_user
 from megha.deploy.secrets import main as make_secrets_main
 
 from dockerkit import ROOT, Images, build_images, run
@@ -86,11 +85,6 @@ def stack_config(env: dict[str, str] | None = None) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def stack() -> dict[str, Any]:
     return stack_config()
-
-
-def _module(service: dict[str, Any]) -> str | None:
-    argv = service.get("command") or []
-    return argv[2] if argv[:2] == ["python", "-m"] and len(argv) > 2 else None
 
 
 def _environment(service: dict[str, Any]) -> dict[str, str]:
@@ -141,7 +135,6 @@ def _secret_file(source: str) -> Path:
 
 def _settings(service: dict[str, Any]) -> ServiceSettings:
     """The service's settings as a task of slot 1 builds them, its secrets in /run/secrets."""
-    model = MODELS[_module(service) or ""]
     env = _environment(service)
     granted = {s["target"]: s["source"] for s in service.get("secrets", [])}
     for key, value in env.items():
@@ -149,16 +142,11 @@ def _settings(service: dict[str, Any]) -> ServiceSettings:
             target = value.removeprefix(SECRETS_DIR)
             assert target in granted, f"{key}={value}: no secret {target} is granted"
             env[key] = str(_secret_file(granted[target]))
-    with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in os.environ if k.upper().startswith("MEGHA_")]:
-            mp.delenv(key)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        return model()
+    return settings_in(MODELS[module_of(service) or ""], env)
 
 
 def _megha(stack: dict[str, Any]) -> dict[str, ServiceSettings]:
-    return {name: _settings(svc) for name, svc in stack["services"].items() if _module(svc) in MODELS}
+    return {name: _settings(svc) for name, svc in stack["services"].items() if module_of(svc) in MODELS}
 
 
 def _of(stack: dict[str, Any], model: type[ServiceSettings]) -> dict[str, Any]:
@@ -168,17 +156,17 @@ def _of(stack: dict[str, Any], model: type[ServiceSettings]) -> dict[str, Any]:
 @STACK_TESTS
 def test_every_megha_service_runs_a_known_module_with_valid_settings(stack: dict[str, Any]) -> None:
     services = stack["services"]
-    assert set(services) - {"rabbitmq"} == {name for name, svc in services.items() if _module(svc) in MODELS}
+    assert set(services) - {"rabbitmq"} == {name for name, svc in services.items() if module_of(svc) in MODELS}
     megha = _megha(stack)
     assert {type(s) for s in megha.values()} == set(MODELS.values()), "the stack should run every role"
     for name, svc in services.items():
         if name == "rabbitmq":
             continue
-        model = MODELS[_module(svc) or ""]
+        model = MODELS[module_of(svc) or ""]
         fields = {f"MEGHA_{f}".upper() for f in model.model_fields}
         fields |= {f"MEGHA_{f}_FILE".upper() for f in SECRET_SETTINGS if f in model.model_fields}
         unknown = sorted(set(_environment(svc)) - fields)
-        assert not unknown, f"{name}: {unknown} are not settings of {_module(svc)}"
+        assert not unknown, f"{name}: {unknown} are not settings of {module_of(svc)}"
 
 
 @STACK_TESTS
@@ -209,15 +197,8 @@ def test_each_service_is_granted_its_own_secrets_only(stack: dict[str, Any]) -> 
         assert all(x["uid"] == uid and x["mode"] == 0o400 for x in svc["secrets"]), f"{name}: readable by others"
         env = _environment(svc)
         assert not {f"MEGHA_{x}".upper() for x in SECRET_SETTINGS} & set(env), f"{name}: a secret in its environment"
-        url = urlsplit(s.amqp_url)
-        assert url.hostname == "rabbitmq" and url.username == broker_user(s.run_id, role), f"{name}: {url.username}"
-        assert s.auth == "on", f"{name}: MEGHA_AUTH"
-        if role == "loadgen":
-            continue
-        credential = s.own_credential()
-        assert (credential.role, credential.ident) == (role, s.ident()) and not s.holds_root(), name
-        tokens = s.api_tokens.get_secret_value()
-        assert all(line.split("=", 1)[1].startswith("sha256:") for line in tokens.split()), f"{name}: a token"
+        check_secrets(name, s)
+        assert urlsplit(s.amqp_url).hostname == "rabbitmq", f"{name}: {s.amqp_url}"
     broker = stack["services"]["rabbitmq"]
     assert [x["source"] for x in broker["secrets"]] == ["rabbitmq_definitions"]
     erl_args = broker["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]

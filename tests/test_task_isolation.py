@@ -39,9 +39,11 @@ from megha.common.settings import WorkerSettings
 from megha.services.worker import enforcement, isolation
 from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.drivers import Limits
-from megha.services.worker.exec_driver import ExecDriver, _MemoryWatch
-from megha.services.worker.executor import ExecutionResult, TaskExecutor
+from megha.services.worker.exec_driver import ExecDriver
+from megha.services.worker.execution import ExecutionResult
+from megha.services.worker.executor import TaskExecutor
 from megha.services.worker.isolation import TaskUids, UidLease
+from megha.services.worker.memory_watch import MemoryWatch
 from megha.services.worker.tasklogs import TaskLogs, default_log_dir
 
 from servicekit import wait_for
@@ -503,7 +505,7 @@ async def test_what_the_memory_watch_saw_of_a_uid_is_not_shown_to_the_next_run_o
     monkeypatch.setattr(enforcement, "memory_usage", memory_usage)
     ended: list[int] = []
     new: list[int] = []
-    watch = _MemoryWatch()
+    watch = MemoryWatch()
     watch.add(("uid", 7), ended.append)
     await asyncio.to_thread(scanning.wait, 10)
     watch.forget(("uid", 7))  # the run ends, its uid is given back and leased again

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
+from megha.services.worker.execution import ExecutionResult
+from megha.services.worker.executor import TaskExecutor
+from megha.services.worker.simulated import SimulatedExecutor
 
 from servicekit import wait_for
 

@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from megha.common.models import Histogram, Overview, PartitionUse, QueueUse
+from megha.services.gm.metrics import ALLOCATION_TIME_BUCKETS, NO_QUEUE
 from megha.services.http import error, errors, json_response
-from megha.services.metrics import ALLOCATION_TIME_BUCKETS, NO_QUEUE
 
 if TYPE_CHECKING:
     from megha.services.gm.service import GMService

@@ -48,13 +48,13 @@ from megha.services.background import serving_gc
 from megha.services.client import CallError
 from megha.services.dashboard import mount_dashboard
 from megha.services.gm.events_route import mount_job_events
-from megha.services.gm.jobs import JobIds
+from megha.services.gm.job_ids import JobIds
+from megha.services.gm.metrics import gm_registry, tasks_per_queue
 from megha.services.gm.service import DuplicateJob, GMService, NotServing, TooManyUnfinished
 from megha.services.gm.standin import NotHere, Peers, StandingIn
 from megha.services.http import error, errors, json_body, json_response, read_body
-from megha.services.logroutes import LOG_RESPONSE, LogQueryParam, relay
+from megha.services.logroutes import LogQueryParam, relay, relay_route
 from megha.services.logs import configure_logging, ids
-from megha.services.metrics import gm_registry, tasks_per_queue
 
 SUBMIT_AGAIN_AFTER = 2
 """Seconds a 429 (the user's unfinished tasks are at MEGHA_MAX_UNFINISHED_TASKS_PER_USER) asks a client to wait."""
@@ -219,11 +219,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             return error(404, message, "job_id")
         return json_response(status)
 
-    @app.get(
-        "/v1/jobs/{job_id}/tasks/{task_id}/logs",
-        response_class=Response,
-        responses={**LOG_RESPONSE, **errors(404, 502, 503)},
-    )
+    @relay_route(app, "/v1/jobs/{job_id}/tasks/{task_id}/logs")
     async def task_logs(
         job_id: str,
         task_id: str,

@@ -42,10 +42,10 @@ from megha.services.gm.dispatch import GMDispatch
 from megha.services.gm.events_route import JobEvents
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal
+from megha.services.gm.metrics import GMMeter
 from megha.services.gm.peers import Replicator
 from megha.services.gm.recovery import Restart
 from megha.services.logs import ids
-from megha.services.metrics import GMMeter
 
 log = logging.getLogger("megha.gm")
 

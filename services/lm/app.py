@@ -37,10 +37,10 @@ from megha.services.background import serving_gc
 from megha.services.client import CallError
 from megha.services.http import error, errors, json_body, json_response, read_body
 from megha.services.lm.membership import RegistrationError
+from megha.services.lm.metrics import lm_registry
 from megha.services.lm.service import LMService, NotReady
-from megha.services.logroutes import LOG_RESPONSE, LogQueryParam, relay
+from megha.services.logroutes import LogQueryParam, relay, relay_route
 from megha.services.logs import configure_logging, ids
-from megha.services.metrics import lm_registry
 
 
 def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
@@ -244,11 +244,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except Superseded as exc:
             return error(409, str(exc), "term")
 
-    @app.get(
-        "/v1/nodes/{node}/tasks/{task_id}/logs",
-        response_class=Response,
-        responses={**LOG_RESPONSE, **errors(404, 502, 503)},
-    )
+    @relay_route(app, "/v1/nodes/{node}/tasks/{task_id}/logs")
     async def task_logs(
         request: Request,
         node: int,

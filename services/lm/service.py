@@ -47,9 +47,9 @@ from megha.services.client import Reply, ServiceClient
 from megha.services.lm.dispatch import LMDispatch, batch_ids
 from megha.services.lm.liveness import AgentWatch
 from megha.services.lm.membership import Membership, RegistrationError
+from megha.services.lm.metrics import LMMeter
 from megha.services.lm.reports import ReportGate
 from megha.services.logs import ids, log_preemption
-from megha.services.metrics import LMMeter
 
 log = logging.getLogger("megha.lm")
 

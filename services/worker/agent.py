@@ -32,8 +32,10 @@ from megha.services.client import CallError, ServiceClient
 from megha.services.logs import ids
 from megha.services.worker.drivers import Driver, DriverUnavailable
 from megha.services.worker.exec_driver import ExecDriver
-from megha.services.worker.executor import ExecutionResult, SimulatedExecutor, TaskExecutor
+from megha.services.worker.execution import ExecutionResult
+from megha.services.worker.executor import TaskExecutor
 from megha.services.worker.ledger import NodeLedger
+from megha.services.worker.simulated import SimulatedExecutor
 from megha.services.worker.tasklogs import Stream, TaskLogs, default_log_dir
 
 log = logging.getLogger("megha.worker")

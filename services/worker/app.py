@@ -37,8 +37,8 @@ from megha.services.background import serving_gc
 from megha.services.http import error, errors, json_body, json_response, read_body
 from megha.services.logroutes import ATTEMPT_HEADER
 from megha.services.logs import configure_logging, ids
-from megha.services.metrics import worker_registry
 from megha.services.worker.agent import LaunchRefused, UnknownRun, WorkerAgent
+from megha.services.worker.metrics import worker_registry
 from megha.services.worker.tasklogs import Stream
 
 TaskIdParam = Annotated[str, PathParam(min_length=1, max_length=256)]

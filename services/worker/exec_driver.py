@@ -14,10 +14,9 @@ An agent that cannot switch uids (not root, or root without the capabilities for
 as a warning at start-up says, with no process limit (it would count the agent's own) and found by their session.
 
 The agent reaps the process itself (``os.wait4`` when its pidfd says it ended) to learn the CPU time it and the
-children it waited for used. It reads the output pipes itself too (`_Pump`: the loop's add_reader, each descriptor
-closed once, by its file object), not through the loop's pipe transports: uvloop's, the agent's loop under uvicorn,
-closes a pipe's descriptor twice (MagicStack/uvloop#763), and when another thread was given that number in between
-(the /proc scan of a uid lease, a uid's lock file, a run's output folder) the second close took its file.
+children it waited for used. It reads the output pipes itself too (`output_pump.OutputPump`), not through the
+loop's pipe transports. Under rlimits, `memory_watch.MemoryWatch` shows each run what its processes hold, and a run
+over its memory kills itself.
 
 When the run ends, every process of its uid (or what it left in its session or cgroup) is killed, so its output
 pipes close and nothing of it outlives the run, even a process that left the session; what the uid left in the
@@ -38,15 +37,17 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from megha.services.worker import enforcement, isolation
 from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
 from megha.services.worker.enforcement import MIB, Cgroups, Rlimits
 from megha.services.worker.isolation import TaskUids, UidLease, describe_range
-from megha.services.worker.tasklogs import RunLog, Stream, folder_name
+from megha.services.worker.memory_watch import MemoryWatch, WatchKey
+from megha.services.worker.output_pump import OutputPump
+from megha.services.worker.tasklogs import RunLog, folder_name
 
 if TYPE_CHECKING:
     from megha.common.core.task import RunSpec
@@ -56,17 +57,12 @@ log = logging.getLogger(__name__)
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TASK_UMASK = 0o077
 """What a task creates is its own uid's alone unless it says otherwise."""
-READ_BYTES = 256 * 1024
-"""The most of a task's output read from one pipe at a time (what asyncio's pipe transport reads)."""
 PIPE_DRAIN_SECONDS = 2.0
 """How long output is still read after the run's processes are gone (a process that left its session may hold
 the pipes open)."""
 
 _ALLOCATION_FAILED = re.compile(r"MemoryError|Cannot allocate memory|out of memory|bad_alloc", re.IGNORECASE)
 """Rlimits: what a program typically prints when an allocation fails at its RLIMIT_DATA."""
-
-WatchKey = tuple[str, int]
-"""What the memory watch sums for a run: ("uid", its uid), or ("sid", its session) when it runs as the agent's user."""
 
 
 class ExecDriver(Driver):
@@ -90,7 +86,7 @@ class ExecDriver(Driver):
         self._as_agent_user = as_agent_user
         self._enforcement = how
         self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
-        self._watch = _MemoryWatch()
+        self._watch = MemoryWatch()
 
     @property
     def enforcement(self) -> Cgroups | Rlimits | None:
@@ -144,16 +140,17 @@ class ExecDriver(Driver):
             raise ValueError("an exec task needs a command")
         await self.prepare()
         how = self._enforcement
-        lease = await self._lease() if self._isolated else None
-        scratch = cgroup = None
+        held = _Held(self._uids, await self._lease() if self._isolated else None)
+        lease = held.lease
         try:
-            scratch = Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
+            scratch = held.scratch = Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
             if lease is not None:
                 os.chown(scratch, lease.uid, lease.gid)
             cwd = spec.workdir or str(scratch)
             env = {"PATH": BASE_PATH, "HOME": cwd, "LANG": "C.UTF-8", "TMPDIR": str(scratch)} | dict(spec.env)
+            cgroup = None
             if isinstance(how, Cgroups):
-                cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
+                cgroup = held.cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
             setup = functools.partial(
                 enforcement.child_setup,
                 None if cgroup is None else str(cgroup / "cgroup.procs"),
@@ -178,10 +175,10 @@ class ExecDriver(Driver):
             )
         except BaseException:
             # Popen may fail after its child became the uid: the uid is killed before it is given back.
-            await asyncio.to_thread(_clean_up, cgroup, scratch, lease, self._uids, kill=True)
+            await asyncio.to_thread(held.give_back, kill=True)
             raise
         watch = self._watch if cgroup is None else None
-        run = _ExecRun(process, log, limits, cgroup, scratch, lease, self._uids, watch)
+        run = _ExecRun(process, log, limits, held, watch)
         try:
             run.begin()
         except BaseException:
@@ -210,25 +207,21 @@ class _ExecRun(Run):
         process: subprocess.Popen[bytes],
         log: RunLog,
         limits: Limits,
-        cgroup: Path | None,
-        scratch: Path | None,
-        lease: UidLease | None,
-        uids: TaskUids,
-        watch: _MemoryWatch | None,
+        held: _Held,
+        watch: MemoryWatch | None,
     ) -> None:
         self._process = process
         self._log = log
         self._limits = limits
-        self._cgroup = cgroup
-        self._scratch = scratch
-        self._lease = lease
-        self._uids = uids
+        self._held = held
+        self._cgroup = held.cgroup
+        self._lease = held.lease
         self._watch = watch
-        self._key: WatchKey = ("uid", lease.uid) if lease is not None else ("sid", process.pid)
+        self._key: WatchKey = ("uid", held.lease.uid) if held.lease is not None else ("sid", process.pid)
         self._released = False  # the uid went back to the pool: signalling it would reach another run
         self._over_memory_mb: float | None = None  # what the watch saw when it killed the run
         self._peak_bytes = 0
-        self._pumps: list[_Pump] = []
+        self._pumps: list[OutputPump] = []
         self._exited: asyncio.Future[resource.struct_rusage] | None = None
         self._pidfd = -1
 
@@ -237,7 +230,7 @@ class _ExecRun(Run):
         process = self._process
         for stream, pipe in (("stdout", process.stdout), ("stderr", process.stderr)):
             assert pipe is not None
-            self._pumps.append(_Pump(self._log, stream, pipe))
+            self._pumps.append(OutputPump(self._log, stream, pipe))
         self._exited = loop.create_future()
         self._pidfd = os.pidfd_open(process.pid)
         loop.add_reader(self._pidfd, self._reap)
@@ -281,9 +274,7 @@ class _ExecRun(Run):
             self._watch.forget(self._key)
         self._released = True
         process = None if killed or self._process.returncode is not None else self._process
-        await asyncio.to_thread(
-            _clean_up, self._cgroup, self._scratch, self._lease, self._uids, process, kill=not killed
-        )
+        await asyncio.to_thread(self._held.give_back, process, kill=not killed)
 
     def _seen(self, resident: int) -> None:
         """The memory watch's look at the run: its processes (and its uid's shared memory) hold `resident` bytes."""
@@ -351,35 +342,36 @@ class _ExecRun(Run):
                 os.kill(pid, signum)
 
 
-def _clean_up(
-    cgroup: Path | None,
-    scratch: Path | None,
-    lease: UidLease | None,
-    uids: TaskUids,
-    process: subprocess.Popen[bytes] | None = None,
-    *,
-    kill: bool = False,
-) -> None:
-    """Remove a run's cgroup (killing what is left in it) and its scratch folder, remove what its uid left in the
-    shared folders, and give the uid back. `kill`: kill every process of the uid first (a start that failed, a wait
-    cancelled; a run's own end killed them already), and reap `process`, the run's own, when given. One call, so
-    that a cancelled caller never leaves it half done."""
-    if kill and lease is not None:
-        _warn_left(lease.uid, isolation.kill_uid(lease.uid))
-    if process is not None:
-        process.wait()
-    if cgroup is not None:
-        try:
-            enforcement.remove(cgroup)
-        except OSError as exc:
-            log.warning("could not remove cgroup %s: %s", cgroup, exc)
-    if scratch is not None:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if lease is not None:
-        try:
-            isolation.purge_uid(lease.uid)
-        finally:
-            uids.release(lease)
+@dataclass
+class _Held:
+    """What an exec run holds until it is over: its uid (leased from `uids`), its scratch folder, its cgroup."""
+
+    uids: TaskUids
+    lease: UidLease | None
+    scratch: Path | None = None
+    cgroup: Path | None = None
+
+    def give_back(self, process: subprocess.Popen[bytes] | None = None, *, kill: bool = False) -> None:
+        """Remove the cgroup (killing what is left in it) and the scratch folder, remove what the uid left in the
+        shared folders, and give the uid back. `kill`: kill every process of the uid first (a start that failed, a
+        wait cancelled; a run's own end killed them already), and reap `process`, the run's own, when given. One
+        call, so that a cancelled caller never leaves it half done."""
+        if kill and self.lease is not None:
+            _warn_left(self.lease.uid, isolation.kill_uid(self.lease.uid))
+        if process is not None:
+            process.wait()
+        if self.cgroup is not None:
+            try:
+                enforcement.remove(self.cgroup)
+            except OSError as exc:
+                log.warning("could not remove cgroup %s: %s", self.cgroup, exc)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.lease is not None:
+            try:
+                isolation.purge_uid(self.lease.uid)
+            finally:
+                self.uids.release(self.lease)
 
 
 def _warn_left(uid: int, left: list[int]) -> None:
@@ -391,78 +383,3 @@ def _warn_left(uid: int, left: list[int]) -> None:
             left,
             isolation.KILL_WAIT_SECONDS,
         )
-
-
-class _Pump:
-    """Copies one output pipe of a run into its log: read when the loop says it is readable (add_reader), closed
-    once, by its file object, at its end or by `close`. Not a pipe transport (module docstring: uvloop's closes the
-    descriptor twice)."""
-
-    def __init__(self, log: RunLog, stream: Stream, pipe: IO[bytes]) -> None:
-        self._log = log
-        self._stream = stream
-        self._pipe = pipe
-        self._fd = pipe.fileno()
-        self._loop = asyncio.get_running_loop()
-        self.done: asyncio.Future[None] = self._loop.create_future()
-        """Resolved when the pipe is closed: at its end (every process holding it gone) or by `close`."""
-        os.set_blocking(self._fd, False)
-        self._loop.add_reader(self._fd, self._read)
-
-    def _read(self) -> None:
-        try:
-            data = os.read(self._fd, READ_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            log.warning("could not read a task's %s: %s", self._stream, exc)
-            data = b""
-        if not data:
-            self.close()
-            return
-        try:
-            self._log.write(self._stream, data)
-        except Exception:
-            log.exception("could not keep a task's %s; the rest of it is not read", self._stream)
-            self.close()
-
-    def close(self) -> None:
-        if self._pipe.closed:
-            return
-        self._loop.remove_reader(self._fd)
-        self._pipe.close()
-        if not self.done.done():
-            self.done.set_result(None)
-
-
-class _MemoryWatch:
-    """Rlimits: every WATCH_SECONDS, what each exec run holds (its uid's processes and shared memory, or its
-    session's processes), shown to the run, which kills itself when over its limit. One scan of /proc serves every
-    run."""
-
-    def __init__(self) -> None:
-        self._runs: dict[WatchKey, Callable[[int], None]] = {}
-        self._watching: asyncio.Task[None] | None = None
-
-    def add(self, key: WatchKey, seen: Callable[[int], None]) -> None:
-        self._runs[key] = seen
-        if self._watching is None or self._watching.done():
-            self._watching = asyncio.get_running_loop().create_task(self._watch(), name="megha-exec-memory-watch")
-
-    def forget(self, key: WatchKey) -> None:
-        self._runs.pop(key, None)
-
-    async def _watch(self) -> None:
-        while self._runs:
-            runs = dict(self._runs)
-            uids = {n for kind, n in runs if kind == "uid"}
-            sessions = {n for kind, n in runs if kind == "sid"}
-            # In a thread: reading every /proc/<pid>/status of a busy host takes a while.
-            held = await asyncio.to_thread(enforcement.memory_usage, uids, sessions)
-            for key, resident in held.items():
-                seen = runs.get(key)
-                # Only to a run watched through the whole scan: a uid given back and leased again meanwhile is
-                # another run's now, and what the scan saw of it was the ended run's.
-                if seen is not None and self._runs.get(key) is seen:
-                    seen(resident)
-            await asyncio.sleep(enforcement.WATCH_SECONDS)
