@@ -93,8 +93,8 @@ class GlobalMaster:
         self.book = self.policies.usage if isinstance(self.policies.usage, ShareBook) else None
         # Tasks that fit nowhere in the view, parked by shape (constraints, request, user when the queue order
         # serves users else "", driver) in the order shapes first failed; a shape is retried only when a node it
-        # could use frees up in the view (or for a preemption when a delta arrives). Empty unless the unplaceable
-        # policy parks.
+        # could use frees up in the view (or for a preemption when a delta arrives). Under `requeue-back` only
+        # tasks whose preemption requests were all refused are parked.
         self.parked = ParkedShapes()
         self.waiting = self.parked.tasks
         self.unplaceable = UNPLACEABLE[self.policies.unplaceable](self.parked)
@@ -256,7 +256,7 @@ class GlobalMaster:
 
     def _drain(self, now: float) -> list[Output]:
         """Retry parked tasks that a freed node could take, then try every queued task once; batch the
-        placements per LM; park what fits nowhere (after asking the preemption policy)."""
+        placements per LM; hand what fits nowhere (after asking the preemption policy) to the unplaceable policy."""
         view = self.view
         queue = self.queue
         waiting = self.waiting
