@@ -28,6 +28,7 @@ from megha.common.constraint_stats import ConstraintStats, load_constraint_stats
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_ids, constraint_mask
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
+from megha.common.machine_classes import MACHINE_DRAWS
 
 DEFAULT_NODE_CAPACITY: Resources = (64000, 16384)
 """The Megha paper's simulated node: 64 cores (millicores) and 16 GB (MB)."""
@@ -51,9 +52,11 @@ def generate_cluster(
     seed: int,
     stats: ConstraintStats | None = None,
     resource_names: tuple[str, ...] = DEFAULT_RESOURCE_NAMES,
+    machine_constraints: str = "per-node",
 ) -> ClusterSpec:
-    """A cluster of identical nodes whose machine constraints are drawn independently per node and constraint:
-    node satisfies constraint k with probability `stats.machine_fraction[k]` (seeded, reproducible)."""
+    """A cluster of identical nodes whose machine constraints are drawn, seeded and reproducibly, with the
+    fractions `stats.machine_fraction`: per node (a node satisfies constraint k with probability
+    `machine_fraction[k]`) or per LM (each LM one machine class); see `megha.common.machine_classes`."""
     for name, value in (
         ("num_lms", num_lms),
         ("num_gms", num_gms),
@@ -61,28 +64,20 @@ def generate_cluster(
     ):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
+    draw = MACHINE_DRAWS.get(machine_constraints)
+    if draw is None:
+        raise ValueError(f"unknown machine constraints {machine_constraints!r}; choose one of {sorted(MACHINE_DRAWS)}")
     fractions = (stats if stats is not None else load_constraint_stats()).machine_fraction
-    rand = random.Random(seed).random
-    bit_fractions = [(1 << k, f) for k, f in enumerate(fractions)]
-
-    def machine_mask() -> int:
-        mask = 0
-        for bit, fraction in bit_fractions:
-            if rand() < fraction:
-                mask |= bit
-        return mask
-
+    rng = random.Random(seed)
     capacities = (tuple(node_capacity),) * workers_per_partition
-    return ClusterSpec(
-        partitions=tuple(
-            tuple(
-                PartitionSpec(lm, gm, capacities, tuple(machine_mask() for _ in range(workers_per_partition)))
-                for gm in range(num_gms)
-            )
-            for lm in range(num_lms)
-        ),
-        resource_names=resource_names,
-    )
+    n = workers_per_partition
+    rows = []
+    for lm in range(num_lms):
+        masks = draw(fractions, num_gms * n, rng)  # the LM's nodes, partition by partition
+        rows.append(
+            tuple(PartitionSpec(lm, gm, capacities, tuple(masks[gm * n : (gm + 1) * n])) for gm in range(num_gms))
+        )
+    return ClusterSpec(partitions=tuple(rows), resource_names=resource_names)
 
 
 def load_cluster(

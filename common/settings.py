@@ -339,6 +339,11 @@ class GMSettings(FairSettings, UserTokens):
         description="the order the GM searches LMs' partitions: round-robin from the next LM for each task (the "
         "paper), or LM 0 first for every task (the authors' simulator)",
     )
+    unplaceable: Literal["park", "requeue-back"] = Field(
+        "park",
+        description="a task that fits nowhere now: parked by shape until a node it could use frees up, or put at the "
+        "back of its queue and tried again in the next scheduling pass (the fair paper, section IV-B5)",
+    )
     queue_order: str = Field(
         "fifo",
         description="the order the GM serves its queue without fair scheduling: a name registered in "

@@ -22,14 +22,15 @@ from megha.embedded.wiring import SimulatedSystem, Submit
 
 LOADGEN = "loadgen"
 QUIET_TICKS_BEFORE_STOP = 3
-GM_COUNTERS = ("repartitions", "inconsistencies", "reschedules", "preemption_attempts", "retries")
+GM_COUNTERS = ("repartitions", "inconsistencies", "reschedules", "preemption_attempts", "dropped", "retries")
 
 
 @dataclass(frozen=True, slots=True)
 class EmbeddedConfig:
     """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds;
     `fairness` turns on user queues, shares and preemption; `faults` crashes workers, LMs and GMs; `costs` is the
-    time GMs and LMs take to decide (None: none)."""
+    time GMs and LMs take to decide (None: none); `lm_order`, `queue_order`, `unplaceable` and `unsatisfiable` name
+    the GMs' policies (`megha.common.core.policies`)."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
@@ -42,6 +43,8 @@ class EmbeddedConfig:
     costs: DecisionCosts | None = None
     lm_order: str = "round-robin"
     queue_order: str = "fifo"
+    unplaceable: str = "park"
+    unsatisfiable: str = "reject"
 
 
 class EmbeddedSystem(SimulatedSystem):
@@ -72,7 +75,14 @@ class EmbeddedSystem(SimulatedSystem):
         config = self.config
         outages = self.outages
         policies = gm_policies(
-            g, self.cluster, config.fairness, make_choice(config.matching), config.queue_order, config.lm_order
+            g,
+            self.cluster,
+            config.fairness,
+            make_choice(config.matching),
+            config.queue_order,
+            config.lm_order,
+            config.unplaceable,
+            config.unsatisfiable,
         )
         return GlobalMaster(
             g,

@@ -99,6 +99,12 @@ class Recorder(Records, CoreObserver):
             row = number[t.task_id]
             arrival[row] = now
             self._advance(row, t.task_id, Event.ARRIVED)
+        record = self.jobs[job.job_id]
+        if len(job.tasks) != record.num_tasks:
+            # The GM dropped tasks no node could ever run (they failed): the job is its other tasks, as in the
+            # authors' simulator, and finishes with the last of them.
+            record.num_tasks = len(job.tasks)
+            record.ideal_jrt = max((t.duration for t in job.tasks), default=0.0)
 
     def job_rejected(self, job: JobSpec, gm: int, reason: str, now: float) -> None:
         self.jobs[job.job_id].rejected_reason = reason

@@ -57,6 +57,9 @@ class ReplayConfig:
     max_attempts: int = 3
     lm_order: str = "round-robin"  # the GM's LM order: a `megha.common.core.policies.LM_ORDERS` name
     queue_order: str = "fifo"  # the GM's queue order: a `megha.common.core.policies.QUEUE_ORDERS` name
+    unplaceable: str = "park"  # a task that fits nowhere now: a `megha.common.core.policies.UNPLACEABLE` name
+    unsatisfiable: str = "reject"  # a task no node could ever run: a `megha.common.core.policies.UNSATISFIABLE` name
+    machine_constraints: str = "per-node"  # generated cluster: a `megha.common.machine_classes.MACHINE_DRAWS` name
     decision_costs: str = "zero"  # the time GMs and LMs take to decide: a `megha.common.core.costs.PRESETS` name
 
     def fairness(self) -> FairnessConfig | None:
@@ -65,6 +68,10 @@ class ReplayConfig:
     @property
     def node_capacity(self) -> tuple[int, int]:
         return (self.node_cpu_millicores, self.node_memory_mb)
+
+
+DEFAULTS = ReplayConfig()
+"""A replay's defaults."""
 
 
 @dataclass(slots=True)
@@ -80,7 +87,19 @@ class ReplayResult:
 def build_cluster(config: ReplayConfig) -> ClusterSpec:
     """The data centre a replay runs on."""
     if config.cluster == "generate":
-        return generate_cluster(config.lms, config.gms, config.workers_per_partition, config.node_capacity, config.seed)
+        return generate_cluster(
+            config.lms,
+            config.gms,
+            config.workers_per_partition,
+            config.node_capacity,
+            config.seed,
+            machine_constraints=config.machine_constraints,
+        )
+    if config.machine_constraints != DEFAULTS.machine_constraints:
+        raise ValueError(
+            f"machine constraints {config.machine_constraints!r} are drawn for a generated cluster (--cluster "
+            f"generate), not for {config.cluster!r}, whose nodes carry their own"
+        )
     path = REFERENCE_CLUSTER if config.cluster == "reference" else Path(config.cluster)
     if not path.exists():
         hint = (
@@ -103,6 +122,9 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         make_share_policy(fairness.policy)  # fail early on an unknown policy name
     if config.faults is not None and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"failures are simulated for Megha and centralized, not {config.scheduler}")
+    for what, name in (("unplaceable", config.unplaceable), ("unsatisfiable", config.unsatisfiable)):
+        if name != getattr(DEFAULTS, what) and config.scheduler not in ("megha", "centralized"):
+            raise ValueError(f"--{what} {name} is a policy of Megha's GMs (megha, centralized), not {config.scheduler}")
     costs = decision_costs(config.decision_costs)
     if config.realtime and not costs.zero:
         raise ValueError("decision costs are modelled on the virtual clock; --realtime takes the machine's own")
@@ -121,6 +143,8 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             costs,
             config.lm_order,
             config.queue_order,
+            config.unplaceable,
+            config.unsatisfiable,
         ),
         recorder,
     )

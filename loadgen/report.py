@@ -39,6 +39,7 @@ COUNTER_LABELS = {
     "repartitions": "repartitioned placements",
     "preemption_attempts": "preemption requests",
     "preemptions": "runs stopped by preemption",
+    "dropped": "tasks dropped at submission",
 }
 
 

@@ -7,8 +7,10 @@ lines and the MEGHA_* variables share one definition of its type, bounds, choice
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,8 +20,11 @@ from pydantic_settings import BaseSettings
 
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
+from megha.common.core.policies import UNSATISFIABLE
+from megha.common.machine_classes import MACHINE_DRAWS
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
 from megha.embedded.faults import parse_faults
+from megha.loadgen.metrics import RunMetrics
 from megha.loadgen.replay import ReplayConfig
 from megha.options import Bounded, Decorator, GroupedCommand, OneOf, option, options, positive, setting, usage_line
 from megha.sim.system import SCHEDULERS
@@ -33,6 +38,8 @@ examples:
   megha replay --trace demo --mode scaled --no-constraints --lms 2 --gms 2 --workers-per-partition 20 \\
       --node-cpu 2000 --node-mem 4096
   megha replay --trace syn:500:100 --matching min-constraints --out out/syn500
+  megha replay --cluster reference --trace ../shared/traces/syn_250.0.tr --first-jobs 200 --seeds 3
+  megha replay --machine-constraints per-lm --unsatisfiable drop --unplaceable requeue-back
 
 output:
   The report goes to stdout; without --out, its files go to a new folder out/replay/<date>-<time> each run.
@@ -169,6 +176,14 @@ def megha() -> None:
 @_size("lms", REPLAY.lms, "LMs when generating")
 @_size("gms", REPLAY.gms, "GMs when generating")
 @_size("workers-per-partition", REPLAY.workers_per_partition, "workers in each LM partition when generating")
+@option(
+    "--machine-constraints",
+    type=OneOf(sorted(MACHINE_DRAWS)),
+    default=REPLAY.machine_constraints,
+    group=DATA_CENTRE,
+    help="when generating: per-node (each node drawn with the published fractions) or per-lm (each LM one machine "
+    "class, so constrained nodes are concentrated in some LMs)",
+)
 @_node(REPLAY.node_cpu_millicores, REPLAY.node_memory_mb)
 @option(
     "--scheduler",
@@ -182,6 +197,15 @@ def megha() -> None:
 @setting(GMSettings, "matching", default=REPLAY.matching, group=SCHEDULER)
 @setting(GMSettings, "lm_order", default=REPLAY.lm_order, group=SCHEDULER)
 @setting(GMSettings, "queue_order", default=REPLAY.queue_order, group=SCHEDULER)
+@setting(GMSettings, "unplaceable", default=REPLAY.unplaceable, group=SCHEDULER)
+@option(
+    "--unsatisfiable",
+    type=OneOf(sorted(UNSATISFIABLE)),
+    default=REPLAY.unsatisfiable,
+    group=SCHEDULER,
+    help="a task no node could ever run: reject its job at submission, or drop the task (it fails with the reason, "
+    "the job's other tasks run; the authors' simulator)",
+)
 @option(
     "--hop-delay",
     type=Bounded(float, ge=0),
@@ -191,6 +215,14 @@ def megha() -> None:
 )
 @setting(LMSettings, "delta_interval", default=REPLAY.delta_interval, group=SCHEDULER)
 @setting(GMSettings, "seed", default=REPLAY.seed, group=SCHEDULER, help="seed for cluster, constraints and choices")
+@option(
+    "--seeds",
+    type=positive(int),
+    default=1,
+    group=SCHEDULER,
+    help="replay with N seeds (--seed, --seed + 1, ...), report each and the mean and min - max of the JRT delay "
+    "p50 and p99 and the allocation time p99",
+)
 @option(
     "--decision-costs",
     type=OneOf(sorted(PRESETS)),
@@ -429,12 +461,19 @@ def _local(args: SimpleNamespace) -> int:
 
 
 def _replay(args: SimpleNamespace) -> int:
-    from megha.loadgen.progress import Progress
-    from megha.loadgen.replay import ReplayConfig, config_dict, replay
-    from megha.loadgen.report import format_counters, format_table, report_dir, run_warnings, write_outputs
+    """`megha replay`: one replay per seed (`--seeds`), each reported as a single replay is; with several, their
+    headline figures side by side, and the worst exit status."""
+    from megha.loadgen.report import report_dir
+    from megha.loadgen.seeds import SeedFigures
     from megha.loadgen.trace import demo_trace_path
 
     out = None if args.no_files else report_dir(args.out, REPLAY_OUT, args.overwrite)
+    seeds = range(args.seed, args.seed + args.seeds)
+    # Several seeds: each seed's report in a folder of its own, checked before anything runs.
+    outs = {
+        seed: out if out is None or len(seeds) == 1 else report_dir(out / f"seed-{seed}", REPLAY_OUT, args.overwrite)
+        for seed in seeds
+    }
     config = ReplayConfig(
         trace=str(demo_trace_path()) if args.trace == "demo" else args.trace,
         first_jobs=args.first_jobs,
@@ -449,6 +488,9 @@ def _replay(args: SimpleNamespace) -> int:
         matching=args.matching,
         lm_order=args.lm_order,
         queue_order=args.queue_order,
+        unplaceable=args.unplaceable,
+        unsatisfiable=args.unsatisfiable,
+        machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,
         hop_delay=args.hop_delay,
         delta_interval=args.delta_interval,
@@ -458,13 +500,35 @@ def _replay(args: SimpleNamespace) -> int:
         queues=args.queues,
         constraints=not args.no_constraints,
         share_policy=args.share_policy,
-        faults=parse_faults(args.fail, args.fail_detect, args.fail_repair, args.seed),
         max_attempts=args.max_attempts,
         decision_costs=args.decision_costs,
     )
+    runs, statuses = [], []
+    for seed in seeds:
+        faults = parse_faults(args.fail, args.fail_detect, args.fail_repair, seed)
+        metrics, status = _replay_seed(replace(config, seed=seed, faults=faults), args, outs[seed], len(seeds) > 1)
+        runs.append((seed, metrics))
+        statuses.append(status)
+    if len(seeds) > 1:
+        figures = SeedFigures.of(runs)
+        print(figures.table())
+        if out is not None:
+            path = out / "seeds.json"
+            path.write_text(json.dumps(figures.document(), indent=2, allow_nan=False) + "\n")
+            print(f"wrote {path}")
+    return 1 if 1 in statuses else max(statuses)
+
+
+def _replay_seed(config: ReplayConfig, args: SimpleNamespace, out: Path | None, named: bool) -> tuple[RunMetrics, int]:
+    """One replay of `megha replay`, reported (its seed in the title when `named`); its metrics and exit status."""
+    from megha.loadgen.progress import Progress
+    from megha.loadgen.replay import config_dict, replay
+    from megha.loadgen.report import format_counters, format_table, run_warnings, write_outputs
+
     result = replay(config, None if args.quiet else Progress())
     title = f"{config.scheduler.capitalize()} replay of {args.trace} ({config.matching} matching, {config.mode} mode"
-    title += f", {config.decision_costs} decision costs)" if config.decision_costs != "zero" else ")"
+    title += f", {config.decision_costs} decision costs" if config.decision_costs != "zero" else ""
+    title += f", seed {config.seed})" if named else ")"
     print(format_table(result.metrics, title))
     counters = result.system.counters()
     if counters:
@@ -488,8 +552,8 @@ def _replay(args: SimpleNamespace) -> int:
     warnings = run_warnings(result.metrics)
     _warn("replay", warnings)
     if result.metrics.not_exactly_once:
-        return 1
-    return 3 if warnings else 0
+        return result.metrics, 1
+    return result.metrics, 3 if warnings else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,15 +4,17 @@ that fit nowhere and preemption requests (Megha paper, section IV-B), over four 
 * `GlobalView` (view upkeep): every partition's free resources as the LMs last reported them;
 * `Placer`: LM order, feasibility and node choice for one task, and why a task could never be placed;
 * `RunLedger`: the requests awaiting an LM's answer and the runs the GM holds;
-* `GmPolicies`: queue order, preemption and usage accounting (plain defaults; fair scheduling as plug-ins);
-  `Preemptor` sends the preemption policy's requests and applies the LMs' answers.
+* `GmPolicies`: queue order, preemption, usage accounting, unplaceable and unsatisfiable tasks (plain defaults;
+  fair scheduling and the papers' variants as plug-ins); `Preemptor` sends the preemption policy's requests and
+  applies the LMs' answers.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
+from typing import NoReturn
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.fairness.config import FairnessConfig
@@ -34,8 +36,10 @@ from megha.common.core.messages import (
 from megha.common.core.observer import CoreObserver
 from megha.common.core.parked import ParkedShapes, Shape, shape_of
 from megha.common.core.placement.choice import ChoicePolicy
+from megha.common.core.placement.filters import malformed
 from megha.common.core.placement.placer import Placer
-from megha.common.core.policies import LM_ORDERS, GmPolicies, gm_policies
+from megha.common.core.policies import LM_ORDERS, UNPLACEABLE, GmPolicies, gm_policies
+from megha.common.core.policies.unsatisfiable import Unsatisfiable
 from megha.common.core.preemptor import Preemptor
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.core.view import covers
@@ -90,12 +94,15 @@ class GlobalMaster:
         self.book = self.policies.usage if isinstance(self.policies.usage, ShareBook) else None
         # Tasks that fit nowhere in the view, parked by shape (constraints, request, user when the queue order
         # serves users else "", driver) in the order shapes first failed; a shape is retried only when a node it
-        # could use frees up in the view (or for a preemption when a delta arrives).
+        # could use frees up in the view (or for a preemption when a delta arrives). Under `requeue-back` only
+        # tasks whose preemption requests were all refused are parked.
         self.parked = ParkedShapes()
         self.waiting = self.parked.tasks
+        self.unplaceable = UNPLACEABLE[self.policies.unplaceable](self.parked)
         self.preemptor = Preemptor(self)
         self._sends_to_flush: list[Output] = []  # stop and preemption requests, sent with the next launch batches
         self.cancelled = 0
+        self.dropped = 0  # tasks failed at submission because no node could ever run them (`drop`)
         self.repartitions = 0
         self.inconsistencies = 0
         self.reschedules = 0
@@ -106,21 +113,40 @@ class GlobalMaster:
 
     # ----------------------------------------------------------------- inputs
 
-    def admit(self, job: JobSpec, now: float) -> None:
-        """Raise Unschedulable naming the first task of `job` no worker could ever run (or whose user this GM does
-        not serve); return when the whole job can be queued."""
+    def admit(self, job: JobSpec, now: float) -> Sequence[Unsatisfiable]:
+        """Raise Unschedulable naming the first task of `job` whose user this GM does not serve, whose request is
+        malformed, or (unless the unsatisfiable policy drops them) that no worker could ever run; else return the
+        tasks to drop (none unless the policy drops them)."""
+        dropped: list[Unsatisfiable] = []
         for i, task in enumerate(job.tasks):
             queue_reason = self.policies.queue_order.admission_reason(task)
             found = (queue_reason, "user") if queue_reason is not None else self.placer.unschedulable(task)
             if found is not None:
-                reason, field = found
-                self.observer.job_rejected(job, self.gm_id, reason, now)
-                message = f"job {job.job_id}: task {task.task_id}: {reason}"
-                raise Unschedulable(message, f"tasks.{i}.{field}" if field else f"tasks.{i}")
+                why = Unsatisfiable(i, task, *found)
+                if (
+                    queue_reason is not None
+                    or malformed(task, self.resource_names) is not None
+                    or not self.policies.unsatisfiable.drops(why)
+                ):
+                    self._reject(job, why, now)
+                dropped.append(why)
+        return dropped
+
+    def _reject(self, job: JobSpec, why: Unsatisfiable, now: float) -> NoReturn:
+        self.observer.job_rejected(job, self.gm_id, why.reason, now)
+        message = f"job {job.job_id}: task {why.task.task_id}: {why.reason}"
+        raise Unschedulable(message, f"tasks.{why.index}.{why.field}" if why.field else f"tasks.{why.index}")
 
     def submit(self, job: JobSpec, now: float) -> list[Output]:
-        """Accept a job into the queue, or raise Unschedulable naming the task no worker could ever run."""
-        self.admit(job, now)
+        """Accept a job into the queue, or raise Unschedulable naming the task no worker could ever run. Tasks the
+        unsatisfiable policy drops fail at once, with their reasons, and the job arrives without them."""
+        dropped = self.admit(job, now)
+        if dropped:
+            gone = {u.index for u in dropped}
+            job = replace(job, tasks=tuple(t for i, t in enumerate(job.tasks) if i not in gone))
+            for u in dropped:
+                self.dropped += 1
+                self.observer.task_failed(u.task, f"dropped at submission: {u.reason}", now)
         self.observer.job_arrived(job, self.gm_id, now)
         self.queue.extend(job.tasks)
         return self._drain(now)
@@ -226,7 +252,7 @@ class GlobalMaster:
 
     def _drain(self, now: float) -> list[Output]:
         """Retry parked tasks that a freed node could take, then try every queued task once; batch the
-        placements per LM; park what fits nowhere (after asking the preemption policy)."""
+        placements per LM; hand what fits nowhere (after asking the preemption policy) to the unplaceable policy."""
         view = self.view
         queue = self.queue
         waiting = self.waiting
@@ -239,6 +265,7 @@ class GlobalMaster:
                 self._retry_waiting(freed, now, batches)
         observer = self.observer
         by_user = self.policies.queue_order.shapes_by_user
+        blocked = self.unplaceable.blocked
         while queue:
             task = queue.popleft()
             # shape_of(task, by_user), inline: this runs for every task
@@ -248,10 +275,10 @@ class GlobalMaster:
                 task.user if by_user else "",
                 None if task.run is None else task.run.driver,
             )
-            parked = waiting.get(shape)
+            parked = blocked.get(shape)
             if parked is not None:
-                # The view cannot place this shape (it failed and no node it could use has freed since);
-                # queue behind the older tasks of the same shape.
+                # The view cannot place this shape (it failed and no node it could use has freed since); held
+                # behind the older tasks of the same shape (parked, or at the back of the queue).
                 parked.append(task)
                 self.reschedules += 1
                 observer.rescheduled(task, now)
@@ -260,9 +287,10 @@ class GlobalMaster:
             if not self._place(task, batches):
                 if shape not in self.preemptor.shapes and self.preemptor.ask(task, now):
                     continue
-                self.parked.park(shape, task)
+                self.unplaceable.hold(shape, task)
                 self.reschedules += 1
                 observer.rescheduled(task, now)
+        self.unplaceable.end_pass(queue)
         return self._flush(batches, now)
 
     def _retry_waiting(self, freed: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]]) -> None:

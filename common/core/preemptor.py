@@ -88,7 +88,7 @@ class Preemptor:
         usage.pending(task)
         if rest and self.ask(task, now, rest):
             return
-        parked = gm.waiting.get(shape)
+        parked = gm.waiting.get(shape)  # parked under either unplaceable policy (see policies/unplaceable.py)
         if parked is None:
             gm.parked.park(shape, task)
         else:

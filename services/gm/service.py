@@ -158,7 +158,13 @@ class GMService:
             observer=self.observer,
             max_attempts=settings.max_attempts,
             policies=gm_policies(
-                settings.gm_id, cluster, settings.fairness(), choice, settings.queue_order, settings.lm_order
+                settings.gm_id,
+                cluster,
+                settings.fairness(),
+                choice,
+                settings.queue_order,
+                settings.lm_order,
+                settings.unplaceable,
             ),
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)

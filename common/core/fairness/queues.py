@@ -201,6 +201,12 @@ class UserQueues:
         self._queues[task.user].appendleft(task)
         self._len += 1
 
+    def push_back(self, task: TaskSpec) -> None:
+        """Put a task that fits nowhere now (already counted in its user's demand) at the back of its queue
+        (Algorithm 2: "reinsert request in user's task queue")."""
+        self._queues[task.user].append(task)
+        self._len += 1
+
     def rotation(self) -> list[str]:
         """Own users in round-robin order from the next one due; advances the rotation."""
         n = len(self._order)

@@ -7,6 +7,8 @@
 | usage accounting | none | the share book (with fair scheduling) | `usage`, `fairness.queues` |
 | node choice | `random` | `min-constraints`, `first-fit` | `placement.choice` |
 | LM order | `round-robin` | `first-fit` | `placement.search` |
+| unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
+| unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
 
 A new queue order is one new module here defining a class with the `QueueOrder` methods (or a `KeyedOrder`
 subclass with a `key`), plus one line in `QUEUE_ORDERS`.
@@ -15,17 +17,20 @@ subclass with a `key`), plus one line in `QUEUE_ORDERS`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.fairness.policy import make_share_policy
 from megha.common.core.fairness.queues import ShareBook
+from megha.common.core.parked import ParkedShapes
 from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
 from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
 from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
 from megha.common.core.policies.preemption import NoPreemption, PreemptionPolicy
 from megha.common.core.policies.queue_order import FifoOrder, QueueOrder
+from megha.common.core.policies.unplaceable import ParkByShape, RequeueBack, UnplaceablePolicy
+from megha.common.core.policies.unsatisfiable import DropTasks, RejectJob, UnsatisfiablePolicy
 from megha.common.core.policies.usage import NoAccounting, UsageAccounting
 from megha.common.core.view import PartitionView
 
@@ -40,6 +45,19 @@ LM_ORDERS: dict[str, Callable[[int, list[list[PartitionView]]], PartitionSearch]
 }
 """The orders a GM searches LMs' partitions in, by name."""
 
+UNPLACEABLE: dict[str, Callable[[ParkedShapes], UnplaceablePolicy]] = {
+    ParkByShape.name: ParkByShape,
+    RequeueBack.name: RequeueBack,
+}
+"""What a GM does with a task that fits nowhere now, by name (`megha replay --unplaceable`); built over the GM's
+parked shapes."""
+
+UNSATISFIABLE: dict[str, Callable[[], UnsatisfiablePolicy]] = {
+    RejectJob.name: RejectJob,
+    DropTasks.name: DropTasks,
+}
+"""What a GM does at submission with a task no node could ever run, by name (`megha replay --unsatisfiable`)."""
+
 
 @dataclass
 class GmPolicies:
@@ -50,6 +68,8 @@ class GmPolicies:
     usage: UsageAccounting = field(default_factory=NoAccounting)
     choice: ChoicePolicy = field(default_factory=RandomChoice)
     lm_order: str = "round-robin"
+    unplaceable: str = "park"  # an UNPLACEABLE name: the GM builds it over its parked shapes
+    unsatisfiable: UnsatisfiablePolicy = field(default_factory=RejectJob)
 
 
 def gm_policies(
@@ -59,18 +79,29 @@ def gm_policies(
     choice: ChoicePolicy | None = None,
     queue_order: str = "fifo",
     lm_order: str = "round-robin",
+    unplaceable: str = "park",
+    unsatisfiable: str = "reject",
 ) -> GmPolicies:
     """GM `gm`'s policies: with `fairness`, its user queues, fair share preemption and share book (the queue order
-    is then `fair`); without, the named queue order and no preemption."""
-    if lm_order not in LM_ORDERS:
-        raise ValueError(f"unknown LM order {lm_order!r}; choose one of {sorted(LM_ORDERS)}")
+    is then `fair`); without, the named queue order and no preemption. LM order, unplaceable and unsatisfiable
+    tasks as named."""
+    for kind, name, known in (
+        ("LM order", lm_order, LM_ORDERS),
+        ("unplaceable policy", unplaceable, UNPLACEABLE),
+        ("unsatisfiable policy", unsatisfiable, UNSATISFIABLE),
+    ):
+        if name not in known:
+            raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(known)}")
     chosen = choice or RandomChoice()
+    plain = GmPolicies(
+        choice=chosen, lm_order=lm_order, unplaceable=unplaceable, unsatisfiable=UNSATISFIABLE[unsatisfiable]()
+    )
     if fairness is None:
         if queue_order not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue order {queue_order!r}; choose one of {sorted(QUEUE_ORDERS)}")
-        return GmPolicies(QUEUE_ORDERS[queue_order](), choice=chosen, lm_order=lm_order)
+        return replace(plain, queue_order=QUEUE_ORDERS[queue_order]())
     if queue_order not in ("fifo", FairQueueOrder.name):
         raise ValueError(f"queue order {queue_order!r} does not apply under fair scheduling (its order is 'fair')")
     fairness.check_gms(cluster.num_gms)
     book = ShareBook(fairness, gm, cluster.num_lms, cluster.total_capacity(), make_share_policy(fairness.policy))
-    return GmPolicies(FairQueueOrder(book), FairSharePreemption(book), book, chosen, lm_order)
+    return replace(plain, queue_order=FairQueueOrder(book), preemption=FairSharePreemption(book), usage=book)

@@ -29,6 +29,9 @@ class TaskQueue(Protocol):
     def push_front(self, task: TaskSpec) -> None:
         """A parked task taken back to be tried next (already counted as waiting)."""
 
+    def push_back(self, task: TaskSpec) -> None:
+        """A task that fits nowhere now, to be tried again as a new request (already counted as waiting)."""
+
     def popleft(self) -> TaskSpec: ...
 
     def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
@@ -57,6 +60,9 @@ class FifoQueue(deque[TaskSpec]):
 
     def push_front(self, task: TaskSpec) -> None:
         self.appendleft(task)
+
+    def push_back(self, task: TaskSpec) -> None:
+        self.append(task)
 
     def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
         removed = [t for t in self if drop(t)]
@@ -108,6 +114,10 @@ class KeyedQueue:
 
     def push_front(self, task: TaskSpec) -> None:
         heapq.heappush(self._heap, (0, 0, next(self._fronts), task))
+
+    def push_back(self, task: TaskSpec) -> None:
+        """As a new request: by its key, after the tasks of equal key queued so far."""
+        self.extend((task,))
 
     def popleft(self) -> TaskSpec:
         if not self._heap:
