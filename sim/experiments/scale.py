@@ -68,6 +68,7 @@ def size_rows(runs: Sequence[Run]) -> list[list[str]]:
                 *(spread(rs, f).seconds() for f in ("alloc_median", "alloc_p99", "alloc_p9999", "alloc_max")),
                 f"{sum(r.inconsistencies for r in rs) / len(rs):,.0f}",
                 f"{sum(r.repartitions for r in rs) / len(rs):,.0f}",
+                f"{sum(r.jobs_rejected for r in rs) / len(rs):,.0f}",
                 harness.accounted(rs),
                 f"{_cost(rs):,.0f}",
             ]
@@ -86,6 +87,7 @@ HEADER = [
     "alloc max",
     "inconsistencies",
     "repartitions",
+    "jobs rejected",
     "completed once / accepted tasks",
     "CPU µs per task",
 ]
@@ -174,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         f"delta interval, seeds {', '.join(map(str, args.seeds))}. Allocation times are on the virtual clock "
         "(deciding costs no time there); 'CPU µs per task' is the simulator's processing cost per task (CPU time of "
         "the whole replay over its tasks), every GM, LM and worker sharing one core. See `sim/experiments/scale.py` "
-        "for why the load grows with the size.",
+        "for why the load grows with the size. 'jobs rejected': jobs refused at submission because no node of the "
+        "generated data centre has one of their tasks' constraints (small data centres lack the rare ones); their "
+        "tasks are in 'tasks' but not among the accepted tasks, and no allocation time counts them.",
         "",
         f"## Data-centre size ({n} GMs x {n} LMs)",
         "",
