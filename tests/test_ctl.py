@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,29 +174,33 @@ def test_queues_and_nodes_show_what_the_gm_and_lm_report(deployment: LocalDeploy
     assert "--lm" in megha("nodes", "--gm", "http://127.0.0.1:9", code=2).stderr  # no LM URLs to be had
 
 
-def _pty_run(args: list[str], seconds: float) -> tuple[int, str]:
-    """Run `args` on a pseudo-terminal for `seconds`, then press Ctrl-C: its exit status and its screen text."""
+def _pty_run(args: list[str], shown: Callable[[str], bool], timeout: float = 20.0) -> tuple[int, str]:
+    """Run `args` on a pseudo-terminal until its screen text satisfies `shown` (at most `timeout` seconds), then
+    press Ctrl-C: its exit status and its screen text."""
     master, slave = pty.openpty()
     env = {**os.environ, **WIDE, "LINES": "60", "TERM": "xterm", "MEGHA_API_TOKEN": _token()}
     proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env)
     os.close(slave)
     out = b""
 
-    def drain(until: float) -> None:
+    def screen() -> str:
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
+
+    def drain(until: float, done: Callable[[str], bool] = lambda _: False) -> None:
         nonlocal out
-        while time.monotonic() < until:
+        while time.monotonic() < until and not done(screen()):
             if select.select([master], [], [], 0.1)[0]:
                 try:
                     out += os.read(master, 65536)
                 except OSError:  # the terminal closed with the process
                     return
 
-    drain(time.monotonic() + seconds)
+    drain(time.monotonic() + timeout, shown)
     proc.send_signal(signal.SIGINT)
     code = proc.wait(timeout=15)
     drain(time.monotonic() + 0.5)
     os.close(master)
-    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
+    return code, screen()
 
 
 @needs_rabbitmq
@@ -209,7 +213,9 @@ def test_top_shows_job_counts_live_and_ctrl_c_exits_0(deployment: LocalDeploymen
     assert {s: frame["gms"][0]["jobs"][s] for s in ENDED} == counts
     assert frame["lms"][0]["running"] == api.get(f"{lm}/v1/state", timeout=5).json()["running"]
 
-    code, screen = _pty_run([MEGHA, "top", "--gm", gm, "--lm", lm, "--interval", "0.5"], 2.5)
+    # Two frames drawn: the live view refreshed at least once before Ctrl-C.
+    two_frames = lambda text: text.count("LMs (resources: free/capacity)") >= 2  # noqa: E731
+    code, screen = _pty_run([MEGHA, "top", "--gm", gm, "--lm", lm, "--interval", "0.5"], two_frames)
     assert code == 0 and "Traceback" not in screen, screen
     assert "jobs by state" in screen and "LMs (resources: free/capacity)" in screen, screen
     row = f"0 0 {_running_jobs(gm)} {counts['finished']} {counts['failed']} {counts['cancelled']}"
