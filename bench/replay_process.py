@@ -164,15 +164,18 @@ def compare(args: argparse.Namespace) -> int:
 def breakdown(args: argparse.Namespace) -> int:
     phases = json.dumps(PHASES)
     look_up = "from importlib.metadata import entry_points; print(entry_points(group='console_scripts')['megha'].value)"
-    script = subprocess.run([args.python, "-c", look_up], capture_output=True, text=True, check=True).stdout.strip()
     samples: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
+        # Children run in `tmp`: `python -c` puts its working directory first on sys.path, and a checkout's
+        # megha/ or megha.egg-info there would shadow the build being timed.
+        found = subprocess.run([args.python, "-c", look_up], capture_output=True, text=True, check=True, cwd=tmp)
+        script = found.stdout.strip()
         for i in range(args.repeat):
             spent_file, out = Path(tmp) / f"spent-{i}.json", Path(tmp) / f"out-{i}"
             command = [args.python, "-c", BREAKDOWN_CHILD, script, phases, str(spent_file), "replay", *EXPERIMENT]
             command += [*args.extra, "--quiet", "--out", str(out)]
             start = time.perf_counter()
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
             spent = json.loads(spent_file.read_text())
             spent["wall"] = time.perf_counter() - start
             samples.append(spent)

@@ -590,7 +590,8 @@ def script() -> NoReturn:
     then exit with its status. A command builds a large heap, mostly acyclic and freed by reference counting
     (a replay's cores, workload and records), so the cyclic collector runs rarely meanwhile; at exit, the heap is
     left to the operating system instead of traced by one last collection (a quarter of a second after the
-    syn_250 replay). atexit handlers still run and files are still flushed."""
+    syn_250 replay). atexit handlers still run and stdout and stderr are flushed; every file a command writes is
+    closed once written."""
     with fewer_gc_pauses():
         status = main()
     gc.freeze()
