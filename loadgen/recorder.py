@@ -37,9 +37,7 @@ class Records:
         self.jobs[job.job_id] = JobRecord(
             job.job_id, gm, job.submitted_at, len(job.tasks), max((t.duration for t in job.tasks), default=0.0)
         )
-        add = self.tasks.add
-        for t in job.tasks:
-            add(t.task_id, job.job_id, gm, t.user, t.duration, t.request)
+        self.tasks.add_job(job.job_id, gm, job.tasks)
         self.states.extend(bytes([self._first]) * len(job.tasks))
 
     _first = State.NEW  # the state of a task registered by `expect`

@@ -8,9 +8,12 @@ import math
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
+
+from megha.common.core.task import TaskSpec
 
 NAN = math.nan
 
@@ -128,23 +131,22 @@ class TaskColumns(Mapping[str, TaskRecord]):
         if isinstance(tasks, TaskColumns):
             return tasks
         table = cls()
-        for rec in tasks:
-            row = table.add(rec.task_id, rec.job_id, rec.gm, rec.user, rec.duration, rec.request)
-            for f in _TASK_FIELDS[6:]:
-                table.columns[f.name][row] = getattr(rec, f.name)
+        for f in _TASK_FIELDS:
+            table.columns[f.name].extend(map(attrgetter(f.name), tasks))
+        table.number = {rec.task_id: row for row, rec in enumerate(tasks)}
         return table
 
-    def add(self, task_id: str, job_id: str, gm: int, user: str, duration: float, request: tuple[int, ...]) -> int:
-        """A new row for a task, every measurement at its default; returns its number."""
+    def add_job(self, job_id: str, gm: int, tasks: Sequence[TaskSpec]) -> None:
+        """A row for each of job `job_id`'s tasks (submitted to GM `gm`), every measurement at its default."""
         c = self.columns
-        row = self.number[task_id] = len(c["task_id"])
-        for name, value in (("task_id", task_id), ("job_id", job_id), ("gm", gm), ("user", user)):
-            c[name].append(value)
-        c["duration"].append(duration)
-        c["request"].append(request)
+        first, n = len(self), len(tasks)
+        self.number.update(zip(map(attrgetter("task_id"), tasks), range(first, first + n)))
+        c["job_id"].extend([job_id] * n)
+        c["gm"].extend([gm] * n)
+        for name in ("task_id", "user", "duration", "request"):
+            c[name].extend(map(attrgetter(name), tasks))
         for column, default in self._defaults:
-            column.append(default)
-        return row
+            column.extend([default] * n)
 
     def set(self, task_id: str, **values: object) -> None:
         """Set fields of a task's row by name."""

@@ -5,7 +5,6 @@ docs/report.md says what every line of the table and every column of the files h
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -31,8 +30,15 @@ _STAT_COLUMNS: tuple[tuple[str, str], ...] = (
 _DERIVED_TASK_COLUMNS: tuple[str, ...] = ("allocation_time", *COMPONENTS)
 _CELL_WIDTH = 9  # "999.99 ms": wider values widen their column
 _GAP = "  "
+# Where the three plots sit, as fractions of the 15 x 4.8 inch figure: room for tick labels, axis labels, a title of
+# two lines over each plot and the figure's title. Fixed rather than fitted by matplotlib's constrained layout,
+# which gives the same look for a third more drawing time.
+_MARGINS = {"left": 0.042, "right": 0.99, "bottom": 0.105, "top": 0.85, "wspace": 0.19}
 _CDF_POINTS = 4000  # a CDF of millions of values is drawn through this many of its order statistics
 _CSV_DECIMALS = 6  # times to the microsecond, fractions to a millionth
+_CSV_QUOTED = ',"\r\n'  # a field holding one of these is quoted (csv.QUOTE_MINIMAL, the csv module's default)
+_CSV_LINE_END = "\r\n"  # the csv module's default line terminator
+_NUMPY_TYPES: dict[str, type[np.generic]] = {"int": np.int64, "bool": np.bool_}  # a record field's type -> dtype
 REPORT_FILES = ("tasks.csv", "jobs.csv", "summary.json", "utilization.csv", "cdf.png")
 #: What the scheduler counters printed after the table count, where their names alone could mislead.
 COUNTER_LABELS = {
@@ -202,15 +208,22 @@ def _write_tasks(tasks: TaskColumns, path: Path, resource_names: tuple[str, ...]
     allocation time and its components; numbers of seconds rounded to the microsecond."""
     scalar = [f for f in dataclasses.fields(TaskRecord) if f.name != "request"]
     header = [f.name for f in scalar]
-    columns = [_round(tasks.array(f.name, np.float64)) if f.type == "float" else tasks.column(f.name) for f in scalar]
+    columns = [_task_column(tasks, f.name, str(f.type)) for f in scalar]
     if resource_names:
         header += [f"request_{name}" for name in resource_names]
         requests = np.array(tasks.column("request"), dtype=np.int64).reshape(len(tasks), len(resource_names))
-        columns += requests.T.tolist()
+        columns += list(requests.T)
     derived = allocation_columns(tasks)
     header += _DERIVED_TASK_COLUMNS
     columns += [_round(derived[name]) for name in _DERIVED_TASK_COLUMNS]
     _write_csv(path, header, columns)
+
+
+def _task_column(tasks: TaskColumns, name: str, kind: str) -> np.ndarray | list[Any]:
+    """A field's column for the CSV: numbers as a numpy array (times rounded), strings as a list."""
+    if kind == "float":
+        return _round(tasks.array(name, np.float64))
+    return tasks.array(name, _NUMPY_TYPES[kind]) if kind in _NUMPY_TYPES else tasks.column(name)
 
 
 def _write_jobs(jobs: Sequence[JobRecord], path: Path) -> None:
@@ -222,32 +235,46 @@ def _write_jobs(jobs: Sequence[JobRecord], path: Path) -> None:
     _write_csv(path, header, columns)
 
 
-def _write_csv(path: Path, header: list[str], columns: list[list[Any]]) -> None:
+def _write_csv(path: Path, header: list[str], columns: list[np.ndarray | list[Any]]) -> None:
+    """`columns` under `header`, in the bytes `csv.writer` writes, but formatted a column at a time."""
+    rows = map(",".join, zip(*map(_csv_cells, columns)))
     with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(zip(*columns))
+        handle.write(",".join(_csv_cells(header)) + _CSV_LINE_END)
+        handle.writelines(row + _CSV_LINE_END for row in rows)
 
 
-def _values(records: Sequence[Any], name: str, rounded: bool) -> list[Any]:
+def _csv_cells(column: np.ndarray | Sequence[Any]) -> list[str]:
+    """A column's fields as `csv.writer` writes them: a float as its repr, an int or a bool as its str, a string
+    in quotes (doubled inside) when it holds a comma, a quote or a line break. A numeric column's distinct values
+    are formatted once each: a run's times take few distinct values, and formatting floats is most of the cost."""
+    if isinstance(column, np.ndarray):
+        keys = column.view(np.int64) if column.dtype == np.float64 else column  # by bits, so -0.0 stays "-0.0"
+        distinct, rows = np.unique(keys, return_inverse=True)
+        texts = np.array([str(v) for v in distinct.view(column.dtype).tolist()], dtype=object)
+        return texts[rows].tolist()
+    cells = list(map(str, column))
+    joined = "".join(cells)
+    if not any(c in joined for c in _CSV_QUOTED):
+        return cells
+    return ['"' + cell.replace('"', '""') + '"' if any(c in cell for c in _CSV_QUOTED) else cell for cell in cells]
+
+
+def _values(records: Sequence[Any], name: str, rounded: bool) -> np.ndarray | list[Any]:
     values = map(attrgetter(name), records)
     if not rounded:
         return list(values)
     return _round(np.fromiter(values, dtype=np.float64, count=len(records)))
 
 
-def _round(values: np.ndarray) -> list[float]:
+def _round(values: np.ndarray) -> np.ndarray:
     """To `_CSV_DECIMALS` places, so a CSV holds 0.3015 rather than 0.30150000000000005."""
-    return np.round(values, _CSV_DECIMALS).tolist()
+    return np.round(values, _CSV_DECIMALS)
 
 
 def _write_utilization(series: UtilizationSeries, path: Path) -> None:
     """Time (seconds on the run's clock) and, per resource, the fraction of the data centre's capacity held."""
-    columns = [_round(series.times), *(_round(series.fractions[n]) for n in series.resource_names)]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["time", *(f"{name}_used_fraction" for name in series.resource_names)])
-        writer.writerows(zip(*columns))
+    header = ["time", *(f"{name}_used_fraction" for name in series.resource_names)]
+    _write_csv(path, header, [_round(series.times), *(_round(series.fractions[n]) for n in series.resource_names)])
 
 
 def _summary_document(metrics: RunMetrics, title: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -302,8 +329,9 @@ def cdf_figure(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 4.8), layout="constrained")
+    figure = Figure(figsize=(15, 4.8))
     FigureCanvasAgg(figure)
+    figure.subplots_adjust(**_MARGINS)
     figure.suptitle(title)
     alloc_axes, jrt_axes, util_axes = figure.subplots(1, 3)
     allocation = allocation_columns(TaskColumns.of(tasks))["allocation_time"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -301,6 +302,36 @@ def test_csv_files_hold_rounded_numbers_under_names_that_say_what_they_are(tmp_p
     assert read_csv(paths["tasks.csv"])[0]["launched_at"] == "0.901"
     assert texts["utilization.csv"].splitlines()[0] == "time,cpu_used_fraction,mem_used_fraction"
     assert read_csv(paths["utilization.csv"])[0]["cpu_used_fraction"] == "0.001"
+
+
+def test_csv_files_are_written_as_the_csv_module_writes_them(tmp_path: Path) -> None:
+    quoted = task('t,"1"', 0.0, 0.0035, 5.01, (1000, 2000))
+    quoted.failed_reason = 'lost: "worker 3", then\nrestarted'
+    quoted.decided_at = quoted.attempt_at - 1e-9  # processing rounds to -0.0
+    quoted.repartitioned = True
+    never = TaskRecord("t2", "j,1", 1, "bob", 2.5, (1, 1), failed_reason="plain")  # NaN times
+    zero = task("t3", 0.0, 0.0035, 5.01, (1000, 2000))
+    zero.decided_at = zero.attempt_at  # processing 0.0, not to be written as the -0.0 above
+    jobs = [JobRecord("j,1", 1, 0.0, 3, 5.0065)]
+    metrics = compute_metrics([quoted, never, zero], jobs, CAPACITY, NAMES, wall_seconds=1.0)
+    paths = write_outputs(metrics, [quoted, never, zero], jobs, tmp_path, "quoting")
+    for name in ("tasks.csv", "jobs.csv", "utilization.csv"):
+        with paths[name].open(newline="") as handle:
+            text = handle.read()
+        rewritten = io.StringIO()
+        csv.writer(rewritten).writerows(csv.reader(io.StringIO(text)))
+        assert text == rewritten.getvalue(), name
+    first, second, third = read_csv(paths["tasks.csv"])
+    assert (first["task_id"], first["failed_reason"]) == (quoted.task_id, quoted.failed_reason)
+    assert (first["processing"], third["processing"]) == ("-0.0", "0.0")
+    assert (first["repartitioned"], first["finished_at"]) == ("True", "5.01")
+    assert (second["job_id"], second["started_at"], second["node"], second["repartitioned"]) == (
+        "j,1",
+        "nan",
+        "-1",
+        "False",
+    )
+    assert read_csv(paths["jobs.csv"])[0]["job_id"] == "j,1"
 
 
 def test_a_report_folder_is_never_overwritten_silently(tmp_path: Path) -> None:

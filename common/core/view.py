@@ -9,7 +9,7 @@ Bitsets are Python ints, bit i = node i of the partition. Two caches keep matchi
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from operator import ge
 
 from megha.common.core.cluster import PartitionSpec
@@ -41,6 +41,25 @@ def covering(amounts: list[Resources], request: Resources) -> int:
     return bits
 
 
+@lru_cache(maxsize=4096)
+def partition_bits(spec: PartitionSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[str, int], ...]]:
+    """A partition's static bit-vectors: the nodes satisfying each constraint id, the nodes with n machine
+    constraints (n ascending, the Minimum-Constraints choice's order) and the nodes offering each task driver.
+    Built once per partition: every GM's view of it shares them (memoised, as a few GMs view the same specs)."""
+    bits = [0] * NUM_CONSTRAINTS
+    by_count: dict[int, int] = {}
+    for i, mask in enumerate(spec.constraint_masks):
+        for k in iter_bits(mask):
+            bits[k] |= 1 << i
+        n = mask.bit_count()
+        by_count[n] = by_count.get(n, 0) | 1 << i
+    drivers: dict[str, int] = {}
+    for i, offered in enumerate(spec.node_drivers()):
+        for driver in offered:
+            drivers[driver] = drivers.get(driver, 0) | 1 << i
+    return tuple(bits), tuple(by_count[n] for n in sorted(by_count)), tuple(drivers.items())
+
+
 class PartitionView:
     """The GM's copy of partition `gm` of LM `lm`; node i is the LM's physical node `start + i`."""
 
@@ -70,19 +89,8 @@ class PartitionView:
         self.free: list[Resources] = list(spec.capacities)
         self.masks: list[int] = list(spec.constraint_masks)
         self.all_bits = (1 << self.size) - 1
-        bits = [0] * NUM_CONSTRAINTS
-        by_count: dict[int, int] = {}
-        for i, mask in enumerate(self.masks):
-            for k in iter_bits(mask):
-                bits[k] |= 1 << i
-            n = mask.bit_count()
-            by_count[n] = by_count.get(n, 0) | 1 << i
-        self.constraint_bits = bits
-        self.count_bits: list[int] = [by_count[n] for n in sorted(by_count)]
-        self.driver_bits: dict[str, int] = {}  # driver -> the nodes offering it
-        for i, offered in enumerate(spec.node_drivers()):
-            for driver in offered:
-                self.driver_bits[driver] = self.driver_bits.get(driver, 0) | 1 << i
+        self.constraint_bits, self.count_bits, drivers = partition_bits(spec)
+        self.driver_bits: dict[str, int] = dict(drivers)  # driver -> the nodes offering it
         self._match: dict[int, int] = {}
         self._fit: dict[Resources, int] = {}
         self._cap_fit: dict[Resources, int] = {}
