@@ -7,6 +7,7 @@ workload, run, metrics), simulated tasks per wall second of the event loop (medi
     python bench/replay_throughput.py                    # syn_250 (200 jobs) and GOOG_subtrace, reference cluster
     python bench/replay_throughput.py --scenario syn250 --repeat 5
     python bench/replay_throughput.py --scenario syn250 --decision-costs calibrated
+    python bench/replay_throughput.py --scenario syn250 --repeat 1 --lm-order scarcity   # interleave with first-fit
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> int:
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), action="append", help="default: all")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--decision-costs", default="zero", help="zero or calibrated (docs/decision-time.md)")
+    parser.add_argument("--lm-order", default="round-robin", help="the GMs' LM order (an LM_ORDERS name)")
     args = parser.parse_args()
     names = args.scenario or sorted(SCENARIOS, reverse=True)
     missing = [n for n in names if not Path(str(SCENARIOS[n]["trace"])).exists()]
@@ -68,7 +70,7 @@ def main() -> int:
     for name in names:
         runs = []
         for i in range(args.repeat):
-            runs.append(run_once({**SCENARIOS[name], "decision_costs": args.decision_costs}))
+            runs.append(run_once({**SCENARIOS[name], "decision_costs": args.decision_costs, "lm_order": args.lm_order}))
             print(f"  {name} run {i + 1}: {runs[-1]['loop_seconds']:.2f} s", file=sys.stderr)
         loops = [r["loop_seconds"] for r in runs]
         tasks = runs[0]["tasks"]

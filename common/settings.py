@@ -334,10 +334,11 @@ class GMSettings(FairSettings, UserTokens):
     matching: Literal["random", "min-constraints", "first-fit"] = Field(
         "random", description="how the GM picks a worker among those that meet a task's constraints"
     )
-    lm_order: Literal["round-robin", "first-fit"] = Field(
+    lm_order: Literal["round-robin", "first-fit", "scarcity"] = Field(
         "round-robin",
         description="the order the GM searches LMs' partitions: round-robin from the next LM for each task (the "
-        "paper), or LM 0 first for every task (the authors' simulator)",
+        "paper), LM 0 first for every task (the authors' simulator), or scarcity: first where the task takes the "
+        "fewest free nodes with constraints in short supply (docs/lm-order.md)",
     )
     unplaceable: Literal["park", "requeue-back"] = Field(
         "park",

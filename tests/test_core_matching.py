@@ -71,7 +71,7 @@ def _views(num_lms: int, num_gms: int) -> list[list[PartitionView]]:
 
 def test_internal_partitions_are_tried_round_robin_across_lms() -> None:
     search = PartitionSearch(1, _views(3, 2))
-    orders = [[(v.lm, v.gm) for v in search.internal()] for _ in range(4)]
+    orders = [[(v.lm, v.gm) for v in search.internal(task("t"))] for _ in range(4)]
     assert orders == [
         [(0, 1), (1, 1), (2, 1)],
         [(1, 1), (2, 1), (0, 1)],
@@ -82,8 +82,8 @@ def test_internal_partitions_are_tried_round_robin_across_lms() -> None:
 
 def test_external_partitions_cover_every_other_gm_and_rotate_the_starting_lm() -> None:
     search = PartitionSearch(0, _views(3, 3))
-    first = [(v.lm, v.gm) for v in search.external()]
-    second = [(v.lm, v.gm) for v in search.external()]
+    first = [(v.lm, v.gm) for v in search.external(task("t"))]
+    second = [(v.lm, v.gm) for v in search.external(task("t"))]
     assert sorted(first) == sorted((lm, g) for lm in range(3) for g in (1, 2))
     assert sorted(second) == sorted(first)
     assert first[0][0] == 0 and second[0][0] == 1

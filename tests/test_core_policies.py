@@ -150,9 +150,9 @@ def test_first_fit_lm_order_starts_at_lm_0_for_every_task_and_round_robin_rotate
     views = GlobalMaster(1, spec).views
     first_fit, rotating = FirstFitSearch(1, views), PartitionSearch(1, views)
     for _ in range(2):
-        assert [(v.lm, v.gm) for v in first_fit.internal()] == [(0, 1), (1, 1)]
-        assert [(v.lm, v.gm) for v in first_fit.external()] == [(0, 0), (0, 2), (1, 0), (1, 2)]
-    assert [[v.lm for v in rotating.internal()] for _ in range(2)] == [[0, 1], [1, 0]]
+        assert [(v.lm, v.gm) for v in first_fit.internal(task("t"))] == [(0, 1), (1, 1)]
+        assert [(v.lm, v.gm) for v in first_fit.external(task("t"))] == [(0, 0), (0, 2), (1, 0), (1, 2)]
+    assert [[v.lm for v in rotating.internal(task("t"))] for _ in range(2)] == [[0, 1], [1, 0]]
 
 
 def test_the_variants_are_settings_and_replay_options_that_still_complete_every_task() -> None:

@@ -44,11 +44,11 @@ class Placer:
         """The first feasible partition in LM order and the chosen node in it, or None when none has room."""
         feasible = feasible_nodes if task.run is None and self._burn_everywhere else driver_feasible_nodes
         choose = self.choice.choose
-        for view in self.search.internal():
+        for view in self.search.internal(task):
             candidates = feasible(view, task)
             if candidates:
                 return Placement(task, view.lm, view.start + choose(view, candidates, self.rng), False, self.gm)
-        for view in self.search.external():
+        for view in self.search.external(task):
             candidates = feasible(view, task)
             if candidates:
                 return Placement(task, view.lm, view.start + choose(view, candidates, self.rng), True, self.gm)

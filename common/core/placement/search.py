@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
 
 
 class PartitionSearch:
-    """Yields the partitions one task should try, advancing the round-robin pointers once per task."""
+    """Yields the partitions one task should try, advancing the round-robin pointers once per task. The task is
+    given so that an order may depend on it (`placement.scarcity`); round-robin and first-fit ignore it."""
 
     __slots__ = ("_external_next", "_internal_next", "_views", "gm", "num_gms", "num_lms")
 
@@ -26,13 +28,13 @@ class PartitionSearch:
         self._internal_next = 0
         self._external_next = 0
 
-    def internal(self) -> Iterator[PartitionView]:
+    def internal(self, task: TaskSpec) -> Iterator[PartitionView]:
         start = self._internal_next
         self._internal_next = (start + 1) % self.num_lms
         for k in range(self.num_lms):
             yield self._views[(start + k) % self.num_lms][self.gm]
 
-    def external(self) -> Iterator[PartitionView]:
+    def external(self, task: TaskSpec) -> Iterator[PartitionView]:
         start = self._external_next
         self._external_next = (start + 1) % (self.num_lms * max(self.num_gms - 1, 1))
         gm_offset, lm_start = divmod(start, self.num_lms)
@@ -49,11 +51,11 @@ class FirstFitSearch(PartitionSearch):
 
     __slots__ = ()
 
-    def internal(self) -> Iterator[PartitionView]:
+    def internal(self, task: TaskSpec) -> Iterator[PartitionView]:
         for row in self._views:
             yield row[self.gm]
 
-    def external(self) -> Iterator[PartitionView]:
+    def external(self, task: TaskSpec) -> Iterator[PartitionView]:
         for row in self._views:
             for g, view in enumerate(row):
                 if g != self.gm:

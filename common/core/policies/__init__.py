@@ -6,7 +6,7 @@
 | preemption (PostFilter) | `none` | `fair-share` (with fair scheduling) | `preemption`, `fair_share` |
 | usage accounting | none | the share book (with fair scheduling) | `usage`, `fairness.queues` |
 | node choice | `random` | `min-constraints`, `first-fit` | `placement.choice` |
-| LM order | `round-robin` | `first-fit` | `placement.search` |
+| LM order | `round-robin` | `first-fit`, `scarcity` | `placement.search`, `placement.scarcity` |
 | unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
 
@@ -25,6 +25,7 @@ from megha.common.core.fairness.policy import make_share_policy
 from megha.common.core.fairness.queues import ShareBook
 from megha.common.core.parked import ParkedShapes
 from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
+from megha.common.core.placement.scarcity import ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
 from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
 from megha.common.core.policies.preemption import NoPreemption, PreemptionPolicy
@@ -42,6 +43,7 @@ QUEUE_ORDERS: dict[str, Callable[[], QueueOrder]] = {
 LM_ORDERS: dict[str, Callable[[int, list[list[PartitionView]]], PartitionSearch]] = {
     "round-robin": PartitionSearch,
     "first-fit": FirstFitSearch,
+    "scarcity": ScarcitySearch,
 }
 """The orders a GM searches LMs' partitions in, by name."""
 

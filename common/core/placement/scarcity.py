@@ -1,0 +1,116 @@
+"""The constraint-aware LM order (`scarcity`): each task goes first to the partition where it wastes the least scarce
+capacity, keeping partitions rich in free scarce nodes for the tasks that need them.
+
+A constraint's pressure is demand / supply: the share of the tasks the GM has tried to place that carry it (a task
+that waits counts at every try, so unmet demand weighs more) over the share of the data centre's nodes that have
+it, re-estimated every `RELEARN` tasks. The tasks that need constraint k alone then load k's nodes `pressure` times as
+heavily as the average node is loaded. A constraint is *hot* when that is at least half (`HOT_PRESSURE`): tasks
+that need it claim much of its nodes, so others should not take them. In the Sharma et al. statistics constraint 5
+is carried by 18% of tasks and held by 11% of nodes (pressure 1.6) and constraint 6 by 27% and 28% (0.9); every
+other constraint is below 0.5.
+
+Node choice picks a node of the chosen partition uniformly among the task's feasible ones, so a placement in
+partition p takes, on average, a share |A ∩ C_k| / |A| of a hot constraint k's nodes, where A is the task's
+feasible free nodes in p and C_k the nodes with k. For a task that does not need k that share is waste. The
+search yields the partitions where the task has room in ascending order of that waste, weighted by pressure;
+ties (no hot constraint, or a task needing every hot one) keep the LM order of first-fit, which packs. Internal
+partitions first, then external ones, as in the other orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from megha.common.core.constraints import NUM_CONSTRAINTS
+from megha.common.core.placement.search import PartitionSearch
+from megha.common.core.task import TaskSpec
+from megha.common.core.view import PartitionView
+
+#: Tasks between two estimates of the pressures (sorting 21 of them is too dear to do for every task).
+RELEARN = 1024
+#: Tasks seen before the first estimate.
+FIRST_ESTIMATE = 64
+#: A constraint is hot from this pressure on ...
+HOT_PRESSURE = 0.5
+#: ... and at most this many (the highest pressures) are.
+MAX_HOT = 2
+
+
+class ScarcitySearch(PartitionSearch):
+    """Partitions in ascending order of the pressure-weighted share of hot constraints the task does not need among
+    its feasible free nodes; first-fit order among equals."""
+
+    __slots__ = ("_demand", "_external", "_hot", "_internal", "_seen", "_supply")
+
+    def __init__(self, gm: int, views: list[list[PartitionView]]) -> None:
+        super().__init__(gm, views)
+        nodes = sum(v.size for row in views for v in row)
+        # Share of the data centre's nodes with each constraint (static).
+        self._supply = [
+            sum(v.constraint_bits[k].bit_count() for row in views for v in row) / nodes for k in range(NUM_CONSTRAINTS)
+        ]
+        self._demand = [0] * NUM_CONSTRAINTS  # tasks seen that carry each constraint
+        self._seen = 0  # tasks seen
+        self._hot: tuple[tuple[int, float], ...] = ()  # (constraint, pressure) of the hot constraints
+        self._internal = [row[gm] for row in views]  # this GM's partitions, in first-fit (LM) order
+        self._external = [v for row in views for v in row if v.gm != gm]  # the others', in first-fit order
+
+    @property
+    def hot(self) -> tuple[tuple[int, float], ...]:
+        """The hot constraints and their pressures, as last estimated (for reports and tests)."""
+        return self._hot
+
+    def internal(self, task: TaskSpec) -> Iterator[PartitionView]:
+        self._count(task.constraints)
+        return self._ranked(self._internal, task)
+
+    def external(self, task: TaskSpec) -> Iterator[PartitionView]:
+        return self._ranked(self._external, task)
+
+    def _count(self, mask: int) -> None:
+        """Count the task's constraints into the demand; estimate the pressures when due."""
+        demand = self._demand
+        while mask:
+            low = mask & -mask
+            demand[low.bit_length() - 1] += 1
+            mask ^= low
+        self._seen += 1
+        if self._seen == FIRST_ESTIMATE or self._seen % RELEARN == 0:
+            self._estimate()
+
+    def _estimate(self) -> None:
+        seen = self._seen
+        pressures = sorted(
+            ((self._demand[k] / seen / supply, k) for k, supply in enumerate(self._supply) if 0 < supply < 1),
+            reverse=True,
+        )
+        self._hot = tuple((k, p) for p, k in pressures[:MAX_HOT] if p >= HOT_PRESSURE)
+
+    def _ranked(self, views: list[PartitionView], task: TaskSpec) -> Iterator[PartitionView]:
+        """The views where `task` has room, least waste first, in the given (first-fit) order among equals. Lazily:
+        a view that wastes nothing is yielded as soon as it is found (none can come before it)."""
+        mask = task.constraints
+        unneeded = [(k, p) for k, p in self._hot if not mask >> k & 1]
+        if not unneeded:
+            yield from views  # nothing to waste: first-fit (the placer skips the views without room)
+            return
+        wasteful = []
+        feasible = PartitionView.feasible
+        for i, view in enumerate(views):
+            free = feasible(view, task)
+            if free:
+                bits = view.constraint_bits
+                waste = 0.0
+                for k, pressure in unneeded:
+                    waste += pressure * (free & bits[k]).bit_count()
+                if waste:
+                    wasteful.append((waste / free.bit_count(), i, view))
+                else:
+                    yield view
+        wasteful.sort(key=_waste_then_position)
+        for _, _, view in wasteful:
+            yield view
+
+
+def _waste_then_position(entry: tuple[float, int, PartitionView]) -> tuple[float, int]:
+    return entry[0], entry[1]

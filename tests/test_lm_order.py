@@ -1,0 +1,109 @@
+"""The scarcity LM order: tasks that do not need a constraint in short supply go first where they take none of its
+nodes, so the tasks that need it still find room; its pressure estimate; and the option that selects it."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from megha import cli
+from megha.common.core.gm import GlobalMaster
+from megha.common.core.messages import LaunchBatch, Output
+from megha.common.core.placement.scarcity import FIRST_ESTIMATE, ScarcitySearch
+from megha.common.core.placement.search import FirstFitSearch
+from megha.common.core.policies import LM_ORDERS, gm_policies
+from megha.common.core.task import TaskSpec
+from megha.common.settings import GMSettings
+from megha.loadgen.replay import ReplayConfig, replay
+
+from corekit import cluster, job, task
+
+SCARCE = 5
+# One GM, two LMs: LM 0 holds the only node with constraint 5, LM 1 two nodes without constraints.
+RICH_AND_PLAIN = [[[[SCARCE]]], [[[], []]]]
+
+
+def _placed(out: list[Output]) -> list[tuple[int, int]]:
+    """(LM, node) of every placement in the launch batches of `out`."""
+    return [(p.lm, p.node) for send in out if isinstance(send.msg, LaunchBatch) for p in send.msg.placements]
+
+
+def _gm(order: str) -> GlobalMaster:
+    """A GM of RICH_AND_PLAIN using `order`, that has seen FIRST_ESTIMATE tasks needing constraint 5 (its demand
+    estimate's warm-up: every task needs 5, a third of the nodes have it, so 5 is hot)."""
+    spec = cluster(RICH_AND_PLAIN)
+    gm = GlobalMaster(0, spec, policies=gm_policies(0, spec, lm_order=order))
+    for i in range(FIRST_ESTIMATE):
+        gm.placer.search.internal(task(f"seen.{i}", [SCARCE]))
+    return gm
+
+
+def test_unconstrained_tasks_go_to_the_plain_lm_first_and_a_later_constrained_task_still_finds_room() -> None:
+    gm = _gm("scarcity")
+    assert [k for k, _ in gm.placer.search.hot] == [SCARCE]
+    assert sorted(_placed(gm.submit(job("plain", task("plain.0"), task("plain.1")), 0.0))) == [(1, 0), (1, 1)]
+    assert _placed(gm.submit(job("needs5", task("needs5.0", [SCARCE])), 0.1)) == [(0, 0)]
+    assert not gm.waiting
+
+
+@pytest.mark.parametrize("order", ["round-robin", "first-fit"])
+def test_the_paper_orders_give_the_scarce_node_away_and_the_constrained_task_waits(order: str) -> None:
+    gm = _gm(order)
+    assert (0, 0) in _placed(gm.submit(job("plain", task("plain.0"), task("plain.1")), 0.0))
+    assert _placed(gm.submit(job("needs5", task("needs5.0", [SCARCE])), 0.1)) == []
+    assert len(gm.waiting) == 1
+
+
+def _warm_search(layout: list) -> ScarcitySearch:  # type: ignore[type-arg]
+    """GM 0's scarcity search over `layout`, after FIRST_ESTIMATE tasks that all need constraint 5."""
+    search = ScarcitySearch(0, GlobalMaster(0, cluster(layout)).views)
+    for i in range(FIRST_ESTIMATE):
+        search.internal(task(f"t.{i}", [SCARCE]))
+    return search
+
+
+def _lms(search: ScarcitySearch, t: TaskSpec) -> list[int]:
+    return [view.lm for view in search.internal(t)]
+
+
+def test_hot_constraints_are_those_asked_for_at_least_half_as_often_as_their_nodes_are_common() -> None:
+    # Constraint 5 on a quarter of the nodes, 3 on half of them; half the tasks need 5, an eighth need 3.
+    search = ScarcitySearch(0, GlobalMaster(0, cluster([[[[5, 3], [3], [], []]]])).views)
+    assert search.hot == ()  # nothing estimated before FIRST_ESTIMATE tasks: first-fit
+    for i in range(FIRST_ESTIMATE):
+        search.internal(task(f"t.{i}", [5] if i % 2 else [3] if i % 8 == 0 else []))
+    assert search.hot == ((5, 2.0),)  # 3: pressure 0.25, below HOT_PRESSURE
+
+
+def test_waste_orders_partitions_and_first_fit_breaks_ties() -> None:
+    # LM 0's partition: a node with 5 and a plain one; LM 1's: two plain nodes; LM 2's: one node with 5.
+    search = _warm_search([[[[5], []]], [[[], []]], [[[5]]]])
+    assert _lms(search, task("plain")) == [1, 0, 2]  # no waste, then half, then all of its picks on a node with 5
+    assert _lms(search, task("needs5", [5])) == [0, 1, 2]  # needs every hot constraint: first-fit
+    assert _lms(search, task("needs7", [7])) == []  # room nowhere
+
+
+def test_external_partitions_are_ranked_the_same_way() -> None:
+    # GM 0 has no room of its own; GM 1's partition of LM 0 has a node with 5, of LM 1 a plain node.
+    layout = [[[], [[5]]], [[], [[]]]]
+    first_fit = FirstFitSearch(0, GlobalMaster(0, cluster(layout)).views)
+    assert [(v.lm, v.gm) for v in first_fit.external(task("plain"))] == [(0, 1), (1, 1)]
+    assert [(v.lm, v.gm) for v in _warm_search(layout).external(task("plain"))] == [(1, 1), (0, 1)]
+
+
+def test_scarcity_is_an_lm_order_a_setting_and_a_replay_option(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert LM_ORDERS["scarcity"] is ScarcitySearch
+    monkeypatch.setenv("MEGHA_LM_ORDER", "scarcity")
+    assert GMSettings().lm_order == "scarcity"
+    with pytest.raises(ValidationError, match="lm_order"):
+        GMSettings(lm_order="scarce")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["replay", "--lm-order", "scarce"])
+    assert exc.value.code == 2
+    assert "--lm-order: invalid choice: 'scarce'" in capsys.readouterr().err
+    done = replay(ReplayConfig(trace="syn:40:30", lms=2, gms=3, workers_per_partition=30, lm_order="scarcity"))
+    assert isinstance(done.system.gms[0].placer.search, ScarcitySearch)
+    accepted = [rec for rec in done.recorder.tasks.values() if not rec.failed_reason]
+    assert len(accepted) >= 200 and all(rec.completions == 1 for rec in accepted)
