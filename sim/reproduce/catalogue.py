@@ -47,9 +47,11 @@ _NO_CLOUDERA = (
     "sizes); the paper's Sparrow is its own simulator with a measured launch delay, ours runs on our event loop"
 )
 _SPARROW_SETUP = (
-    "Megha (5 GMs x 5 LMs) and Sparrow (10 schedulers, 2 probes per task, late binding) on 10,000 generated "
-    "workers, no placement constraints, 10 s heartbeats (fair V), 0.5 ms per hop; the sample with the trace's own "
-    "arrivals, and re-timed to 90% load (Poisson arrivals, 'different load conditions')"
+    "Megha (5 GMs x 5 LMs, calibrated decision costs) and Sparrow (10 schedulers, 2 probes per task, late binding, "
+    "deciding for free: the paper's Megha simulator ran the prototype's code, its Sparrow simulator counted network "
+    "delays only) on 10,000 generated workers, no placement constraints, 10 s heartbeats (fair V), 0.5 ms per hop; "
+    "the sample with the trace's own arrivals, and re-timed to 90% load (Poisson arrivals, 'different load "
+    "conditions')"
 )
 _FAIRNESS_SETUP = (
     "4 user queues with shares 10%, 25%, 15%, 50% on GMs 1, 2, 2, 3 (fair VI-E), 2 LMs x 3 GMs of 198, 498 and 1,500 "
@@ -131,7 +133,7 @@ ENTRIES: tuple[Entry, ...] = (
         "fair-fig7",
         "Fig. 7",
         "contributions of the component delays to allocation time (medians)",
-        "Megha's run of fair-fig3 (trace arrivals) with calibrated decision costs: the median of framework queuing, "
+        "Megha's runs of fair-fig3 (trace arrivals, calibrated decision costs): the median of framework queuing, "
         "processing, communication and worker queuing, and each one's share of their sum",
         "one seed",
         f"{_NO_CLOUDERA}; processing is this code's calibrated cost (docs/decision-time.md)",
@@ -157,8 +159,8 @@ ENTRIES: tuple[Entry, ...] = (
         "100 x 4.97 us a job), tasks of 0.09 s (60% of the workers) for 2 s, on 30,000 generated workers: 1, 2, 5, 10, "
         "20 GMs under 10 LMs and 1, 2, 5, 10, 20 LMs under 10 GMs; Sharma et al. constraints, 10 s heartbeats, "
         "calibrated decision costs",
-        "10,000 workers, 0.03 s tasks (the same 2,000 jobs/s at 60% load) for 0.3 s, 1, 2, 5 and 10 GMs and LMs, "
-        "one seed",
+        "10,000 workers, 0.03 s tasks (the same 2,000 jobs/s at 60% load) for 0.3 s, 1, 2, 5, 10 and 20 GMs and 1, 2, "
+        "5 and 10 LMs, one seed",
         "the alibaba trace is not shared; ours is a stand-in whose job rate makes the number of GMs and LMs matter "
         "under this code's decision costs",
         runner="fair.masters",

@@ -149,13 +149,14 @@ def _delays(setup: Setup, names: Sequence[str], title: str) -> Result:
     def draw(path: Path) -> None:
         fig, axes = harness.figure(1, len(names), width=6 * len(names), height=4.5)
         for ax, name in zip(axes[0], names):
-            for scheduler in SCHEDULERS:
-                for matching in MATCHINGS:
+            for color, scheduler in enumerate(SCHEDULERS):
+                for matching, style in zip(MATCHINGS, ("-", "--")):
                     delays = np.sort(np.concatenate([o.jrt_delays for o in runs[(name, scheduler, matching)]]))
                     if delays.size:
                         fraction = np.arange(1, delays.size + 1) / delays.size
                         short = "rand" if matching == "random" else "min"
-                        ax.step(np.maximum(delays, 1e-4), fraction, where="post", label=f"{label(scheduler)}_{short}")
+                        shown = f"{label(scheduler)}_{short}"
+                        ax.step(np.maximum(delays, 1e-4), fraction, style, color=f"C{color}", where="post", label=shown)
             ax.set(xscale="log", xlabel="JRT delay (s)", ylabel="fraction of jobs", title=PAPER_NAMES[name])
             ax.grid(True, linewidth=0.4)
             ax.legend(fontsize=7)
