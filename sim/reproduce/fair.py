@@ -1,9 +1,11 @@
 """The Megha paper's simulation results (fair Figs. 3, 4 and 6 to 11) on our simulator.
 
 Every scenario uses the paper's 10 s heartbeat (fair V: 'In all the scenarios, the heartbeat period is set to 10
-seconds'). The paper's workload samples (Cloudera, alibaba, google_19) are not shared; each figure's stand-in is the
-prefix of a shared trace holding as many tasks (`first_jobs_holding`), and the catalogue says so. Figures that
-depend on how long deciding takes (6 to 9) run with the calibrated decision-time model (docs/decision-time.md).
+seconds'), and Megha (and its centralized configuration) decides at the calibrated costs of docs/decision-time.md:
+the paper's Megha simulator ran the prototype's code, so its processing counted (V-B), where its Sparrow simulator
+counted network delays only (our Sparrow decides for free). The paper's workload samples (Cloudera, alibaba,
+google_19) are not shared; each figure's stand-in is the prefix of a shared trace holding as many tasks
+(`first_jobs_holding`), and the catalogue says so.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from megha.sim.reproduce.setup import Setup
 from megha.sim.reproduce.summary import mean, ratio, summary_mean
 
 HEARTBEAT = 10.0
+COSTS = "calibrated"  # Megha's decision costs in every figure of this module
 CLOUDERA_TASKS = 10_173  # fair V-A: the Cloudera sample of the Sparrow comparison
 ALIBABA_TASKS = 8_000  # fair V-A: the alibaba sample
 GOOGLE19_TASKS = 4_550  # fair V-A: the google_19 sample of the fairness study
 MEGHA_BOUND = 1.5  # fair VI-A: Megha's allocation time 'consistently less than 1.5s'
 NAMES = {"megha": "Megha", "sparrow": "Sparrow", "centralized": "centralized"}
-SAMPLE_COSTS = {"megha": "calibrated", "sparrow": "zero"}  # decision costs in the Sparrow comparison
+SAMPLE_COSTS = {"megha": COSTS, "sparrow": "zero"}  # decision costs in the Sparrow comparison
 STATISTICS = (("p50", "median"), ("mean", "mean"), ("p90", "p90"), ("p99", "p99"), ("p99.99", "p9999"))
 Runs = dict[tuple[object, ...], list[Outcome]]
 
@@ -64,9 +67,7 @@ def scenario(load: str) -> str:
 
 
 def sample_runs(setup: Setup, schedulers: Sequence[str], loads: Sequence[str]) -> Runs:
-    """The Sparrow comparison's replays, by (load, scheduler), one outcome per seed. Megha decides at the
-    calibrated costs and Sparrow for free, as in the paper (V-B: its Megha simulator ran the prototype's code, so
-    processing counted; its Sparrow simulator counted network delays only)."""
+    """The Sparrow comparison's replays, by (load, scheduler), one outcome per seed."""
     workload, first = sparrow_sample(setup)
     runs: Runs = {}
     for load in loads:
@@ -231,7 +232,7 @@ def centralized(setup: Setup) -> Result:
                     scheduler=scheduler,
                     seed=seed,
                     delta_interval=HEARTBEAT,
-                    decision_costs="calibrated",
+                    decision_costs=COSTS,
                     **centre.replay_fields(),
                 )
                 runs.setdefault((centre.workers, scheduler), []).append(outcome(config, f"GOOG[:{first}]"))
@@ -267,7 +268,7 @@ def centralized(setup: Setup) -> Result:
 
 
 def _poisson_run(load: PoissonLoad, workers: int, lms: int, gms: int, seed: int) -> Outcome:
-    """One replay of `load` on `workers` generated workers under `lms` LMs x `gms` GMs, calibrated costs."""
+    """One replay of `load` on `workers` generated workers under `lms` LMs x `gms` GMs."""
     path = scratch() / f"poisson-{load.load}-{load.tasks_per_job}-{load.seconds}-{load.duration}-{workers}-{seed}.tr"
     if not path.exists():
         load.write(path, workers, seed)
@@ -278,7 +279,7 @@ def _poisson_run(load: PoissonLoad, workers: int, lms: int, gms: int, seed: int)
         workers_per_partition=workers // (lms * gms),
         seed=seed,
         delta_interval=HEARTBEAT,
-        decision_costs="calibrated",
+        decision_costs=COSTS,
     )
     return outcome(config, f"Poisson {workers:,} workers, {lms} LMs x {gms} GMs")
 
@@ -415,6 +416,7 @@ def fairness_runs(setup: Setup) -> tuple[dict[int, list[Outcome]], str]:
                 constraints=False,
                 queues=fairness.QUEUES,
                 delta_interval=HEARTBEAT,
+                decision_costs=COSTS,
             )
             workers = fairness.LMS * fairness.GMS * wpp
             runs.setdefault(workers, []).append(outcome(config, f"GOOG[:{first}] fair, {workers} workers"))
