@@ -126,7 +126,7 @@ ENTRIES: tuple[Entry, ...] = (
         "Megha (5 GMs x 5 LMs) and the centralized configuration (1 GM, 1 LM, the same workers) on 10,000 and 20,000 "
         "generated workers, Sharma et al. constraints, 10 s heartbeats, calibrated decision costs "
         "(`--decision-costs calibrated`: the single GM pays for the whole data centre's state); the Google "
-        "sub-trace's first 101 jobs (8,011 tasks), one task per worker",
+        "sub-trace's first 104 jobs (9,912 tasks), one task per worker",
         "one seed",
         "the alibaba sample (8,000 tasks) is not shared: the stand-in is the Google sub-trace's first jobs holding at "
         "least 8,000 tasks; deciding costs this code's calibrated times, not the prototype's",
