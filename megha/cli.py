@@ -51,7 +51,7 @@ output:
 exit status: 0 every task of an accepted job ended exactly once; 1 some task did not; 2 bad usage or input;
   3 most tasks failed or most jobs were rejected (a WARNING on stderr names the reasons)
 """
-CTL_COMMANDS = ("job", "queues", "nodes", "top")  # megha/ctl/: they operate a running deployment
+CTL_COMMANDS = ("job", "queues", "nodes", "top", "reproduce")  # megha/ctl/: deployments; the papers' figures
 LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go

@@ -1,5 +1,5 @@
 """`megha job|queues|nodes|top`: operate a running deployment through its GMs' and LMs' REST routes, with the typed
-answers of megha.client.
+answers of megha.client; and `megha reproduce` (reproduce.py): the papers' figures on the simulator.
 
 Tables for people (rich), `--json` for scripts: the API's JSON as the services sent it (commands that ask several
 services wrap each answer, unchanged, with the URL it came from). docs/cli.md lists the commands. The commands live
@@ -16,6 +16,7 @@ import click
 
 from megha.ctl.cluster import nodes, queues
 from megha.ctl.jobs import job
+from megha.ctl.reproduce import reproduce
 from megha.ctl.top import top
 
 
@@ -29,5 +30,5 @@ def cli() -> None:
     """
 
 
-for command in (job, queues, nodes, top):
+for command in (job, queues, nodes, top, reproduce):
     cli.add_command(command)

@@ -1,0 +1,96 @@
+"""`megha reproduce`: a figure or table of the two Megha papers, run on the simulator with the paper's set-up as
+closely as the shared data allow, written under docs/results/<id>.* and compared with the paper's numbers.
+
+The ids, their set-ups and the papers' numbers live in megha.sim.reproduce (imported when an id runs).
+docs/reproduce.md describes the command, the quick scale and how long each id takes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from megha.sim.reproduce.catalogue import BY_ID, ENTRIES
+from megha.sim.reproduce.setup import SCALES, Setup
+
+EPILOG = """\b
+examples:
+  megha reproduce list                      # every id, its set-up and whether it runs yet
+  megha reproduce fair-fig3 --quick         # one id at the reduced scale (each under 5 minutes)
+  megha reproduce constraints-fig6 --seeds 3 --out /tmp/repro
+  megha reproduce all --quick               # every id that runs, in turn
+
+\b
+output:
+  <id>.png (the figure), <id>.csv and <id>.md (our table; the page also holds the paper's numbers beside ours),
+  <id>-vs-paper.csv, in docs/results or --out; the paper's numbers beside ours, with the ratio, on stdout;
+  progress on stderr.
+
+\b
+exit status: 0 done; 2 bad usage, an unknown id (the known ids are named) or an id that does not run yet (the
+  reason is named)
+"""
+
+
+def listing() -> str:
+    """Every id: the paper's caption, the set-up we run, what --quick cuts, and whether it runs yet."""
+    lines = []
+    for entry in ENTRIES:
+        lines += [f"{entry.id} ({entry.label}): {entry.caption}", f"    set-up: {entry.setup}"]
+        if entry.quick:
+            lines.append(f"    --quick: {entry.quick}")
+        lines += [f"    reproduced: {entry.status}", ""]
+    return "\n".join(lines).rstrip()
+
+
+@click.command(
+    short_help="run a figure or table of the Megha papers on the simulator, beside the paper's numbers", epilog=EPILOG
+)
+@click.argument("what", metavar="ID|list|all")
+@click.option("--quick", is_flag=True, help="the reduced scale (docs/reproduce.md): each id in under 5 minutes")
+@click.option(
+    "--scale",
+    type=click.Choice(SCALES),
+    help="full (the paper's set-up, the default), quick (as --quick) or tiny (seconds; for tests: its figures mean "
+    "nothing)",
+)
+@click.option("--seeds", type=click.IntRange(min=1), help="run seeds 0 .. N-1 (default: 3 at full scale, 1 otherwise)")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="folder for <id>.png, .csv, .md and -vs-paper.csv (default: docs/results)",
+)
+def reproduce(what: str, quick: bool, scale: str | None, seeds: int | None, out: Path | None) -> int:
+    """Run ID (e.g. fair-fig3, constraints-table1) as the paper set it up, as closely as the shared traces and
+    data allow, and print the paper's numbers beside ours; `list` names every id, `all` runs each id that runs."""
+    if what == "list":
+        click.echo(listing())
+        return 0
+    if what != "all" and what not in BY_ID:
+        return _error(f"unknown id {what!r}; known ids: {', '.join(BY_ID)} (or list, all)")
+    if quick and scale not in (None, "quick"):
+        return _error(f"--quick and --scale {scale} disagree; give one")
+    setup = Setup.of("quick" if quick else scale or "full", seeds)
+    from megha.sim.experiments.harness import RESULTS
+    from megha.sim.reproduce.runner import NotYet, reproduce_all
+    from megha.sim.reproduce.runner import reproduce as run
+
+    command = (
+        " ".join(["megha reproduce", *sys.argv[2:]]) if sys.argv[1:2] == ["reproduce"] else f"megha reproduce {what}"
+    )
+    folder = RESULTS if out is None else out
+    if what == "all":
+        reproduce_all(setup, folder, command)
+        return 0
+    try:
+        run(what, setup, folder, command)
+    except NotYet as exc:
+        return _error(str(exc))
+    return 0
+
+
+def _error(message: str) -> int:
+    click.echo(f"megha reproduce: error: {message}", err=True)
+    return 2

@@ -1,0 +1,74 @@
+"""Running ids: one (`reproduce`), each runnable one in turn (`reproduce_all`), and the commit a page names."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from megha.sim.experiments import harness
+from megha.sim.reproduce.catalogue import ENTRIES, Entry, entry
+from megha.sim.reproduce.result import Comparison, Result, compare, print_comparison, write
+from megha.sim.reproduce.setup import Setup
+
+
+class NotYet(Exception):
+    """The id is in the catalogue but does not run yet; the message says why."""
+
+
+def runner_of(item: Entry) -> Callable[[Setup], Result]:
+    module, function = item.runner.split(".")
+    return getattr(importlib.import_module(f"megha.sim.reproduce.{module}"), function)
+
+
+def reproduce(figure: str, setup: Setup, out: Path, command: str) -> list[Comparison]:
+    """Run `figure`'s set-up at `setup`'s scale, write its files to `out`, print the paper's numbers beside ours.
+    KeyError for an unknown id (naming the known ones), NotYet for one that does not run yet."""
+    item = entry(figure)
+    if item.not_yet:
+        raise NotYet(f"{figure} ({item.label}, {item.caption}) is not reproduced yet: {item.not_yet}")
+    harness.progress(f"{figure}: {item.caption} ({setup.describe()})")
+    start = time.perf_counter()
+    result = runner_of(item)(setup)
+    comparisons = compare(figure, result.ours)
+    wall = time.perf_counter() - start
+    provenance = (
+        f"at commit {commit()} ({setup.describe()}) in {wall:,.0f} s of wall time on {harness.machine()}; replays "
+        "an earlier id of the same command had run are not run again nor counted"
+    )
+    paths = write(item, result, comparisons, out, command, provenance)
+    print_comparison(item, comparisons, setup.describe())
+    harness.progress(f"{figure}: {wall:,.0f} s; wrote {', '.join(str(p) for p in paths)}")
+    return comparisons
+
+
+def reproduce_all(setup: Setup, out: Path, command: str) -> list[str]:
+    """Every id that runs, in catalogue order (replays shared by several ids run once); returns the ids skipped
+    because they do not run yet."""
+    start = time.perf_counter()
+    skipped = []
+    for item in ENTRIES:
+        if item.not_yet:
+            skipped.append(item.id)
+            continue
+        reproduce(item.id, setup, out, command)
+        print()
+    harness.progress(f"all: {time.perf_counter() - start:,.0f} s of wall time; not yet: {', '.join(skipped)}")
+    return skipped
+
+
+def commit() -> str:
+    """The repository's commit, with "+changes" when tracked files differ from it; "unknown" outside git."""
+    root = harness.ROOT
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}+changes" if changed else head

@@ -1,0 +1,121 @@
+"""`megha reproduce`: the ids of both papers, the papers' numbers, an unknown or unfinished id, and one id run end to
+end at the tiny scale (its PNG, CSV and page written, the paper's numbers printed beside ours)."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import math
+from pathlib import Path
+
+import pytest
+
+from megha.cli import main
+from megha.sim.reproduce.catalogue import BY_ID, ENTRIES
+from megha.sim.reproduce.load import workload_load
+from megha.sim.reproduce.paper import CLAIMS, Claim
+from megha.sim.reproduce.result import compare
+from megha.sim.reproduce.setup import Setup
+
+PAPER_IDS = (
+    [f"fair-fig{n}" for n in range(3, 13)] + [f"constraints-fig{n}" for n in range(2, 11)] + ["constraints-table1"]
+)
+
+
+def test_list_names_every_figure_and_table_of_both_papers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "list"]) == 0
+    out = capsys.readouterr().out
+    assert list(BY_ID) == PAPER_IDS
+    for figure in PAPER_IDS:
+        assert f"\n{figure} (" in f"\n{out}", figure
+    for entry in ENTRIES:
+        assert entry.status in out
+        assert entry.caption and entry.setup
+    assert "not yet: " in out  # fair-fig12 and constraints-fig5 say why they do not run
+
+
+def test_every_runnable_id_has_a_runner_and_every_claim_an_id() -> None:
+    for entry in ENTRIES:
+        if entry.not_yet:
+            assert not entry.runner, entry.id
+            continue
+        module, function = entry.runner.split(".")
+        assert callable(getattr(importlib.import_module(f"megha.sim.reproduce.{module}"), function)), entry.id
+        assert entry.quick, entry.id
+    for claim in CLAIMS:
+        assert claim.figure in BY_ID, claim
+        assert claim.where, claim
+
+
+def test_unknown_id_exits_2_naming_the_known_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "fair-fig99"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown id 'fair-fig99'" in err
+    assert all(figure in err for figure in PAPER_IDS)
+
+
+def test_an_id_not_reproduced_yet_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["reproduce", "constraints-fig5", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "constraints-fig5" in err and "not reproduced yet" in err and BY_ID["constraints-fig5"].not_yet in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_quick_and_another_scale_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "fair-fig3", "--quick", "--scale", "tiny"]) == 2
+    assert "--quick and --scale tiny disagree" in capsys.readouterr().err
+
+
+def test_claims_are_compared_with_each_variant_of_our_figure() -> None:
+    ours = {
+        "Megha max allocation time (trace arrivals)": 0.001,
+        "Megha max allocation time (90% load)": 3.0,
+        "Sparrow max allocation time (trace arrivals)": 50.0,
+    }
+    rows = {c.what: c for c in compare("fair-fig3", ours)}
+    assert rows["Megha max allocation time (trace arrivals)"].cells()[4] == "yes"
+    assert rows["Megha max allocation time (90% load)"].cells()[4] == "no"
+    assert rows["Sparrow max allocation time (trace arrivals)"].ratio == pytest.approx(0.5)
+    assert math.isnan(rows["Sparrow / Megha median allocation time"].ours)  # not measured: shown as "-"
+    bound = Claim("x", "k", ">=", 10.0, "ratio", "here")
+    assert bound.holds(10.0) and not bound.holds(9.9) and bound.holds(math.nan) is None
+
+
+def test_setup_scales_and_seeds() -> None:
+    assert Setup.of("full").seeds == (0, 1, 2)
+    assert Setup.of("quick").seeds == (0,)
+    assert Setup.of("tiny", 2).seeds == (0, 1)
+    with pytest.raises(ValueError, match="scale 'huge'"):
+        Setup.of("huge")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 1"):
+        Setup.of("quick", 0)
+
+
+def test_table1_synthetic_loads_are_the_papers(syn_250: Path) -> None:
+    """Table 1's synthetic rows follow from the traces alone: N one-second tasks a second on 10,000 workers."""
+    ours = workload_load(Setup.of("tiny")).ours
+    for name, load in (("syn_250", 0.025), ("syn_500", 0.05), ("syn_1000", 0.1)):
+        for stat in ("median", "average", "p99"):
+            assert ours[f"{name} {stat} load"] == pytest.approx(load), (name, stat)
+
+
+def test_an_id_runs_end_to_end_at_the_tiny_scale(
+    reference_cluster: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["reproduce", "constraints-fig6", "--scale", "tiny", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "constraints-fig6: CDF of JRT delay" in out
+    assert "ours / paper" in out
+    line = next(line for line in out.splitlines() if "PigeonC random syn_500 JRT delay p50 (authors' tally)" in line)
+    assert "508 s" in line  # the paper's 507.74 s, beside ours and the ratio
+    assert (tmp_path / "constraints-fig6.png").stat().st_size > 10_000
+    with (tmp_path / "constraints-fig6.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * 3 * 2  # workloads x schedulers (Megha, PigeonC twice) x matchings
+    assert all(row["completed once / accepted tasks"].split(" / ")[0] != "0" for row in rows)
+    with (tmp_path / "constraints-fig6-vs-paper.csv").open() as handle:
+        compared = list(csv.DictReader(handle))
+    measured = [row for row in compared if row["ours"] != "nan"]
+    assert len(measured) >= 30  # every claim but the published reference's (the first 200 jobs only)
+    page = (tmp_path / "constraints-fig6.md").read_text()
+    assert "## The paper's numbers beside ours" in page and "![constraints-fig6](constraints-fig6.png)" in page
