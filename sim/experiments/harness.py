@@ -32,6 +32,7 @@ NAMED_TRACES = {
     "syn_500": "syn_500.0.tr",
     "syn_1000": "syn_1000.0.tr",
     "GOOG": "GOOG_subtrace.tr",
+    "Yahoo": "YH1_sub.tr",
 }
 
 
