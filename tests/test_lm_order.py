@@ -1,7 +1,11 @@
 """The scarcity LM order: tasks that do not need a constraint in short supply go first where they take none of its
-nodes, so the tasks that need it still find room; its pressure estimate; and the option that selects it."""
+nodes, so the tasks that need it still find room; its pressure estimate; the option that selects it; and the
+experiment that compares the LM orders (reduced)."""
 
 from __future__ import annotations
+
+import csv
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -15,6 +19,8 @@ from megha.common.core.policies import LM_ORDERS, gm_policies
 from megha.common.core.task import TaskSpec
 from megha.common.settings import GMSettings
 from megha.loadgen.replay import ReplayConfig, replay
+from megha.loadgen.trace import demo_trace_path, read_trace
+from megha.sim.experiments import lm_order
 
 from corekit import cluster, job, task
 
@@ -107,3 +113,23 @@ def test_scarcity_is_an_lm_order_a_setting_and_a_replay_option(
     assert isinstance(done.system.gms[0].placer.search, ScarcitySearch)
     accepted = [rec for rec in done.recorder.tasks.values() if not rec.failed_reason]
     assert len(accepted) >= 200 and all(rec.completions == 1 for rec in accepted)
+
+
+def test_reduced_experiment_writes_a_row_per_order_and_seed_and_slices_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--workloads", "demo[:4]@2x2x20", "demo[10:14]@2x2x20", "--seeds", "0", "1", "--out", str(tmp_path)]
+    assert lm_order.main(argv) == 0
+    with (tmp_path / "lm-order.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["workload"], r["lm_order"], r["seed"]) for r in rows] == [
+        (w, o, s) for w in ("demo[:4]@2x2x20", "demo[10:14]@2x2x20") for o in sorted(LM_ORDERS) for s in "01"
+    ]
+    sliced_tasks = sum(int(r["tasks"]) for r in rows if r["workload"] == "demo[10:14]@2x2x20")
+    assert sliced_tasks == 6 * sum(len(job.durations) for job in read_trace(demo_trace_path(), 14)[10:])
+    page = (tmp_path / "lm-order.md").read_text()
+    assert "| demo[10:14]@2x2x20 | yes |" in page and "workloads at the tail." in page
+    with pytest.raises(SystemExit) as exc:
+        lm_order.main(["--workloads", "demo[5:2]", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "the slice [5:2] holds no job" in capsys.readouterr().err
