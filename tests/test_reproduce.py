@@ -119,3 +119,4 @@ def test_an_id_runs_end_to_end_at_the_tiny_scale(
     assert len(measured) >= 30  # every claim but the published reference's (the first 200 jobs only)
     page = (tmp_path / "constraints-fig6.md").read_text()
     assert "## The paper's numbers beside ours" in page and "![constraints-fig6](constraints-fig6.png)" in page
+    assert f"`megha reproduce constraints-fig6 --scale tiny --out {tmp_path}` at commit " in page

@@ -7,7 +7,6 @@ docs/reproduce.md describes the command, the quick scale and how long each id ta
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -77,8 +76,11 @@ def reproduce(what: str, quick: bool, scale: str | None, seeds: int | None, out:
     from megha.sim.reproduce.runner import NotYet, reproduce_all
     from megha.sim.reproduce.runner import reproduce as run
 
-    command = (
-        " ".join(["megha reproduce", *sys.argv[2:]]) if sys.argv[1:2] == ["reproduce"] else f"megha reproduce {what}"
+    command = " ".join(
+        ["megha reproduce", what]
+        + (["--quick"] if setup.scale == "quick" else [] if setup.scale == "full" else ["--scale", setup.scale])
+        + ([] if seeds is None else ["--seeds", str(seeds)])
+        + ([] if out is None else ["--out", str(out)])
     )
     folder = RESULTS if out is None else out
     if what == "all":

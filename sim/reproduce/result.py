@@ -83,7 +83,7 @@ def show(value: object, kind: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     number = float(value)  # type: ignore[arg-type]
-    if kind == "seconds" or kind == "s":
+    if kind in ("seconds", "s"):
         return harness.seconds(number)
     if kind == "share":
         return f"{100 * number:.1f}%"
