@@ -1,4 +1,5 @@
-"""docs/results.md names, for each experiment, the command that produced its page: they must agree."""
+"""docs/results.md names, for each experiment and each reproduced figure of the papers, the command that produced
+its page: they must agree."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ RESULTS = ROOT / "docs" / "results.md"
 
 
 def experiment_rows() -> list[tuple[str, Path]]:
-    """(command, page) from the table of experiments at the top of docs/results.md."""
+    """(command, page) from the table of experiments at the top of docs/results.md (an experiment module, or
+    `megha reproduce` for a figure of the papers)."""
     rows = []
     for line in RESULTS.read_text().splitlines():
-        match = re.match(r"\| [^|]+ \| `(python -m megha\.sim\.experiments\.[^`]+)` \| \[[^]]+\]\(([^)]+)\) \|", line)
+        command = r"`(python -m megha\.sim\.experiments\.[^`]+|megha reproduce [^`]+)`"
+        match = re.match(r"\| [^|]+ \| " + command + r" \| \[[^]]+\]\(([^)]+)\) \|", line)
         if match:
             rows.append((match.group(1), RESULTS.parent / match.group(2)))
     return rows
