@@ -22,6 +22,12 @@ from megha.common.auth import MIN_SECRET_CHARS, Credential, Signer, Verifier, pa
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.policies import QUEUE_ORDERS
+from megha.common.core.policies.priority import (
+    DEFAULT_PRIORITY_CLASSES,
+    PriorityClasses,
+    parse_class_users,
+    parse_priority_classes,
+)
 from megha.common.core.task import DRIVERS
 
 if TYPE_CHECKING:
@@ -320,7 +326,49 @@ class FairSettings(ServiceSettings):
         return parse_queues(self.queues, self.share_policy) if self.queues else None
 
 
-class GMSettings(FairSettings, UserTokens):
+class PrioritySettings(ServiceSettings):
+    """Priority classes, configured alike on every GM and LM (docs/priority.md)."""
+
+    priority_classes: str = Field(
+        DEFAULT_PRIORITY_CLASSES,
+        description="priority classes as name:value,... (a higher value is served first and may preempt lower "
+        "ones); a job names one as `priority_class`, else gets `normal` (or the lowest class when none is named "
+        "normal)",
+    )
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _parse_classes(cls, value: str) -> str:
+        parse_priority_classes(value)
+        return value
+
+    def classes(self) -> PriorityClasses:
+        return parse_priority_classes(self.priority_classes)
+
+
+class ClassUserSettings(PrioritySettings):
+    """Who may name the priority classes that preempt others (docs/priority.md, "Who may name a class")."""
+
+    priority_class_users: str = Field(
+        "",
+        description="with authentication on, the users who may name each class above the default one, as "
+        "class:user+user,... (e.g. high:alice+bob); a class above the default that is not listed is for operators "
+        "only, and every user may name the default class and those below it",
+    )
+
+    @model_validator(mode="after")
+    def _parse_class_users(self) -> Self:
+        try:
+            parse_class_users(self.priority_class_users, self.classes())
+        except ValueError as exc:
+            raise ValueError(f"MEGHA_PRIORITY_CLASS_USERS: {exc}") from None
+        return self
+
+    def class_users(self) -> dict[str, frozenset[str]]:
+        return parse_class_users(self.priority_class_users, self.classes())
+
+
+class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     """A Global Master."""
 
     signs_as = "gm"
@@ -389,7 +437,14 @@ class GMSettings(FairSettings, UserTokens):
     gm_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="every GM's URL, in GM-id order (JSON list or comma-separated): a GM copies its journal to the "
-        "next GM, which stands in for it when it stays down; empty: no GM stands in for another",
+        "next GM, which stands in for it when it stays down, and asks the GM of a job its jobs depend on; empty: no GM "
+        "stands in for another, nor finds another's jobs",
+    )
+    dependency_poll: float = Field(
+        5.0,
+        gt=0,
+        description="seconds between this GM's checks of the parents its waiting jobs wait for at other GMs "
+        "(depends_on; docs/dependencies.md): how late, at most, a child learns a remote parent ended",
     )
     takeover_after: float = Field(
         45.0,
@@ -428,7 +483,7 @@ class GMSettings(FairSettings, UserTokens):
         return (self.gm_id + step) % n if n > 1 else None
 
 
-class LMSettings(FairSettings, UserTokens):
+class LMSettings(FairSettings, PrioritySettings, UserTokens):
     """A Local Master."""
 
     signs_as = "lm"
@@ -445,6 +500,12 @@ class LMSettings(FairSettings, UserTokens):
         gt=0,
         description="seconds without a heartbeat after which an agent that fails its health check loses its nodes "
         "and its tasks are reported failed",
+    )
+    queueable_per_node: int = Field(
+        4,
+        ge=1,
+        description="queueable tasks (waiting or running) this LM holds per node and per GM; beyond, it refuses one "
+        "as a full queue and its GM tries another node (docs/queueable.md)",
     )
 
     def ident(self) -> str:
@@ -590,6 +651,13 @@ class LoadgenSettings(FairSettings):
         "scaled", description="slot: a task holds a whole node; scaled: scaled-down Google-like requests"
     )
     seed: int = Field(0, description="seed of the tasks' requests and constraints")
+    gangs: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description='fraction of jobs (drawn with the seed) submitted as gangs, `"gang": true`: every task of the '
+        "job starts or none does (docs/gang.md; as `megha replay --gangs`)",
+    )
     node_cpu_millicores: int = Field(2000, gt=0, description="slot mode: what one task asks for")
     node_memory_mb: int = Field(4096, gt=0, description="slot mode: what one task asks for")
     cpu_scale: int = Field(400, ge=1, description="scaled mode: divide the drawn CPU request by this")

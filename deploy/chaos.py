@@ -73,6 +73,8 @@ class Fault(Generic[T]):
     name: str
     what: str
     inject: Callable[[T], None]  # returns once the fault has cleared
+    gangs: float = 0.0  # the fraction of the trial's jobs submitted as gangs (MEGHA_GANGS)
+    trace: str | None = None  # the trial's trace, when not the matrix's (gangs must fit the deployment)
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,79 @@ def _client_ports(pid: int, server_port: int) -> list[int]:
     return [int(line.split()[2].rsplit(":", 1)[1]) for line in out.splitlines() if f"pid={pid}," in line]
 
 
+GANG_TRACE = "syn:6:75"
+"""The gang faults' load: 75 jobs of 6 tasks (450 tasks, as the matrix's trace), half of them gangs. A slot-mode task
+holds a whole node and an LM of the chaos deployment has 4, so every gang spans both LMs (prepare, then commit);
+6 tasks of 0.25 s every 0.25 s on 8 nodes keep gangs waiting for room, so that prepares keep coming."""
+
+
+def _gang_kill(victim: str, down: float) -> Callable[[Processes], None]:
+    """SIGKILL a GM (victim "gm") or an LM (victim "lm") while a gang is between prepare and commit, and restart it
+    `down` seconds later. The LMs' `GET /v1/state` is polled for a gang part held prepared under a lease; once one
+    is seen, its GM is stopped (SIGSTOP) so that no commit (or abort) goes out, and after the calls in flight have
+    landed the LM is asked again: if the lease is still held, the gang is between prepare and commit for as long
+    as the GM stays stopped. Then "gm": that GM is killed (its leases are left to expire, or to be replaced by its
+    recovered self's prepares); "lm": the lowest LM holding the gang's lease is killed and the GM continued, so
+    that it commits to a dead LM. For its first 15 s the watch waits for a gang every LM of which holds its part
+    prepared: the moment the commits would go out, when a lost LM can leave another LM's part launched alone. A
+    lease gone by the time it is asked again (committed or aborted), or in those 15 s held at one LM only,
+    continues the GM and the watch goes on (up to two minutes)."""
+
+    def inject(target: Processes) -> None:
+        deployment = target.deployment
+        with httpx.Client(headers=target.headers, timeout=2.0) as http:
+
+            def leases() -> dict[int, list[dict[str, Any]]]:
+                held: dict[int, list[dict[str, Any]]] = {}
+                for lm, url in enumerate(target.lm_urls):
+                    with contextlib.suppress(httpx.HTTPError, ValueError):
+                        held[lm] = http.get(f"{url}/v1/state").json().get("gang_leases", [])
+                return held
+
+            prefer_whole_until = time.monotonic() + 15  # the replay lasts about 25 s
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                seen = [(lm, lease) for lm, ls in leases().items() for lease in ls if lease["expires_in"] > 1.0]
+                if not seen:
+                    continue
+                gm = f"gm-{seen[0][1]['gm']}"
+                deployment.pause(gm)
+                killed = False
+                try:
+                    time.sleep(0.2)  # the GM's calls already sent land (or fail) meanwhile
+                    held = leases()
+                    still = {
+                        (lm, lease["gang"], lease["seq"])
+                        for lm, ls in held.items()
+                        for lease in ls
+                        if f"gm-{lease['gm']}" == gm and lease["expires_in"] > 0.5
+                    }
+                    by_gang: dict[str, list[int]] = {}
+                    for lm, gang, _ in sorted(still):
+                        by_gang.setdefault(gang, []).append(lm)
+                    whole = [lms for lms in by_gang.values() if len(lms) == len(target.lm_urls)]
+                    if not still or (not whole and time.monotonic() < prefer_whole_until):
+                        continue
+                    say = f"{'' if whole else 'not '}prepared at every LM"
+                    if victim == "gm":
+                        deployment.kill(gm)
+                        killed = True
+                        name = gm
+                    else:
+                        name = f"lm-{(whole or list(by_gang.values()))[0][0]}"
+                        deployment.kill(name)
+                    print(f"  killed {name}, gang leases held ({say}): {sorted(still)}", file=sys.stderr, flush=True)
+                finally:
+                    if not killed:
+                        deployment.resume(gm)
+                time.sleep(down)
+                deployment.restart(name)
+                return
+            raise TimeoutError("no gang was seen between prepare and commit within 120 s")
+
+    return inject
+
+
 PROCESS_FAULTS: dict[str, Fault[Processes]] = {
     f.name: f
     for f in (
@@ -204,6 +279,20 @@ PROCESS_FAULTS: dict[str, Fault[Processes]] = {
             "gm-down",
             "GM 0 killed (SIGKILL), restarted 60 s later: GM 1 stands in for it after 45 s, then hands it back",
             _kill_restart("gm-0", 60.0),
+        ),
+        Fault(
+            "gang-gm-kill",
+            "a GM killed (SIGKILL) while LMs hold its gang prepared and it has not committed, restarted 5 s later",
+            _gang_kill("gm", 5.0),
+            gangs=0.5,
+            trace=GANG_TRACE,
+        ),
+        Fault(
+            "gang-lm-kill",
+            "an LM killed (SIGKILL) while it holds a gang prepared and its GM has not committed, restarted 5 s later",
+            _gang_kill("lm", 5.0),
+            gangs=0.5,
+            trace=GANG_TRACE,
         ),
     )
 }
@@ -304,6 +393,8 @@ class Trial:
     duplicated: int
     recovery_seconds: float
     wall_seconds: float
+    gangs: int = 0  # accepted gang jobs
+    partial_gangs: int = 0  # gang runs some task of which finished while another never started (docs/reliability.md)
 
 
 @dataclass(frozen=True)
@@ -350,7 +441,8 @@ def run_trial(config: ChaosConfig, fault_name: str, trial: int, say: Callable[[s
 
         def inject() -> None:
             try:
-                _wait(lambda: _backlog(target) > 0, 120)
+                if not fault.gangs:  # a gang fault waits for a gang between prepare and commit instead
+                    _wait(lambda: _backlog(target) > 0, 120)
                 say(f"  {fault.name}: injecting ({fault.what})")
                 fault.inject(target)
                 cleared = time.monotonic()
@@ -360,7 +452,8 @@ def run_trial(config: ChaosConfig, fault_name: str, trial: int, say: Callable[[s
                 errors.append(exc)
 
         settings = LoadgenSettings(
-            trace=config.trace,
+            trace=fault.trace or config.trace,
+            gangs=fault.gangs,
             time_scale=config.time_scale,
             mode="slot",
             gm_urls=target.gm_urls,
@@ -408,6 +501,15 @@ def _keep_suspects(run: ServicesRun, path: Path) -> None:
         }
         for r in _suspects(run)
     }
+    partial = {job for job, _ in _partial_gang_runs(run, sorted(run.gangs))}
+    for r in run.tasks.values():  # every member of a gang that ran in part
+        if r.job_id in partial:
+            suspects[r.task_id] = {
+                "completions": r.completions,
+                "failed_reason": r.failed_reason,
+                "gang ran in part": True,
+                "events": [e.model_dump(mode="json") for e in run.events.get(r.task_id, [])],
+            }
     if suspects:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(suspects, indent=1) + "\n")
@@ -459,7 +561,50 @@ def _tally(fault: str, trial: int, run: ServicesRun, recovery: float) -> Trial:
     duplicated = sum(r.completions > 1 for r in accepted)
     failed = sum(r.completions == 0 and bool(r.failed_reason) and r.task_id not in timed_out for r in accepted)
     lost = len(accepted) - finished_once - duplicated - failed
-    return Trial(fault, trial, len(accepted), finished_once, failed, lost, duplicated, recovery, run.wall_seconds)
+    gangs = [j for j in sorted(run.gangs) if not run.jobs[j].rejected_reason]
+    partial = _partial_gang_runs(run, gangs)
+    return Trial(
+        fault,
+        trial,
+        len(accepted),
+        finished_once,
+        failed,
+        lost,
+        duplicated,
+        recovery,
+        run.wall_seconds,
+        len(gangs),
+        len(partial),
+    )
+
+
+def _partial_gang_runs(run: ServicesRun, gangs: list[str]) -> list[tuple[str, int]]:
+    """The runs of gang jobs that ran to their end in part, as (job, attempt), from the task events alone.
+
+    A gang runs as attempt k of every member that has not finished in an earlier attempt (docs/gang.md: a member
+    that ran to its end is never run again; the rest run again together, as the next attempt of each). Run k of gang
+    job J ran in part when some member has a `finished` event of attempt k while some member that had not finished
+    before attempt k has no `started` event of attempt k. A part that launched in a crash and was stopped (no
+    `finished` event of that attempt) is not a partial run: docs/gang.md allows it."""
+    tasks_of: dict[str, list[str]] = {}
+    for r in run.tasks.values():
+        if r.job_id in run.gangs:
+            tasks_of.setdefault(r.job_id, []).append(r.task_id)
+    partial: list[tuple[str, int]] = []
+    for job in gangs:
+        started: dict[int, set[str]] = {}
+        finished: dict[str, int] = {}  # task -> the attempt it first finished in
+        for task in tasks_of.get(job, []):
+            for e in run.events.get(task, []):
+                if e.kind == "started":
+                    started.setdefault(e.attempt, set()).add(task)
+                elif e.kind == "finished":
+                    finished[task] = min(finished.get(task, e.attempt), e.attempt)
+        for k in sorted(set(finished.values())):
+            members = {t for t in tasks_of[job] if finished.get(t, k) >= k}
+            if not members <= started.get(k, set()):
+                partial.append((job, k))
+    return partial
 
 
 def _wait(condition: Callable[[], bool], timeout: float) -> float | None:
@@ -490,8 +635,8 @@ def table(trials: list[Trial], target: float) -> str:
     """The chaos matrix as a markdown table: one row per fault, summed over its trials."""
     lines = [
         "| fault | trials | accepted | finished once | failed with reason | lost | counted twice | "
-        f"usable again after (median / max s; target {target:g} s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"usable again after (median / max s; target {target:g} s) | gang jobs | gangs run in part |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in dict.fromkeys(t.fault for t in trials):
         rows = [t for t in trials if t.fault == name]
@@ -499,7 +644,8 @@ def table(trials: list[Trial], target: float) -> str:
         lines.append(
             f"| {name} | {len(rows)} | {sum(t.accepted for t in rows)} | {sum(t.finished_once for t in rows)} | "
             f"{sum(t.failed_with_reason for t in rows)} | {sum(t.lost for t in rows)} | "
-            f"{sum(t.duplicated for t in rows)} | {statistics.median(rec):.1f} / {max(rec):.1f} |"
+            f"{sum(t.duplicated for t in rows)} | {statistics.median(rec):.1f} / {max(rec):.1f} | "
+            f"{sum(t.gangs for t in rows)} | {sum(t.partial_gangs for t in rows)} |"
         )
     return "\n".join(lines)
 
@@ -569,7 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     result = table(trials, config.recovery_target)
     (config.out / "matrix.md").write_text(result + "\n")
     print(result)
-    bad = [t for t in trials if t.lost or t.duplicated or t.recovery_seconds > config.recovery_target]
+    bad = [
+        t for t in trials if t.lost or t.duplicated or t.partial_gangs or t.recovery_seconds > config.recovery_target
+    ]
     return 1 if bad else 0
 
 

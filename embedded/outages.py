@@ -25,7 +25,7 @@ A fault that strikes an LM or GM that is not up is ignored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Literal
 
@@ -51,6 +51,7 @@ from megha.common.transport.inmemory import Handler
 from megha.embedded.faults import Faults, Kind
 
 if TYPE_CHECKING:
+    from megha.common.core.gm import GlobalMaster
     from megha.embedded.system import EmbeddedSystem
 
 State = Literal["up", "down", "recovering", "cut"]
@@ -61,14 +62,42 @@ ENDED_RUNS_KEPT = 100_000
 
 class GMJournal(CoreObserver):
     """A GM's durable records, as the services' journal keeps them: the tasks of the jobs it accepted, in arrival
-    order, and the ids of those that ended (finished or failed). It observes its GM beside the run's recorder."""
+    order, the ids of those that ended (finished or failed), and the failed runs their jobs' retry rules run again
+    (docs/retry.md). It observes its GM beside the run's recorder."""
 
     def __init__(self) -> None:
         self.accepted: dict[str, TaskSpec] = {}
         self.ended: set[str] = set()
+        self.ruled: list[JobSpec] = []  # jobs with a retry rule
+        self.retried: dict[str, tuple[int, int]] = {}  # task id -> (its next attempt, failures retried)
+        self.gangs: dict[str, float] = {}  # gang jobs: job id -> JobSpec.gang
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         self.accepted.update((t.task_id, t) for t in job.tasks)
+        if job.retry is not None:
+            self.ruled.append(job)
+        if job.gang is not None:
+            self.gangs[job.job_id] = job.gang
+
+    def task_retry_scheduled(self, task: TaskSpec, reason: str, at: float, now: float) -> None:
+        self.retried[task.task_id] = (task.attempt + 1, self.retried.get(task.task_id, (0, 0))[1] + 1)
+
+    def accepted_tasks(self) -> list[TaskSpec]:
+        """The accepted tasks, each a task run again under its job's retry rule at the attempt it runs as next."""
+        retried = self.retried
+        if not retried:
+            return list(self.accepted.values())
+        return [
+            t if t.task_id not in retried else replace(t, attempt=retried[t.task_id][0]) for t in self.accepted.values()
+        ]
+
+    def restore_rules(self, core: GlobalMaster) -> None:
+        """Give a restarted GM core its open jobs' retry rules and the failures retried so far."""
+        for job in self.ruled:
+            open_ids = [t.task_id for t in job.tasks if t.task_id not in self.ended]
+            core.retry.restore(
+                job, len(open_ids), {tid: self.retried[tid][1] for tid in open_ids if tid in self.retried}
+            )
 
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
         self.ended.add(task.task_id)
@@ -263,10 +292,11 @@ class Outages:
         system.retire(system.gms[g])
         core = system.gms[g] = system.new_gm(g)
         journal = self.journals[g]
-        plan = plan_recovery(g, journal.accepted.values(), journal.ended, reports, self.gm_inbox[g])
+        plan = plan_recovery(g, journal.accepted_tasks(), journal.ended, reports, self.gm_inbox[g])
         journal.ended.update(plan.ended)
+        journal.restore_rules(core)
         self.gm_state[g] = "up"
-        return core.recover(plan.deltas, plan.running, plan.queued, now) + self._deliver_gm(g, now)
+        return core.recover(plan.deltas, plan.running, plan.queued, now, journal.gangs) + self._deliver_gm(g, now)
 
     def _deliver_gm(self, g: int, now: float) -> list[Output]:
         """Hand what waited for GM `g` to it, in arrival order."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import get_args
 
 from megha.common.core.lifecycle import TERMINAL, Event, State
+from megha.common.core.retry import RetryRule
 from megha.common.core.task import JobSpec
 from megha.common.models import TaskEvent
 from megha.loadgen.recorder import Records
@@ -128,6 +129,25 @@ class EventRecorder(Records):
         self.ended = 0  # tasks ended (finished, failed or cancelled)
         self.open = 0  # tasks of accepted jobs not yet ended
         self._accepted: set[str] = set()  # jobs a GM accepted
+        self.failures_retried = 0  # failed runs their job's retry rule runs again (not ends)
+        self._rules: dict[str, RetryRule] = {}  # the retry rules of the jobs that have one
+        self._failures: dict[str, int] = {}  # task id -> its failed runs retried so far
+
+    def expect(self, gm: int, job: JobSpec) -> None:
+        super().expect(gm, job)
+        if job.retry is not None:
+            self._rules[job.job_id] = job.retry
+
+    def _retried(self, event: TaskEvent) -> bool:
+        """A `failed` run its job's retry rule runs again: the rule's decision, as its GM takes it (docs/retry.md)."""
+        rule = self._rules.get(event.job_id)
+        if rule is None or not rule.matches(event.exit_code):
+            return False
+        done = self._failures.get(event.task_id, 0)
+        if done + 1 >= rule.max_attempts:
+            return False
+        self._failures[event.task_id] = done + 1
+        return True
 
     def accept(self, job: JobSpec) -> None:
         """A GM accepted the job: its tasks not yet ended (their ends may come before the answer) are awaited."""
@@ -166,6 +186,8 @@ class EventRecorder(Records):
         if not self.events.add(row, event):
             return False  # delivered again (publishing is at least once)
         c, kind = self.tasks.columns, _EVENTS[event.kind]
+        if kind is Event.FAILED and self._rules and self._retried(event):
+            kind = Event.RETRIED  # not an end: the task runs again as its next attempt
         if kind is Event.FINISHED:
             ended = self._finished(row, event.task_id, at)
         elif kind is Event.FAILED or kind is Event.CANCELLED:
@@ -179,6 +201,9 @@ class EventRecorder(Records):
                 c["started_at"][row] = c["worker_received_at"][row] = at
             elif kind is Event.LOST:
                 c["retries"][row] += 1
+            elif kind is Event.RETRIED:
+                self.failures_retried += 1
+                self._lose_run(row, at, math.inf)
             else:
                 c["preemptions"][row] += 1
                 self._lose_run(row, at, math.inf)

@@ -31,6 +31,7 @@ class Records:
         self.jobs: dict[str, JobRecord] = {}
         self.states = bytearray()  # each task's lifecycle `State`, by row
         self.illegal = 0  # events the lifecycle did not allow (logged; the record keeps what they measured)
+        self.gang_jobs: set[str] = set()  # gang jobs (a finished run of theirs may be thrown away with its gang)
 
     def expect(self, gm: int, job: JobSpec) -> None:
         """Register a job before it is submitted to GM `gm` (so rejected jobs are reported too)."""
@@ -39,6 +40,8 @@ class Records:
         )
         self.tasks.add_job(job.job_id, gm, job.tasks)
         self.states.extend(bytes([self._first]) * len(job.tasks))
+        if job.gang is not None:
+            self.gang_jobs.add(job.job_id)
 
     _first = State.NEW  # the state of a task registered by `expect`
 
@@ -72,6 +75,15 @@ class Records:
         self.jobs[c["job_id"][row]].task_finished(at)
         return True
 
+    def _unfinish(self, row: int) -> None:
+        """A gang member's finished run was thrown away with its gang's failed attempt (a retry rule runs the whole
+        gang again, or fails it whole; docs/gang.md): no completion, and the task has not ended."""
+        c = self.tasks.columns
+        c["completions"][row] -= 1
+        c["finished_at"][row] = math.nan
+        self.jobs[c["job_id"][row]].finished_tasks -= 1
+        self.states[row] = State.RUNNING
+
     def _lose_run(self, row: int, at: float, ran_at_most: float) -> None:
         """The run that started at started_at was thrown away at `at`: its CPU request for as long as it ran (at
         most `ran_at_most` seconds) is lost."""
@@ -88,6 +100,7 @@ class Recorder(Records, CoreObserver):
         super().__init__()
         self.finished_count = 0
         self.failed_count = 0  # failure reports (a task is reported once; with retries and restarts, perhaps more)
+        self.failures_retried = 0  # failed runs run again under their job's retry rule (not ends)
         # Runs cut short by preemption: (task id, started_at, preempted_at), for per-user usage over time.
         self.preempted_runs: list[tuple[str, float, float]] = []
 
@@ -103,6 +116,14 @@ class Recorder(Records, CoreObserver):
             # authors' simulator, and finishes with the last of them.
             record.num_tasks = len(job.tasks)
             record.ideal_jrt = max((t.duration for t in job.tasks), default=0.0)
+
+    def job_released(self, job: JobSpec, now: float) -> None:
+        """Its parents finished: its tasks' allocation time and its JRT count from here, not from the wait for its
+        parents (which is their run time, not the scheduler's delay)."""
+        arrival, number = self.tasks.columns["arrival"], self.tasks.number
+        for t in job.tasks:
+            arrival[number[t.task_id]] = now
+        self.jobs[job.job_id].submitted_at = now
 
     def job_rejected(self, job: JobSpec, gm: int, reason: str, now: float) -> None:
         self.jobs[job.job_id].rejected_reason = reason
@@ -173,8 +194,25 @@ class Recorder(Records, CoreObserver):
         self.finished_count += len(task_ids)
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
+        if task.job_id in self.gang_jobs and self.states[row := self.tasks.number[task.task_id]] == State.COMPLETED:
+            self._unfinish(row)  # a gang failed whole: its finished members fail with it
         self._failed(task.task_id, reason)
         self.failed_count += 1
+
+    def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
+        """A run that failed ends its task (one that finished is recorded from its worker's report)."""
+        if error:
+            self._failed(task.task_id, error)
+            self.failed_count += 1
+
+    def task_retry_scheduled(self, task: TaskSpec, reason: str, at: float, now: float) -> None:
+        """A failed run its job's retry rule runs again: not an end; the run's work is lost."""
+        row = self.tasks.number[task.task_id]
+        if self.states[row] == State.COMPLETED:
+            self._unfinish(row)  # a gang member's finished run: the gang runs again whole
+        self.failures_retried += 1
+        self._lose_run(row, now, math.inf)
+        self._advance(row, task.task_id, Event.RETRIED)
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """Its worker crashed: the work the run had done is thrown away (its CPU request for as long as it ran,

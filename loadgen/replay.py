@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -14,13 +14,18 @@ from megha.common.core.cluster import ClusterSpec
 from megha.common.core.costs import PRESETS, DecisionCosts
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.fairness.policy import make_share_policy
+from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses, parse_priority_classes
+from megha.common.core.queueable import mark_queueable
+from megha.common.core.retry import parse_rule
 from megha.embedded.faults import Faults
 from megha.embedded.system import EmbeddedConfig
+from megha.loadgen.dependencies import parse_dependencies, with_dependencies
 from megha.loadgen.metrics import RunMetrics, compute_metrics
+from megha.loadgen.priority import assign_classes
 from megha.loadgen.progress import Advance, Progress
 from megha.loadgen.recorder import Recorder, WallClockRecorder
 from megha.loadgen.trace import resolve_trace
-from megha.loadgen.workload import WorkloadConfig, build_workload
+from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
 from megha.sim.system import SchedulerSystem, build_system
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +66,21 @@ class ReplayConfig:
     unsatisfiable: str = "reject"  # a task no node could ever run: a `megha.common.core.policies.UNSATISFIABLE` name
     machine_constraints: str = "per-node"  # generated cluster: a `megha.common.machine_classes.MACHINE_DRAWS` name
     decision_costs: str = "zero"  # the time GMs and LMs take to decide: a `megha.common.core.costs.PRESETS` name
+    dependencies: str = ""  # jobs depending on earlier ones: `loadgen.dependencies.parse_dependencies` ("": none)
+    fail_fraction: float = 0.0  # simulated runs that fail (drawn with the seed; docs/retry.md)
+    fail_exit_code: int = 1  # the exit code they fail with
+    retry: str = ""  # every trace job's retry rule, `max_attempts:backoff_s[:codes]` (empty: none)
+    priority_classes: str = ""  # "name:value,..." (empty: off, unless `job_classes` is given: the default classes)
+    job_classes: str = ""  # each job's class drawn as "name:fraction,..." (loadgen/priority.py)
+    gangs: float = 0.0  # fraction of jobs that are gangs (docs/gang.md), drawn with `seed`
+    gang_sizes: tuple[int, int] = (1, 1 << 30)  # only jobs of this many tasks (least, most) may be gangs
+    queueable: float = 0.0  # the fraction of tasks made queueable (chosen with the seed; docs/queueable.md)
+
+    def classes(self) -> PriorityClasses | None:
+        """The priority classes of the replay (None: off)."""
+        if not (self.priority_classes or self.job_classes):
+            return None
+        return parse_priority_classes(self.priority_classes or DEFAULT_PRIORITY_CLASSES)
 
     def fairness(self) -> FairnessConfig | None:
         return parse_queues(self.queues, self.share_policy) if self.queues else None
@@ -122,10 +142,24 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         make_share_policy(fairness.policy)  # fail early on an unknown policy name
     if config.faults is not None and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"failures are simulated for Megha and centralized, not {config.scheduler}")
-    for what, name in (("unplaceable", config.unplaceable), ("unsatisfiable", config.unsatisfiable)):
-        if name != getattr(DEFAULTS, what) and config.scheduler not in ("megha", "centralized"):
+    gm_policies = (("unplaceable", config.unplaceable), ("unsatisfiable", config.unsatisfiable))
+    for what, name in (*gm_policies, ("lm-order", config.lm_order)):
+        if name != getattr(DEFAULTS, what.replace("-", "_")) and config.scheduler not in ("megha", "centralized"):
             raise ValueError(f"--{what} {name} is a policy of Megha's GMs (megha, centralized), not {config.scheduler}")
+    rule = parse_rule(config.retry) if config.retry else None
+    if (rule is not None or config.fail_fraction) and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"failed runs and retry rules are simulated for Megha and centralized, not {config.scheduler}")
+    classes = config.classes()
+    if classes is not None and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"priority classes are a policy of Megha's GMs (megha, centralized), not {config.scheduler}")
+    if not 0.0 <= config.queueable <= 1.0:
+        raise ValueError(f"--queueable {config.queueable} is a fraction of the tasks, between 0 and 1")
+    if config.queueable and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"queueable tasks are Megha's (megha, centralized), not {config.scheduler}'s")
     costs = decision_costs(config.decision_costs)
+    chains = parse_dependencies(config.dependencies)
+    if chains is not None and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"job dependencies are simulated for Megha and centralized, not {config.scheduler}")
     if config.realtime and not costs.zero:
         raise ValueError("decision costs are modelled on the virtual clock; --realtime takes the machine's own")
     system = build_system(
@@ -145,6 +179,10 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             config.queue_order,
             config.unplaceable,
             config.unsatisfiable,
+            dependencies=chains is not None,
+            fail_fraction=config.fail_fraction,
+            fail_exit_code=config.fail_exit_code,
+            priority_classes=classes is not None,
         ),
         recorder,
     )
@@ -160,6 +198,20 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             constraints=config.constraints,
         ),
     )
+    if chains is not None:
+        workload = with_dependencies(workload, chains, config.seed)
+    if rule is not None:
+        workload = [(gm, replace(job, retry=rule)) for gm, job in workload]
+    if classes is not None:
+        workload = assign_classes(workload, classes, config.job_classes, config.seed)
+    if config.gangs:
+        if config.scheduler not in ("megha", "centralized"):
+            raise ValueError(f"gangs are scheduled by Megha's GMs (megha, centralized), not {config.scheduler}")
+        workload = mark_gangs(workload, config.gangs, config.seed, config.gang_sizes)
+    if config.queueable:
+        if config.gangs:
+            raise ValueError("--queueable is not for gangs (a queued member would leave its gang part-started)")
+        workload = [(gm, mark_queueable(job, config.queueable, config.seed)) for gm, job in workload]
     for gm, job in workload:
         recorder.expect(gm, job)
         system.submit(gm, job)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import sys
 import time
 import uuid
@@ -30,7 +31,7 @@ from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.progress import Progress
 from megha.loadgen.records import JobRecord, TaskColumns
 from megha.loadgen.trace import demo_trace_path, resolve_trace
-from megha.loadgen.workload import WorkloadConfig, build_workload
+from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
 from megha.services.logs import configure_logging
 
 log = logging.getLogger("megha.loadgen")
@@ -55,11 +56,15 @@ class ServicesRun:
     wall_seconds: float = 0.0
     timed_out: list[str] = field(default_factory=list)
     details_gone: int = 0  # jobs whose GM had already forgotten them (MEGHA_FINISHED_TASKS_KEPT) when asked
+    gangs: set[str] = field(default_factory=set)  # the jobs submitted as gangs (MEGHA_GANGS)
 
 
 def submission(job: JobSpec) -> dict[str, object]:
-    """The job's `JobSubmission`, as the JSON body."""
-    return {
+    """The job's `JobSubmission`, as the JSON body (a gang's with `"gang": true` and its `gang_timeout`, if any)."""
+    gang: dict[str, object] = {}
+    if job.gang is not None:
+        gang = {"gang": True} | ({"gang_timeout": job.gang} if math.isfinite(job.gang) else {})
+    return gang | {
         "job_id": job.job_id,
         "user": job.tasks[0].user,
         "tasks": [
@@ -99,10 +104,13 @@ async def _replay(settings: LoadgenSettings, progress: Progress | None, broker: 
             queues=fairness.queues if (fairness := settings.fairness()) is not None else (),
         ),
     )
+    if settings.gangs:
+        workload = mark_gangs(workload, settings.gangs, settings.seed)
     recorder = EventRecorder()
     for gm, job in workload:
         recorder.expect(gm, job)
     run = ServicesRun(recorder.tasks, recorder.jobs, recorder.events)
+    run.gangs = {job.job_id for _, job in workload if job.gang is not None}
     say = progress.note if progress is not None else _silent
     own_broker = broker is None
     broker = broker or settings.broker()

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from megha.common.clusterfile import DEFAULT_NODE_CAPACITY
@@ -87,6 +88,20 @@ def build_workload(
         )
         workload.append((gm, JobSpec(job_id, tasks, trace_job.arrival)))
     return workload
+
+
+def mark_gangs(
+    workload: list[tuple[int, JobSpec]], fraction: float, seed: int, sizes: tuple[int, int] = (1, 1 << 30)
+) -> list[tuple[int, JobSpec]]:
+    """`workload` with each job of `sizes[0]`..`sizes[1]` tasks made a gang (no timeout) with probability
+    `fraction`, drawn with `seed` (one draw per job, whatever its size, so a fraction's gangs include a smaller
+    fraction's)."""
+    rng = random.Random(seed * 7_919 + 24)
+    low, high = sizes
+    return [
+        (gm, replace(job, gang=math.inf) if rng.random() < fraction and low <= len(job.tasks) <= high else job)
+        for gm, job in workload
+    ]
 
 
 def _request_drawer(config: WorkloadConfig) -> Callable[[], Resources]:

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
 from megha.common.core.policies import UNSATISFIABLE
+from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.machine_classes import MACHINE_DRAWS
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
 from megha.common.transport.inmemory import fewer_gc_pauses
@@ -42,6 +43,7 @@ examples:
   megha replay --trace syn:500:100 --matching min-constraints --out out/syn500
   megha replay --cluster reference --trace ../shared/traces/syn_250.0.tr --first-jobs 200 --seeds 3
   megha replay --machine-constraints per-lm --unsatisfiable drop --unplaceable requeue-back
+  megha replay --queues A:50%:0,B:50%:0 --job-classes low:50%,high:50%   # priority classes over fair share
 
 output:
   The report goes to stdout; without --out, its files go to a new folder out/replay/<date>-<time> each run.
@@ -70,6 +72,7 @@ DATA_CENTRE = "data centre"
 SCHEDULER = "scheduler"
 FAIRNESS = "fair scheduling (off unless --queues is given)"
 FAILURES = "failures (simulated on the virtual clock; off unless --fail is given)"
+RETRIES = "failed runs and retry rules (off unless --fail-fraction or --retry is given; docs/retry.md)"
 DEPLOYMENT = "deployment"
 SERVICES = "services"
 OUTPUT = "output"
@@ -200,6 +203,23 @@ def megha() -> None:
 @setting(GMSettings, "lm_order", default=REPLAY.lm_order, group=SCHEDULER)
 @setting(GMSettings, "queue_order", default=REPLAY.queue_order, group=SCHEDULER)
 @setting(GMSettings, "unplaceable", default=REPLAY.unplaceable, group=SCHEDULER)
+@setting(
+    GMSettings,
+    "priority_classes",
+    default=REPLAY.priority_classes,
+    group=SCHEDULER,
+    check=parse_priority_classes,
+    help="priority classes as name:value,... e.g. low:0,normal:100,high:1000 (a higher value is served first and "
+    "preempts lower ones under contention; docs/priority.md); empty: off unless --job-classes is given (then "
+    "these defaults)",
+)
+@option(
+    "--job-classes",
+    default=REPLAY.job_classes,
+    group=SCHEDULER,
+    help="each job's priority class, drawn per job with the seed, as class:fraction,... e.g. low:50%,high:25% "
+    "(the rest of the jobs, here 25%, in the default class normal)",
+)
 @option(
     "--unsatisfiable",
     type=OneOf(sorted(UNSATISFIABLE)),
@@ -207,6 +227,29 @@ def megha() -> None:
     group=SCHEDULER,
     help="a task no node could ever run: reject its job at submission, or drop the task (it fails with the reason, "
     "the job's other tasks run; the authors' simulator)",
+)
+@option(
+    "--dependencies",
+    default=REPLAY.dependencies or "none",
+    group=SCHEDULER,
+    help="job dependencies: chain:K makes each job depend on the job K before it in the trace (chain:K:F only a "
+    "fraction F of the jobs); a job waits until its parent finished and fails if it failed (docs/dependencies.md)",
+)
+@option(
+    "--gangs",
+    type=click.FloatRange(0.0, 1.0),
+    default=REPLAY.gangs,
+    group=SCHEDULER,
+    help="fraction of jobs (drawn with --seed) that are gangs: every task of the job starts or none does "
+    "(docs/gang.md)",
+)
+@option(
+    "--queueable",
+    type=click.FloatRange(0.0, 1.0),
+    default=REPLAY.queueable,
+    group=SCHEDULER,
+    help="the fraction of tasks made queueable (chosen with the seed): they wait in a node's queue beyond its free "
+    "resources and guaranteed tasks evict them (docs/queueable.md)",
 )
 @option(
     "--hop-delay",
@@ -270,6 +313,31 @@ def megha() -> None:
     help="seconds after a crash until the node is back in service, or the LM or GM restarts",
 )
 @setting(GMSettings, "max_attempts", default=REPLAY.max_attempts, group=FAILURES)
+@option(
+    "--fail-fraction",
+    type=click.FloatRange(0, 1),
+    default=REPLAY.fail_fraction,
+    group=RETRIES,
+    help="fraction of simulated runs that fail (each drawn with the seed), at the end of their duration",
+)
+@option(
+    "--fail-exit-code",
+    type=click.IntRange(1, 255),
+    default=REPLAY.fail_exit_code,
+    group=RETRIES,
+    help="the exit code failed runs report",
+)
+@option(
+    "--retry",
+    "retry_rule",
+    metavar="ATTEMPTS:BACKOFF[:CODES]",
+    default=REPLAY.retry,
+    callback=lambda _ctx, _param, value: _retry_rule(value),
+    group=RETRIES,
+    help="every trace job's retry rule: a task's run that fails with one of CODES (comma-separated; none: any "
+    "non-zero exit code) runs again after BACKOFF s, doubling per retry, times a seeded jitter in [0.5, 1.5); at "
+    "most ATTEMPTS runs may fail (e.g. 3:10, 4:1:1,137)",
+)
 @_output(REPLAY_OUT, "tasks.csv, jobs.csv, summary.json, utilization.csv, cdf.png")
 @option("--no-files", is_flag=True, group=OUTPUT, help="print the report only")
 def replay(**args: Any) -> int:
@@ -462,6 +530,18 @@ def _local(args: SimpleNamespace) -> int:
     return 3 if warnings else 0
 
 
+def _retry_rule(value: str) -> str:
+    """`--retry` checked as it is read (a bad rule is a usage error naming the option)."""
+    from megha.common.core.retry import parse_rule
+
+    if value:
+        try:
+            parse_rule(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--retry") from None
+    return value
+
+
 def _replay(args: SimpleNamespace) -> int:
     """`megha replay`: one replay per seed (`--seeds`), each reported as a single replay is; with several, their
     headline figures side by side, and the worst exit status."""
@@ -492,6 +572,7 @@ def _replay(args: SimpleNamespace) -> int:
         queue_order=args.queue_order,
         unplaceable=args.unplaceable,
         unsatisfiable=args.unsatisfiable,
+        dependencies="" if args.dependencies == "none" else args.dependencies,
         machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,
         hop_delay=args.hop_delay,
@@ -504,6 +585,13 @@ def _replay(args: SimpleNamespace) -> int:
         share_policy=args.share_policy,
         max_attempts=args.max_attempts,
         decision_costs=args.decision_costs,
+        fail_fraction=args.fail_fraction,
+        fail_exit_code=args.fail_exit_code,
+        retry=args.retry_rule,
+        priority_classes=args.priority_classes,
+        job_classes=args.job_classes,
+        gangs=args.gangs,
+        queueable=args.queueable,
     )
     runs, statuses = [], []
     for seed in seeds:

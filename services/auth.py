@@ -214,6 +214,7 @@ GM_RULES: Rules = {
     "GET /dashboard/{name}": OPEN,
     "POST /v1/peers/{gm}/journal": GM,  # the previous GM's journal copy
     "POST /v1/peers/{gm}/release": GM,
+    "GET /v1/peers/jobs/{job_id}": GM,  # a peer's jobs may depend on this job (the peer checks its user's right)
 }
 
 LM_RULES: Rules = {
@@ -223,6 +224,9 @@ LM_RULES: Rules = {
     "POST /v1/launch": GM,
     "POST /v1/preempt": GM,
     "POST /v1/stop": GM,
+    "POST /v1/gangs/prepare": GM,
+    "POST /v1/gangs/commit": GM,
+    "POST /v1/gangs/abort": GM,
     "GET /v1/gms/{gm}/state": GM | OPERATORS,  # a GM its own (route checks); operators any (megha chaos's views)
     "POST /v1/gms/{gm}/claim": GM,
     "GET /v1/state": GM | OPERATORS,

@@ -29,8 +29,8 @@ def rabbitmq_up() -> bool:
 
 needs_rabbitmq = pytest.mark.skipif(
     not rabbitmq_up(),
-    reason="needs RabbitMQ at 127.0.0.1:5672: none answers and rabbitmq-server is not installed (with it, the test "
-    "run starts a node of its own; .ci/run installs it)",
+    reason="needs RabbitMQ at 127.0.0.1:5672: none answers, and the test run could start none (it starts one from "
+    "rabbitmq-server, else from the megha-rabbitmq image on a Docker engine; .ci/run installs rabbitmq-server)",
 )
 
 

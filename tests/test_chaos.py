@@ -1,7 +1,7 @@
-"""The chaos matrix in CI: one trial of every fault of the process backend (`megha chaos`), each through real
-processes and a RabbitMQ node of its own. Target in every trial: nothing lost, nothing counted twice, every node
-usable again within 2 x (worker timeout + delta interval) of the fault clearing. The container backend's trials
-are in test_chaos_containers.py."""
+"""The chaos matrix in CI: one trial of every fault of the process backend (`megha chaos`) but those
+LEFT_TO_MEGHA_CHAOS names, each through real processes and a RabbitMQ node of its own. Target in every trial: nothing
+lost, nothing counted twice, no gang run in part, every node usable again within 2 x (worker timeout + delta
+interval) of the fault clearing. The container backend's trials are in test_chaos_containers.py."""
 
 from __future__ import annotations
 
@@ -9,17 +9,35 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from megha.common.core.messages import GangCommit, GangPrepare
 from megha.common.models import TaskEvent
 from megha.deploy import chaos
-from megha.deploy.chaos import PROCESS_FAULTS, ChaosConfig, _keep_suspects, _keep_views, main, run_trial
+from megha.deploy.chaos import (
+    PROCESS_FAULTS,
+    ChaosConfig,
+    _keep_suspects,
+    _keep_views,
+    _partial_gang_runs,
+    _tally,
+    main,
+    run_trial,
+)
 from megha.loadgen.records import JobRecord, TaskColumns, TaskRecord
-from megha.loadgen.services import ServicesRun
+from megha.loadgen.services import ServicesRun, submission
+from megha.loadgen.trace import resolve_trace
+from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
+from megha.services.client import CallError, Reply
+from megha.services.gm.dispatch import GMDispatch
+from megha.services.retry import RetryPolicy
 
 
 def test_a_fault_of_another_backend_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,6 +59,100 @@ def test_the_events_of_tasks_not_finished_exactly_once_are_kept_for_tracing(tmp_
     run.tasks = TaskColumns.of(tasks[:1])
     _keep_suspects(run, tmp_path / "none" / "suspects.json")
     assert not (tmp_path / "none").exists()
+
+
+def _gang_run(runs: list[tuple[str, str, int]]) -> ServicesRun:
+    """A replay of gang job g (tasks g.0-g.2) whose tasks had these events (kind, task, attempt), in order."""
+    tasks = [TaskRecord(f"g.{i}", "g", 0, "u", 1.0, (1, 1)) for i in range(3)]
+    run = ServicesRun(TaskColumns.of(tasks), {"g": JobRecord("g", 0, 0.0, 3, 1.0)}, {}, gangs={"g"})
+    for n, (kind, task, attempt) in enumerate(runs):
+        event = TaskEvent(kind=kind, task_id=task, job_id="g", lm=0, node=0, at=float(n), attempt=attempt)  # type: ignore[arg-type]
+        run.events.setdefault(task, []).append(event)  # type: ignore[attr-defined]
+        if kind == "finished":
+            run.tasks[task].completions += 1
+    return run
+
+
+def _started_and_finished(task: str, attempt: int) -> list[tuple[str, str, int]]:
+    return [("started", task, attempt), ("finished", task, attempt)]
+
+
+def test_a_gang_whose_every_member_started_in_the_attempt_it_finished_in_ran_whole() -> None:
+    whole = [e for i in range(3) for e in _started_and_finished(f"g.{i}", 1)]
+    assert _partial_gang_runs(_gang_run(whole), ["g"]) == []
+    # g.0 finished in run 1 while g.2 was lost: g.1 and g.2 ran again together as attempt 2. Whole.
+    rerun = [*_started_and_finished("g.0", 1), ("started", "g.1", 1), ("started", "g.2", 1), ("lost", "g.2", 1)]
+    rerun += [("preempted", "g.1", 1), *_started_and_finished("g.1", 2), *_started_and_finished("g.2", 2)]
+    assert _partial_gang_runs(_gang_run(rerun), ["g"]) == []
+    # A part launched in a crash and stopped before its end (never finished in that attempt): allowed.
+    stopped = [("started", "g.0", 1), ("preempted", "g.0", 1)]
+    stopped += [e for i in range(3) for e in _started_and_finished(f"g.{i}", 2)]
+    assert _partial_gang_runs(_gang_run(stopped), ["g"]) == []
+
+
+def test_a_gang_part_that_ran_to_its_end_without_its_peers_is_a_partial_run_and_fails_the_trial() -> None:
+    # Attempt 1: only g.0 and g.1 started (g.2's LM refused its commit) and g.0 finished before the stop.
+    partial = [*_started_and_finished("g.0", 1), ("started", "g.1", 1), ("preempted", "g.1", 1)]
+    partial += [*_started_and_finished("g.1", 2), *_started_and_finished("g.2", 2)]
+    run = _gang_run(partial)
+    assert _partial_gang_runs(run, ["g"]) == [("g", 1)]
+    trial = _tally("gang-lm-kill", 1, run, 0.0)
+    assert (trial.gangs, trial.partial_gangs, trial.finished_once, trial.lost) == (1, 1, 3, 0)
+    # No gang: the same events are three independent tasks.
+    run.gangs = set()
+    assert _tally("lm-kill", 1, run, 0.0).partial_gangs == 0
+
+
+def test_the_gang_faults_load_marks_gangs_that_span_both_lms_of_the_chaos_deployment() -> None:
+    """MEGHA_GANGS's jobs are submitted with "gang": true; each of the gang trace's jobs needs more nodes than one
+    LM of the chaos deployment has (slot mode: a task holds a node), and fewer than the whole."""
+    config = ChaosConfig()
+    fault = PROCESS_FAULTS["gang-lm-kill"]
+    assert fault.trace is not None and fault.gangs > 0
+    workload = build_workload(resolve_trace(fault.trace, None, config.time_scale), WorkloadConfig("slot", 0, 2))
+    gangs = [job for _, job in mark_gangs(workload, fault.gangs, 0) if job.gang is not None]
+    per_lm = config.workers_per_lm * config.nodes_per_worker
+    assert sum(len(job.tasks) for _, job in workload) == 450 and len(gangs) >= 20
+    assert all(per_lm < len(job.tasks) <= per_lm * config.lms for job in gangs)
+    assert submission(gangs[0])["gang"] is True and "gang_timeout" not in submission(gangs[0])
+    assert "gang" not in submission(workload[0][1] if workload[0][1].gang is None else workload[1][1])
+
+
+class _UnreachableLMs:
+    """What `GMDispatch` needs of its GM service, with every LM unreachable (connection refused)."""
+
+    def __init__(self) -> None:
+        self.settings = SimpleNamespace(lm_timeout=30.0, lm_urls=["http://lm-0", "http://lm-1"])
+        self.term = 1
+        self.calls = SimpleNamespace(post=self._post)
+        self.posts: list[str] = []
+        self.failed: list[tuple[int, int]] = []  # (LM, seq) of the calls the core was told failed for good
+
+    async def _post(self, url: str, body: bytes, idempotent: bool = False) -> Reply:
+        self.posts.append(url.split("?")[0])
+        raise CallError("ConnectionRefusedError(111, 'Connection refused')")
+
+    async def apply(self, step: Callable[[Any], None]) -> None:
+        step(SimpleNamespace(call_failed=lambda lm, seq, why, now: self.failed.append((lm, seq))))
+
+
+def test_a_gang_commit_to_an_unreachable_lm_fails_at_once_so_the_launched_parts_are_stopped_before_they_end() -> None:
+    """The finding of gang-lm-kill: an LM killed after every LM prepared a gang, before its commit. The GM used to
+    try the commit again for MEGHA_LM_TIMEOUT seconds, while the other LM's part, committed and launched, ran alone to
+    its end (a gang run in part, finished). A commit is now tried once: its failure reaches the core at once
+    (`call_failed`), which stops the launched parts, and the gang runs again whole. A prepare is still retried (it
+    launches nothing)."""
+    gm = _UnreachableLMs()
+    dispatch = GMDispatch(gm)  # type: ignore[arg-type]
+    began = time.monotonic()
+    asyncio.run(dispatch._gang(GangCommit(0, 1, 7, "g")))
+    assert gm.posts == ["http://lm-1/v1/gangs/commit"] and gm.failed == [(1, 7)]
+    assert time.monotonic() - began < 5  # not MEGHA_LM_TIMEOUT
+
+    gm.posts.clear()
+    dispatch.lm_calls = RetryPolicy(deadline=30.0, attempts=3, first_pause=0.01)
+    asyncio.run(dispatch._gang(GangPrepare(0, 0, 8, "g", [], 10.0)))
+    assert gm.posts == ["http://lm-0/v1/gangs/prepare"] * 3 and gm.failed[-1] == (0, 8)
 
 
 @dataclass
@@ -116,10 +228,12 @@ LEFT_TO_MEGHA_CHAOS = {
     "broker-5": "tests/test_services_recovery.py kills the broker mid-replay and starts it again",
     "broker-60": "tests/test_services_recovery.py kills the broker mid-replay and starts it again",
     "gm-stall": "tests/test_gm_takeover.py stalls a GM (SIGSTOP) mid-replay, past the stand-in's takeover",
+    "gang-gm-kill": "tests/test_core_gang.py crashes a GM at each step of a gang's prepares and commits, and "
+    "tests/test_gang_services.py runs gangs across the LMs of a real deployment",
 }
-"""Faults left out to keep the default run under 20 minutes (the long outages, and a broker restart another test
-makes): `megha chaos` runs them (every matrix in docs/reliability.md has them), and CI covers each path with the
-test named here."""
+"""Faults left out to keep the default run under 20 minutes (the long outages, a broker restart another test makes,
+and one of the two gang faults: a trial takes about 40 s): `megha chaos` runs them (every matrix in
+docs/reliability.md has them), and CI covers each path with the test named here."""
 
 CI_FAULTS = [name for name in PROCESS_FAULTS if name not in LEFT_TO_MEGHA_CHAOS]
 
@@ -129,7 +243,8 @@ def test_one_trial_of_each_fault_loses_nothing_and_recovers_in_time(name: str, t
     config = ChaosConfig(out=tmp_path)
     trial = run_trial(config, name, 1, print)
     assert trial.accepted == 450
-    assert (trial.lost, trial.duplicated, trial.failed_with_reason) == (0, 0, 0), trial
+    assert (trial.lost, trial.duplicated, trial.failed_with_reason, trial.partial_gangs) == (0, 0, 0, 0), trial
+    assert trial.gangs > 0 if PROCESS_FAULTS[name].gangs else trial.gangs == 0
     assert trial.finished_once == trial.accepted
     assert trial.recovery_seconds <= config.recovery_target, trial
 

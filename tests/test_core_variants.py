@@ -382,7 +382,9 @@ def test_bad_variant_options_are_usage_errors_naming_them(
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["--unsatisfiable", "drop"], ["--unplaceable", "requeue-back"]])
+@pytest.mark.parametrize(
+    "args", [["--unsatisfiable", "drop"], ["--unplaceable", "requeue-back"], ["--lm-order", "scarcity"]]
+)
 def test_the_gm_policies_are_refused_for_a_baseline(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*SMALL, "--no-files", "--scheduler", "sparrow", *args]) == 2
     assert "is a policy of Megha's GMs (megha, centralized), not sparrow" in capsys.readouterr().err

@@ -78,7 +78,10 @@ def test_the_dashboard_shows_what_the_api_says(tmp_path: Path) -> None:
         wait_until(lambda: states("short") == ["finished"], 30)
         assert api.post(f"{gm}/v1/jobs", json=_job("long", 2, 600.0), timeout=10).status_code == 201
         wait_until(lambda: states("long") == ["launched", "launched"], 30)
-        assert api.post(f"{gm}/v1/jobs", json=_job("waits", 1, 1.0), timeout=10).status_code == 201
+        retried = {**_job("waits", 1, 1.0), "priority_class": "low", "retry": {"max_attempts": 2}}
+        assert api.post(f"{gm}/v1/jobs", json=retried, timeout=10).status_code == 201
+        child = {**_job("child", 1, 1.0), "depends_on": ["long", "short"], "gang": True, "array": 2}
+        assert api.post(f"{gm}/v1/jobs", json=child, timeout=10).status_code == 201
         assert api.post(f"{gm}/v1/jobs", json=_job("gone", 1, 1.0), timeout=10).status_code == 201
         assert api.delete(f"{gm}/v1/jobs/gone", timeout=10).status_code == 202
         wait_until(
@@ -88,6 +91,7 @@ def test_the_dashboard_shows_what_the_api_says(tmp_path: Path) -> None:
         locked = _browse(f"{gm}/dashboard", tmp_path)  # no token: the page asks for one and shows no data
         dom = _browse(f"{gm}/dashboard#token={deployment.operator_token}", tmp_path)
         view = api.get(f"{gm}/v1/overview", timeout=5).json()
+        listed = {j["job_id"]: j for j in api.get(f"{gm}/v1/jobs", timeout=5).json()["jobs"]}
 
     assert "needs an operator's API token" in locked and 'data-testid="token-form" hidden' not in locked
     assert 'data-testid="partition-' not in locked
@@ -97,14 +101,19 @@ def test_the_dashboard_shows_what_the_api_says(tmp_path: Path) -> None:
     for p in view["partitions"]:
         assert float(_attr(dom, f"partition-{p['lm']}-{p['gm']}", "data-used")) == p["used_fraction"] == 1.0
     assert {s: int(_attr(dom, f"jobs-{s}", "data-value")) for s in view["jobs"]} == view["jobs"]
-    assert view["jobs"] == {"finished": 1, "running": 1, "queued": 1, "cancelled": 1}
+    assert view["jobs"] == {"finished": 1, "running": 1, "queued": 1, "cancelled": 1, "waiting": 1}
     assert {s: int(_attr(dom, f"tasks-{s}", "data-value")) for s in view["tasks"]} == view["tasks"]
     (queue,) = view["queues"]
     assert int(re.search(r'data-testid="queue-default-pending"[^>]*>(\d+)<', dom).group(1)) == queue["pending"] == 1  # type: ignore[union-attr]
     assert int(re.search(r'data-testid="queue-default-running"[^>]*>(\d+)<', dom).group(1)) == queue["running"] == 2  # type: ignore[union-attr]
     assert int(_attr(dom, "alloc-summary", "data-count")) == view["allocation_time"]["count"] >= 3
-    for job_id, state in (("short", "finished"), ("long", "running"), ("waits", "queued"), ("gone", "cancelled")):
-        assert _attr(dom, f"job-{job_id}", "data-state") == state
+    shown = {"short": "finished", "long": "running", "waits": "queued", "gone": "cancelled", "child": "waiting"}
+    for job_id, state in shown.items():
+        assert _attr(dom, f"job-{job_id}", "data-state") == listed[job_id]["state"] == state
+        assert _attr(dom, f"job-{job_id}", "data-class") == listed[job_id]["priority_class"]
+    assert [listed[j]["priority_class"] for j in shown] == ["normal", "normal", "low", "normal", "normal"]
+    kinds = {j: _attr(dom, f"job-{j}", "data-kind") for j in shown}
+    assert kinds == {"short": "", "long": "", "waits": "retry", "gone": "", "child": "gang, array of 2, after 2 jobs"}
 
 
 def test_the_dashboard_and_its_assets_are_served_by_the_gm_not_a_cdn() -> None:

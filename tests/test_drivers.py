@@ -138,6 +138,7 @@ async def test_a_non_zero_exit_fails_with_the_code_and_the_end_of_stderr(tmp_pat
     async with executing(tmp_path, "exec") as (executor, _):
         result = await run_to_end(executor, "bad.0", run_exec("sh", "-c", script))
     assert not result.succeeded and not result.preempted and result.exit_code == 3
+    assert result.task_exit_code == 3  # what a job's retry rule matches
     assert result.error.startswith("exit code 3: "), result.error
     tail = result.error.removeprefix("exit code 3: ").splitlines()
     assert tail == [f"line{i}" for i in range(21, 31)]  # the last 10 lines
@@ -151,6 +152,7 @@ async def test_a_memory_hog_fails_with_its_memory_limit(tmp_path: Path) -> None:
     async with executing(tmp_path, "exec") as (executor, logs):
         result = await run_to_end(executor, "hog.0", run_exec(PYTHON, "-c", hog), memory_mb=64)
     assert result.error.startswith("exceeded its memory limit of 64 MB"), result.error
+    assert result.task_exit_code == 137  # an OOM kill, as Kubernetes reports it
     assert b"allocated" not in logs.read("hog.0", 1, "stdout")
 
 
@@ -208,6 +210,7 @@ async def test_a_duration_limit_kills_a_sleep(tmp_path: Path) -> None:
         result = await run_to_end(executor, "slow.0", run_exec("sleep", "60"), duration=0.5)
     assert not result.succeeded and not result.preempted
     assert result.error == "exceeded its duration limit of 0.5 s"
+    assert result.task_exit_code is None  # no exit of its own: a retry rule never matches it
     assert 0.5 <= result.wall_seconds < 30
 
 

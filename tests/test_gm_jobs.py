@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from megha.common.core.messages import Placement
+from megha.common.core.retry import RetryRule
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.services.gm.jobs import JobTable
 
@@ -134,3 +136,48 @@ def test_a_refused_preemption_request_puts_its_task_back_in_the_queue() -> None:
     assert table.tasks["j.0"].state == "launched" and table.tasks["j.0"].lm == 1
     table.rescheduled(job.tasks[0], 2.0)  # LM 1 refused too: it waits
     assert table.tasks["j.0"].state == "queued" and table.illegal == 0
+
+
+def test_the_job_list_says_what_kind_of_job_each_is() -> None:
+    """`GET /v1/jobs` (JobSummary) carries each job's class, gang, array size, parents and whether it has a retry
+    rule, as `GET /v1/jobs/{id}` (JobStatus) has them."""
+    table = JobTable(0, class_name={0: "low", 100: "normal", 1000: "high"}.__getitem__)
+    plain = _job("plain", 1)
+    plain = replace(plain, tasks=tuple(replace(t, priority=100) for t in plain.tasks))
+    kinds = _job("kinds", 3)
+    kinds = replace(
+        kinds,
+        tasks=tuple(replace(t, priority=1000) for t in kinds.tasks),
+        depends_on=("plain", "other"),
+        retry=RetryRule(3, 1.0),
+        gang=math.inf,
+    )
+    for job in (plain, kinds):
+        table.job_arrived(job, 0, 0.0)
+    table.jobs["kinds"].array = 3  # the service sets an array job's size
+    table.job_waiting(kinds, 0.0)
+    listed = {s.job_id: s for s in table.summaries()}
+    assert listed["plain"].model_dump(include=KIND) == {
+        "priority_class": "normal",
+        "gang": False,
+        "array": None,
+        "depends_on": [],
+        "retry": False,
+    }
+    assert listed["kinds"].model_dump(include=KIND) == {
+        "priority_class": "high",
+        "gang": True,
+        "array": 3,
+        "depends_on": ["plain", "other"],
+        "retry": True,
+    }
+    assert listed["kinds"].state == "waiting"
+    status = table.status("kinds")
+    assert status is not None
+    assert status.model_dump(include=KIND - {"retry"}) == listed["kinds"].model_dump(include=KIND - {"retry"})
+    unnamed = JobTable(0)  # a table given no class names shows none
+    unnamed.job_arrived(plain, 0, 0.0)
+    assert unnamed.summaries()[0].priority_class is None
+
+
+KIND = {"priority_class", "gang", "array", "depends_on", "retry"}

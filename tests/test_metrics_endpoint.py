@@ -182,6 +182,7 @@ GM_COUNTS = {
     "megha_gm_inconsistencies_total": "inconsistencies",
     "megha_task_reschedules_total": "reschedules",
     "megha_task_retries_total": "retries",
+    "megha_task_failures_retried_total": "failures_retried",
     "megha_gm_preemption_attempts_total": "preemption_attempts",
     "megha_gm_preempted_tasks_total": "preempted",
 }

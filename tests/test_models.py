@@ -70,6 +70,7 @@ BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "kind": st.sampled_from(["started", "finished", "preempted", "lost", "failed", "cancelled"]),
     "runs": st.lists(st.tuples(ids, st.integers(1, 5)), max_size=4),  # StopRequest: (task id, attempt)
     "lost": st.just(False),  # FinishedTask: the LM sets it, never the wire
+    "exit_code": st.none() | st.integers(0, 255),  # FinishedTask, Completion: a process's exit code
 }
 """Strategies of the fields whose values the wire bounds more than their core type does, by field name."""
 BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {
@@ -123,6 +124,7 @@ def _same(a: object, b: object) -> None:
 
 def test_every_core_message_has_a_mirror() -> None:
     timers_and_envelopes = {messages.Send, messages.Wake, messages.DeltaTick, messages.FinishTick}
+    timers_and_envelopes |= {messages.LeaseExpiry, messages.GangRetry, messages.GangTimeout}
     core = {
         obj
         for obj in vars(messages).values()
@@ -178,6 +180,8 @@ def test_wire_format_of_a_placement() -> None:
             "constraints": [0, 4, 20],
             "attempt": 1,
             "run": None,
+            "priority": 0,
+            "queueable": False,
         },
         "lm": 1,
         "node": 7,

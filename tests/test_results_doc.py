@@ -36,3 +36,54 @@ def test_every_results_page_is_summarised_in_results_md() -> None:
     linked = {page.name for _, page in experiment_rows()}
     pages = {p.name for p in (RESULTS.parent / "results").glob("*.md")}
     assert pages <= linked, pages - linked
+
+
+def sections() -> dict[str, str]:
+    """docs/results.md's text under each second-level heading, by heading."""
+    parts = re.split(r"^## (.+)$", RESULTS.read_text(), flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_the_report_has_one_section_per_id_in_the_catalogue_order_each_linking_its_page() -> None:
+    from megha.sim.reproduce.catalogue import ENTRIES
+
+    by_heading = sections()
+    ids = [heading for heading in by_heading if heading in {e.id for e in ENTRIES}]
+    assert ids == [e.id for e in ENTRIES]
+    for entry in ENTRIES:
+        text = by_heading[entry.id]
+        if entry.not_yet:
+            assert "Not run" in text, entry.id
+        else:
+            assert f"(results/{entry.id}.md)" in text, entry.id
+            assert (RESULTS.parent / "results" / f"{entry.id}.md").exists(), entry.id
+
+
+def test_every_experiment_the_report_names_exists_and_every_experiment_is_reported() -> None:
+    from megha.sim.experiments.differences import EXPERIMENTS
+
+    text = RESULTS.read_text()
+    named = re.findall(r"`python -m megha\.sim\.experiments\.differences ([a-z-]+)[^`]*`", text)
+    assert set(named) <= set(EXPERIMENTS), set(named) - set(EXPERIMENTS)
+    assert set(EXPERIMENTS) <= set(named), set(EXPERIMENTS) - set(named)
+
+
+def test_the_reference_pages_keep_no_diary_nor_template_leftovers() -> None:
+    for page in (RESULTS, ROOT / "docs" / "reproduce.md"):
+        text = page.read_text()
+        for phrase in ("this session", "{{", "}}"):
+            assert phrase not in text.lower(), (page.name, phrase)
+
+
+def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from megha.sim.experiments.differences import EXPERIMENTS
+
+    for name in ("component-hops", "fairness-unplaceable"):
+        variants = EXPERIMENTS[name].variants([0], tmp_path)
+        configs = [asdict(config) for _, config in variants]
+        varied = {key for key in configs[0] if len({repr(c[key]) for c in configs}) > 1}
+        expected = {"component-hops": {"hop_delay", "decision_costs"}}
+        expected["fairness-unplaceable"] = {"unplaceable", "workers_per_partition"}
+        assert varied == expected[name], (name, varied)

@@ -6,19 +6,22 @@ that fit nowhere and preemption requests (Megha paper, section IV-B), over four 
 * `RunLedger`: the requests awaiting an LM's answer and the runs the GM holds;
 * `GmPolicies`: queue order, preemption, usage accounting, unplaceable and unsatisfiable tasks (plain defaults;
   fair scheduling and the papers' variants as plug-ins); `Preemptor` sends the preemption policy's requests and
-  applies the LMs' answers.
+  applies the LMs' answers;
+* `RetryBook` (common/core/retry.py): jobs' retry rules and the tasks waiting out a backoff after a failed run.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NoReturn
 
 from megha.common.core.cluster import ClusterSpec
+from megha.common.core.dependencies import DependencyGate
 from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.fairness.queues import ShareBook
+from megha.common.core.gang import GANG_REPLIES, GangScheduler
 from megha.common.core.global_view import GlobalView
 from megha.common.core.ledger import RunLedger
 from megha.common.core.messages import (
@@ -31,6 +34,8 @@ from megha.common.core.messages import (
     PreemptResponse,
     Send,
     StopRequest,
+    Wake,
+    gm_address,
     lm_address,
 )
 from megha.common.core.observer import CoreObserver
@@ -41,6 +46,8 @@ from megha.common.core.placement.placer import Placer
 from megha.common.core.policies import LM_ORDERS, UNPLACEABLE, GmPolicies, gm_policies
 from megha.common.core.policies.unsatisfiable import Unsatisfiable
 from megha.common.core.preemptor import Preemptor
+from megha.common.core.queueable import OpportunisticPlacer
+from megha.common.core.retry import Retry, RetryBook, RetryDue
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.core.view import covers
 
@@ -87,6 +94,8 @@ class GlobalMaster:
         rng = random.Random(seed * 1_000_003 + gm_id)
         search = LM_ORDERS[self.policies.lm_order](gm_id, self.view.views)
         self.placer = Placer(gm_id, self.view, self.policies.choice, rng, search)
+        # Queueable tasks that fit nowhere in the view wait at a node's queue instead (docs/queueable.md).
+        self.opportunistic = OpportunisticPlacer(gm_id, self.view, self.policies.choice, rng)
         self.ledger = RunLedger(gm_id, cluster.num_lms)
         self.running = self.ledger.running
         self.queue = self.policies.queue_order.new_queue()
@@ -100,6 +109,8 @@ class GlobalMaster:
         self.waiting = self.parked.tasks
         self.unplaceable = UNPLACEABLE[self.policies.unplaceable](self.parked)
         self.preemptor = Preemptor(self)
+        self.dependencies = DependencyGate()  # jobs waiting for their parents (`depends_on`) to finish
+        self.gangs = GangScheduler(self, seed=seed)  # gang jobs: placed as a unit, prepared and committed at LMs
         self._sends_to_flush: list[Output] = []  # stop and preemption requests, sent with the next launch batches
         self.cancelled = 0
         self.dropped = 0  # tasks failed at submission because no node could ever run them (`drop`)
@@ -110,6 +121,9 @@ class GlobalMaster:
         self.preemptions = 0  # tasks stopped to make room for this GM's tasks
         self.preempted = 0  # this GM's tasks stopped for others
         self.retries = 0  # tasks run again because their worker was lost
+        # Jobs' retry rules and the tasks waiting out a backoff after a failed run (empty without rules).
+        self.retry = RetryBook(random.Random(f"retry/{seed}/{gm_id}"))
+        self.failures_retried = 0  # failed runs run again under their job's retry rule
 
     # ----------------------------------------------------------------- inputs
 
@@ -139,36 +153,93 @@ class GlobalMaster:
 
     def submit(self, job: JobSpec, now: float) -> list[Output]:
         """Accept a job into the queue, or raise Unschedulable naming the task no worker could ever run. Tasks the
-        unsatisfiable policy drops fail at once, with their reasons, and the job arrives without them."""
+        unsatisfiable policy drops fail at once, with their reasons, and the job arrives without them. A job with
+        parents (`depends_on`) waits for them instead (`parent_ended`); one that would close a dependency cycle
+        is refused (Unschedulable naming `depends_on`)."""
+        if job.depends_on and (cycle := self.dependencies.cycle(job)) is not None:
+            self.observer.job_rejected(job, self.gm_id, f"dependency cycle {' -> '.join(cycle)}", now)
+            raise Unschedulable(f"job {job.job_id}: dependency cycle {' -> '.join(cycle)}", "depends_on")
         dropped = self.admit(job, now)
-        if dropped:
+        if job.gang is not None:
+            reason = self.gangs.too_big(job) if not dropped else dropped[0].reason
+            if reason is not None:
+                self.observer.job_rejected(job, self.gm_id, reason, now)
+                raise Unschedulable(f"job {job.job_id}: {reason}", "tasks")
+        elif dropped:
             gone = {u.index for u in dropped}
             job = replace(job, tasks=tuple(t for i, t in enumerate(job.tasks) if i not in gone))
             for u in dropped:
                 self.dropped += 1
                 self.observer.task_failed(u.task, f"dropped at submission: {u.reason}", now)
         self.observer.job_arrived(job, self.gm_id, now)
-        self.queue.extend(job.tasks)
+        if job.retry is not None:
+            self.retry.admit(job)
+        if job.depends_on:
+            self.wait_for_parents(job, now)
+            return []
+        self._ready(job, now)
         return self._drain(now)
 
+    def _ready(self, job: JobSpec, now: float) -> None:
+        """An accepted job may run: a gang waits to be placed whole, other jobs' tasks join the queue."""
+        if job.gang is not None:
+            self.gangs.submit(job, now)
+        else:
+            self.queue.extend(job.tasks)
+
+    def wait_for_parents(self, job: JobSpec, now: float) -> None:
+        """Hold an accepted job (a recovering GM: one it held before) until its parents finished."""
+        self.dependencies.hold(job)
+        self.observer.job_waiting(job, now)
+
+    def parent_ended(self, parent: str, outcome: str, now: float) -> list[Output]:
+        """Job `parent` ended with `outcome` (`dependencies.OUTCOMES`): queue the waiting jobs whose last parent it
+        was, and fail, without running, those it fails (every task, the reason naming the parent)."""
+        released, failed = self.dependencies.parent_ended(parent, outcome)
+        for job, reason in failed:
+            for task in job.tasks:
+                self.observer.task_failed(task, reason, now)
+        for job in released:
+            self.observer.job_released(job, now)
+            self._ready(job, now)
+        return self._drain(now) if released else []
+
     def recover(
-        self, states: Iterable[Delta], running: Iterable[Placement], queued: Iterable[TaskSpec], now: float
+        self,
+        states: Iterable[Delta],
+        running: Iterable[Placement],
+        queued: Iterable[TaskSpec],
+        now: float,
+        gangs: Mapping[str, float] | None = None,
     ) -> list[Output]:
         """A GM restarted after a crash: adopt each LM's full state (`states`, one per LM, whose `applied_through`
         this GM's batch numbering continues from), take `running` (the runs the LMs hold for this GM) as running,
-        queue `queued` (its accepted tasks that are neither running nor ended), and schedule."""
+        queue `queued` (its accepted tasks that are neither running nor ended), and schedule. The tasks of the jobs
+        in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`)."""
         for delta in states:
             self.ledger.continue_from(delta.lm, delta.applied_through)
             self.apply_delta(delta)
         usage = self.policies.usage
+        running = list(running)
         for p in running:
             self.running[p.task.task_id] = p
             usage.placed(p.task, p.lm)
+            if p.task.queueable:
+                self.opportunistic.placed(p)
+        if gangs:
+            queued = list(queued)
+            for job_id, timeout in gangs.items():
+                mine = [p for p in running if p.task.job_id == job_id]
+                waiting = [t for t in queued if t.job_id == job_id]
+                if mine or waiting:
+                    self.gangs.recover(job_id, timeout, mine, waiting, now)
+            queued = [t for t in queued if t.job_id not in gangs]
         self.queue.extend(queued)
         return self._drain(now)
 
     def handle(self, msg: object, now: float) -> list[Output]:
-        """Apply an LM message (launch response, delta, completions) and schedule what can now be placed."""
+        """Apply an LM message (launch response, delta, completions) or this GM's own `RetryDue` timer (a retried
+        task's backoff is over: it goes to the front of its queue), and schedule what can now be placed."""
         if isinstance(msg, LaunchResponse):
             self._on_response(msg, now)
         elif isinstance(msg, Completions):
@@ -179,6 +250,12 @@ class GlobalMaster:
                 self.preemptor.retry(now)
         elif isinstance(msg, PreemptResponse):
             self.preemptor.answered(msg, now)
+        elif isinstance(msg, RetryDue):
+            task = self.retry.due(msg)
+            if task is not None:
+                self.queue.extendleft([task])
+        elif isinstance(msg, GANG_REPLIES):
+            self.gangs.handle(msg, now)
         else:
             raise TypeError(f"GM cannot handle {type(msg).__name__}")
         return self._drain(now)
@@ -193,6 +270,21 @@ class GlobalMaster:
         dropped = self.queue.remove_if(drop) + self.parked.remove_if(drop)
         for task in dropped:
             self.policies.usage.withdrawn(task)
+            self.cancelled += 1
+            self.observer.task_cancelled(task, now)
+        if self.dependencies:
+            for job_id in self.dependencies.jobs_of(wanted):  # waiting jobs: never run
+                for task in self.dependencies.remove(job_id).tasks:  # type: ignore[union-attr]
+                    self.cancelled += 1
+                    self.observer.task_cancelled(task, now)
+        if self.retry.rules:
+            for task in dropped:
+                self.retry.ended(task)
+            for task in self.retry.withdraw(wanted):  # waiting out a backoff: cancelled at once
+                self.retry.ended(task)
+                self.cancelled += 1
+                self.observer.task_cancelled(task, now)
+        for task in self.gangs.cancel(wanted, now) if self.gangs.members else ():
             self.cancelled += 1
             self.observer.task_cancelled(task, now)
         ledger = self.ledger
@@ -211,6 +303,8 @@ class GlobalMaster:
         """A cancelled task's run ended (stopped, or refused by its LM): it is cancelled, not run again."""
         self.ledger.cancelling.discard(task.task_id)
         self.cancelled += 1
+        if self.retry.rules:
+            self.retry.ended(task)
         self.observer.task_cancelled(task, now)
 
     def stop_if_cancelled(self, placement: Placement) -> None:
@@ -224,7 +318,10 @@ class GlobalMaster:
         call itself). A batch's tasks are reported failed with `reason` (the LM may have launched them, so
         placing them elsewhere could run them twice) and forgotten, and their requests go back into the view
         (if the LM did launch them, its next report of the node says so). A preemption request counts as
-        refused: the task asks the next LM or waits."""
+        refused: the task asks the next LM or waits. A gang's prepare or commit: see `GangScheduler.call_failed`."""
+        if self.gangs.owns(lm, seq):
+            self.gangs.call_failed(lm, seq, reason, now)
+            return self._drain(now)
         placements = self.ledger.batch_answered(lm, seq)
         if placements is not None:
             self.view.given_back(lm, seq, placements)
@@ -232,9 +329,12 @@ class GlobalMaster:
                 if not self.ledger.refused(p.task.task_id):
                     continue  # its completion came first: it ended already, and its resources were released
                 self.policies.usage.released(p.task, lm)
+                if p.task.queueable:
+                    self.opportunistic.ended(p)
                 if p.task.task_id in self.ledger.cancelling:
                     self.cancelled_run(p.task, now)
                 else:
+                    self.retry.ended(p.task)
                     self.observer.task_failed(p.task, reason, now)
             return self._drain(now)
         entry = self.ledger.preempting[lm].get(seq)
@@ -256,8 +356,11 @@ class GlobalMaster:
         view = self.view
         queue = self.queue
         waiting = self.waiting
-        if view.has_unapplied_states and (queue or waiting):
+        gangs = self.gangs
+        if view.has_unapplied_states and (queue or waiting or gangs.waiting):
             view.sync()
+        if gangs.waiting and (gangs.due or view.freed_nodes):
+            gangs.place(now)  # gangs first: each placed whole or not at all, before single tasks take the room
         batches: dict[int, list[Placement]] = {}
         if view.freed_nodes:
             freed = view.take_freed()
@@ -274,9 +377,12 @@ class GlobalMaster:
                 task.request,
                 task.user if by_user else "",
                 None if task.run is None else task.run.driver,
+                task.priority,
             )
             parked = blocked.get(shape)
             if parked is not None:
+                if task.queueable and self._queue_opportunistically(task, now, batches):
+                    continue
                 # The view cannot place this shape (it failed and no node it could use has freed since); held
                 # behind the older tasks of the same shape (parked, or at the back of the queue).
                 parked.append(task)
@@ -285,7 +391,10 @@ class GlobalMaster:
                 continue
             observer.attempt(task, now)
             if not self._place(task, batches):
-                if shape not in self.preemptor.shapes and self.preemptor.ask(task, now):
+                if task.queueable:
+                    if self._queue_opportunistically(task, now, batches):
+                        continue
+                elif shape not in self.preemptor.shapes and self.preemptor.ask(task, now):
                     continue
                 self.unplaceable.hold(shape, task)
                 self.reschedules += 1
@@ -333,11 +442,24 @@ class GlobalMaster:
             return False
         self.view.deduct(placement.lm, placement.node, task.request)
         self.policies.usage.placed(task, placement.lm)
+        if task.queueable:
+            self.opportunistic.placed(placement)
         batch = batches.get(placement.lm)
         if batch is None:
             batches[placement.lm] = [placement]
         else:
             batch.append(placement)
+        return True
+
+    def _queue_opportunistically(self, task: TaskSpec, now: float, batches: dict[int, list[Placement]]) -> bool:
+        """Send queueable `task`, which fits nowhere in the view, to wait at a node's queue (not deducted from the
+        view); False when every feasible node's queue is at its bound."""
+        placement = self.opportunistic.place(task, now)
+        if placement is None:
+            return False
+        self.policies.usage.placed(task, placement.lm)
+        self.opportunistic.placed(placement)
+        batches.setdefault(placement.lm, []).append(placement)
         return True
 
     def _flush(self, batches: dict[int, list[Placement]], now: float) -> list[Output]:
@@ -351,8 +473,8 @@ class GlobalMaster:
         return outputs
 
     def waiting_tasks(self) -> list[TaskSpec]:
-        """Parked tasks, shape by shape."""
-        return [t for parked in self.waiting.values() for t in parked]
+        """Parked tasks, shape by shape, then the tasks of waiting gangs."""
+        return [t for parked in self.waiting.values() for t in parked] + self.gangs.waiting_tasks()
 
     # ---------------------------------------------------------- LM answers
 
@@ -374,6 +496,10 @@ class GlobalMaster:
         for rejection in resp.rejected:
             refused = rejection.placement.task
             self.policies.usage.released(refused, resp.lm)
+            if refused.queueable:
+                self.opportunistic.ended(rejection.placement)
+                if rejection.inconsistency:
+                    self.opportunistic.refused(rejection.placement, now)
             if rejection.inconsistency:
                 self.inconsistencies += 1
                 self.observer.inconsistency(rejection.placement, now)
@@ -382,6 +508,7 @@ class GlobalMaster:
             elif rejection.inconsistency:
                 retry.append(refused)
             else:
+                self.retry.ended(refused)
                 self.observer.task_failed(refused, f"LM {resp.lm}: {rejection.reason}", now)
         self.queue.extendleft(reversed(retry))
 
@@ -394,12 +521,18 @@ class GlobalMaster:
         observer = self.observer
         ledger = self.ledger
         cancelling = ledger.cancelling
+        retry_rules = self.retry.rules
         requeue: list[TaskSpec] = []
+        gang_members = self.gangs.members
         for item in msg.items:
             placement = ledger.run_ended(msg.lm, item.task_id, item.attempt)
             if placement is None:
                 continue
             usage.released(placement.task, msg.lm)
+            if placement.task.queueable:
+                self.opportunistic.ended(placement)
+            if gang_members and item.task_id in gang_members and self.gangs.run_ended(placement.task, item, now):
+                continue  # a gang member stopped: its gang runs again as a whole
             if cancelling and item.task_id in cancelling and (item.preempted or item.lost):
                 self.cancelled_run(placement.task, now)  # stopped as asked (or its worker was lost meanwhile)
             elif item.preempted:
@@ -409,24 +542,48 @@ class GlobalMaster:
             elif not item.lost:
                 cancelling.discard(item.task_id)  # it ended before the stop reached it: as it ended
                 at = item.finished_at if item.forwarded and item.finished_at is not None else now
-                observer.task_completed(placement.task, item.error, at, item.forwarded)
+                error = item.error
+                if retry_rules:
+                    error = self._retry_or_end(placement.task, item.error, item.exit_code, now)
+                    if error is None:
+                        continue
+                observer.task_completed(placement.task, error, at, item.forwarded)
             else:
                 task = placement.task
-                if task.attempt < self.max_attempts:
+                # Runs retried for failures under the job's retry rule do not count against MEGHA_MAX_ATTEMPTS.
+                if task.attempt - self.retry.failures.get(task.task_id, 0) < self.max_attempts:
                     self.retries += 1
                     observer.task_lost(task, item.error, now)
                     requeue.append(replace(task, attempt=task.attempt + 1))
                 else:
                     reason = f"{item.error} (attempt {task.attempt} of MEGHA_MAX_ATTEMPTS={self.max_attempts})"
+                    if retry_rules:
+                        self.retry.ended(task)
                     observer.task_failed(task, reason, now)
         if requeue:
             self.queue.extendleft(reversed(requeue))
         self.view.hold_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
 
+    def _retry_or_end(self, task: TaskSpec, error: str, exit_code: int | None, now: float) -> str | None:
+        """A run of `task` (of a job that may have a retry rule) ended with `error` ("" when it finished): None when
+        the rule runs it again after its backoff (a `Wake` to this GM brings its `RetryDue`), else the error its
+        end reports (saying why it was not retried, with its exit code and failure count)."""
+        decision = self.retry.failed(task, error, exit_code, now) if error else ""
+        if isinstance(decision, Retry):
+            self.failures_retried += 1
+            self.observer.task_retry_scheduled(task, decision.reason, decision.at, now)
+            due = RetryDue(task.task_id, decision.task.attempt)
+            self._sends_to_flush.append(Wake(decision.at, gm_address(self.gm_id), due))
+            return None
+        self.retry.ended(task)
+        return decision or error
+
     def apply_delta(self, delta: Delta) -> None:
         self.view.hold_states(delta.lm, delta.nodes, delta.applied_through)
         if delta.usage is not None:
             self.policies.usage.report(delta.lm, delta.usage)
+        if delta.priority_usage is not None:
+            self.policies.class_reports.report(delta.lm, delta.priority_usage)
 
     def shape(self, task: TaskSpec) -> Shape:
         """The shape `task` is parked by."""
@@ -444,7 +601,7 @@ class GlobalMaster:
         return {
             "gm": self.gm_id,
             "queued": len(self.queue),
-            "waiting": sum(len(parked) for parked in self.waiting.values()),
+            "waiting": sum(len(parked) for parked in self.waiting.values()) + len(self.gangs.waiting_tasks()),
             "running": len(self.running),
             "repartitions": self.repartitions,
             "inconsistencies": self.inconsistencies,
@@ -453,6 +610,7 @@ class GlobalMaster:
             "preemptions": self.preemptions,
             "preempted": self.preempted,
             "retries": self.retries,
+            "failures_retried": self.failures_retried,
             "cancelled": self.cancelled,
             "total_capacity": self.view.total_capacity(),
             "partitions": self.view.partition_usage(),

@@ -5,6 +5,7 @@ transition in one table, as h11's `_state.py` keeps a connection's.
                        ^                    |                   |      --FAILED----> FAILED
                        +----- REFUSED ------+                   |      --CANCELLED-> CANCELLED
                        +-- PREEMPTED, LOST (its next attempt) --+
+                       +-- RETRIED (its next attempt, after a backoff; common/core/retry.py)
 
 A task ends exactly once: the first end (FINISHED, FAILED, CANCELLED) wins, and any later end, or later news of a
 run (a start, a loss, a preemption, an LM's refusal), is a no-op: `advance` answers False. Such news is a race, not
@@ -47,13 +48,14 @@ class Event(IntEnum):
     FINISHED = 6  # finished, task_completed without an error
     FAILED = 7  # task_failed, task_completed with an error, job_rejected
     CANCELLED = 8  # task_cancelled
+    RETRIED = 9  # task_retry_scheduled: its run failed and its job's retry rule runs it again after a backoff
 
 
 TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED})
 """The states a task ends in."""
 
 _ENDS = (Event.FINISHED, Event.FAILED, Event.CANCELLED)
-_NEWS_OF_A_RUN = (Event.REFUSED, Event.STARTED, Event.PREEMPTED, Event.LOST)
+_NEWS_OF_A_RUN = (Event.REFUSED, Event.STARTED, Event.PREEMPTED, Event.LOST, Event.RETRIED)
 _UNENDED = (State.QUEUED, State.PLACING, State.RUNNING)
 
 TRANSITIONS: dict[tuple[State, Event], State] = {
@@ -67,6 +69,8 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.PLACING, Event.LOST): State.QUEUED,
     (State.RUNNING, Event.PREEMPTED): State.QUEUED,
     (State.RUNNING, Event.LOST): State.QUEUED,
+    (State.PLACING, Event.RETRIED): State.QUEUED,  # a GM sees no starts
+    (State.RUNNING, Event.RETRIED): State.QUEUED,
     **{(state, Event.FINISHED): State.COMPLETED for state in _UNENDED},
     **{(state, Event.FAILED): State.FAILED for state in _UNENDED},
     **{(state, Event.CANCELLED): State.CANCELLED for state in _UNENDED},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import add, ge, sub
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
@@ -13,7 +13,8 @@ from megha.common.core.constraints import constraint_ids
 from megha.common.core.ended_runs import EndedRuns
 from megha.common.core.fairness.config import FairnessConfig
 from megha.common.core.fairness.policy import make_share_policy
-from megha.common.core.fairness.verify import LocalShares, NoLocalShares
+from megha.common.core.fairness.verify import LocalShares, NoLocalShares, VictimPlan
+from megha.common.core.leases import GANG_MESSAGES, GangLeases
 from megha.common.core.messages import (
     Completion,
     Completions,
@@ -39,6 +40,8 @@ from megha.common.core.messages import (
 )
 from megha.common.core.node_table import NodeTable
 from megha.common.core.observer import CoreObserver
+from megha.common.core.policies.priority_verify import ClassVictims, LocalClasses, NoLocalClasses
+from megha.common.core.queueable import QUEUEABLE_PER_NODE, QueueAdmission
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources, describe
 
 
@@ -82,6 +85,8 @@ class LocalMaster:
         fairness: FairnessConfig | None = None,
         incarnation: int = 0,
         ended_runs_kept: int = 0,
+        priority_classes: bool = False,
+        queueable_per_node: int = QUEUEABLE_PER_NODE,
     ) -> None:
         """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
         tracks usage per user, reports it in deltas and verifies preemption requests.
@@ -94,7 +99,12 @@ class LocalMaster:
         `ended_runs_kept` > 0 makes the LM remember that many runs after they ended, so that a launch a GM
         retries because it lost the answer, after the run already ended, is not run again, and so that a GM that
         restarts learns which of its runs ended (`ended_runs`); the services keep them, the simulator (which
-        loses no answer and restarts no GM) keeps none."""
+        loses no answer and restarts no GM) keeps none.
+
+        With `priority_classes` the LM tracks usage per task priority, reports it in deltas and, for a preemption
+        request, first looks for victims of classes strictly below the waiting task's (`policies/priority_verify`).
+        Queueable runs (docs/queueable.md) are held apart from the free resources (`queues`), at most
+        `queueable_per_node` per node."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -124,12 +134,18 @@ class LocalMaster:
             if fairness is None
             else LocalShares(fairness, len(resource_names), make_share_policy(fairness.policy))
         )
+        # Usage per priority and priority preemption victims with priority classes; without, a no-op.
+        self.classes: LocalClasses | NoLocalClasses = (
+            LocalClasses(len(resource_names)) if priority_classes else NoLocalClasses()
+        )
         # Tasks preempted but not yet confirmed stopped by their worker: task id -> allocation.
         self.preempting: dict[str, Allocation] = {}
         self.preemptions = 0
         self.preemption_refusals = 0
         self.stopped = 0  # runs stopped at their GM's request (job cancelled)
         self.ended = EndedRuns(ended_runs_kept)  # the last `ended_runs_kept` runs that ended here
+        self.gangs = GangLeases(self)  # gangs' all-or-nothing prepares and the leases of prepared ones
+        self.queues = QueueAdmission(queueable_per_node)  # queueable runs per node, held beside the free resources
 
     @classmethod
     def in_cluster(
@@ -139,6 +155,7 @@ class LocalMaster:
         observer: CoreObserver | None = None,
         delta_interval: float = 1.0,
         fairness: FairnessConfig | None = None,
+        priority_classes: bool = False,
     ) -> LocalMaster:
         """LM `lm_id` of `cluster`."""
         if not 0 <= lm_id < cluster.num_lms:
@@ -150,6 +167,7 @@ class LocalMaster:
             observer,
             delta_interval,
             fairness,
+            priority_classes=priority_classes,
         )
 
     def handle(self, msg: object, now: float) -> list[Output]:
@@ -163,6 +181,8 @@ class LocalMaster:
             return self._on_preempt(msg, now)
         if isinstance(msg, StopRequest):
             return self._on_stop(msg, now)
+        if isinstance(msg, GANG_MESSAGES):
+            return self.gangs.handle(msg, now)
         raise TypeError(f"LM cannot handle {type(msg).__name__}")
 
     def start(self, now: float) -> list[Output]:
@@ -179,7 +199,7 @@ class LocalMaster:
         which GM placed it), so that their resources are held and their completions go to that GM."""
         for p in placements:
             if 0 <= p.node < len(self.capacity) and 0 <= p.gm < self.num_gms and p.task.task_id not in self.running:
-                self._allocate(p, p.gm)
+                self._allocate(p, p.gm, promote=False)  # a queueable run its agent holds stays one
 
     def _arm_tick(self, now: float, out: list[Output]) -> None:
         """Deltas go out on the next multiple of `delta_interval` after a change; while nothing changes the
@@ -215,9 +235,8 @@ class LocalMaster:
                 continue
             rejection = self._validate(p, batch.gm, current)
             if rejection is None:
-                self._allocate(p, batch.gm)
                 accepted.append(p)
-                started.append(p)
+                started.append(self._allocate(p, batch.gm))
             else:
                 rejected.append(rejection)
         self._applied_through[batch.gm] = max(self._applied_through[batch.gm], batch.seq)
@@ -271,8 +290,14 @@ class LocalMaster:
             self.inconsistencies += 1  # the GM's view predates the node going down: it places the task again
             return Rejection(p, f"node {n} is out of service: {self.down[n]}", inconsistency=True)
         free = self.free[n]
-        if all(map(ge, free, p.task.request)):
+        if all(map(ge, free, p.task.request)) and (not p.task.queueable or self.queues.promotes(n)):
             return None
+        if p.task.queueable:  # it may wait in the node's queue (docs/queueable.md)
+            rejection = self.queues.admit(p, gm, self.capacity[n], self.resource_names)
+            # Queue full: the GM's view keeps its deduction of the task (if it made one) until the node's next
+            # version, which the end of a queueable run there brings (`_release`).
+            self.inconsistencies += rejection is not None and rejection.inconsistency
+            return rejection
         self.inconsistencies += 1
         return Rejection(
             p,
@@ -281,8 +306,19 @@ class LocalMaster:
             inconsistency=True,
         )
 
-    def _allocate(self, p: Placement, gm: int) -> None:
+    def _allocate(self, p: Placement, gm: int, promote: bool = True) -> Placement:
+        """Hold the resources of accepted placement `p` and return it as its worker runs it."""
         n = p.node
+        if p.task.queueable:
+            if promote and self.queues.promotes(n) and all(map(ge, self.free[n], p.task.request)):
+                # Promoted: it runs as a guaranteed task (see `QueueAdmission.promotes`).
+                p = replace(p, task=replace(p.task, queueable=False))
+            else:
+                # Held beside the free resources; the new version makes the GM's view drop its deduction of it.
+                self.queues.hold(n, gm)
+                self.nodes.set_free(n, self.free[n], except_gm=gm)
+                self.running[p.task.task_id] = Allocation(p, gm, None)
+                return p
         self.nodes.set_free(n, tuple(map(sub, self.free[n], p.task.request)), except_gm=gm)
         logical_id = None
         if p.repartition:
@@ -292,16 +328,23 @@ class LocalMaster:
             self.repartitions += 1
         self.running[p.task.task_id] = Allocation(p, gm, logical_id)
         self.shares.started(p.task, n)
+        self.classes.started(p.task, n)
+        return p
 
     # ------------------------------------------------------------ completions
 
     def _release(self, alloc: Allocation) -> None:
         """Return a task's resources to its node (and its logical node, if any)."""
         n = alloc.placement.node
+        if alloc.placement.task.queueable:
+            self.queues.release(n, alloc.gm)
+            self.nodes.set_free(n, self.free[n], except_gm=alloc.gm)  # a new version: the node's queue moved
+            return
         self.nodes.set_free(n, tuple(map(add, self.free[n], alloc.placement.task.request)), except_gm=alloc.gm)
         if alloc.logical_id is not None:
             del self.logical_nodes[alloc.logical_id]
         self.shares.ended(alloc.placement.task, n)
+        self.classes.ended(alloc.placement.task, n)
 
     def _on_report(self, report: WorkerReport, now: float) -> list[Output]:
         by_gm: dict[int, list[Completion]] = {}
@@ -324,7 +367,15 @@ class LocalMaster:
                     n = item.node
                     state = self.nodes.state(n)
                     forwarded = Completion(
-                        item.task_id, state, item.error, item.preempted, False, item.attempt, True, item.finished_at
+                        item.task_id,
+                        state,
+                        item.error,
+                        item.preempted,
+                        False,
+                        item.attempt,
+                        True,
+                        item.finished_at,
+                        item.exit_code,
                     )
                     by_gm.setdefault(item.gm, []).append(forwarded)
                     continue
@@ -340,6 +391,7 @@ class LocalMaster:
                 item.preempted,
                 item.lost,
                 item.attempt,
+                exit_code=item.exit_code,
             )
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [
@@ -397,17 +449,21 @@ class LocalMaster:
     # ------------------------------------------------------------ preemption
 
     def _on_preempt(self, req: PreemptRequest, now: float) -> list[Output]:
-        """Verify the GM's victims against this LM's exact state; when one works, stop its newest tasks on a
-        node that then fits the waiting task, and launch the task there."""
+        """Find victims in this LM's exact state: tasks of classes strictly below the waiting task's (priority
+        classes), else the GM's named users verified over their share (fair scheduling); when some work, stop them
+        on a node that then fits the waiting task, and launch the task there."""
         if not 0 <= req.gm < self.num_gms:
             raise ValueError(f"preemption request from unknown GM {req.gm}")
         self._applied_through[req.gm] = max(self._applied_through[req.gm], req.seq)
         out: list[Output] = []
-        plan: object
+        plan: ClassVictims | VictimPlan | str
         if req.task.task_id in self.running or req.task.task_id in self.preempting:
             plan = f"task {req.task.task_id} is already running"
         else:
-            plan = self.shares.plan(req.task, req.victims, self.free, self.masks, req.total, self.drivers)
+            plan = self.classes.plan(req.task, self.free, self.masks, self.drivers)
+            if isinstance(plan, str):
+                by_share = self.shares.plan(req.task, req.victims, self.free, self.masks, req.total, self.drivers)
+                plan = by_share if not isinstance(by_share, str) or not plan else f"{plan}; {by_share}"
         if isinstance(plan, str):
             self.preemption_refusals += 1
             self.observer.preemption_refused(req.task, plan, now)
@@ -423,7 +479,7 @@ class LocalMaster:
             self.observer.preempting(plan.task_ids, now)
         p = Placement(req.task, self.lm_id, n, self.owner[n] != req.gm, req.gm)
         self.observer.lm_received([p], now)
-        self._allocate(p, req.gm)
+        p = self._allocate(p, req.gm)
         self.launched += 1
         self.observer.launched([p], now)
         state = self.nodes.state(n)
@@ -465,7 +521,14 @@ class LocalMaster:
 
     def _take_delta(self, gm: int) -> Delta:
         """What changed for `gm` since its last delta; clears its pending changes."""
-        return Delta(self.lm_id, gm, self._applied_through[gm], self.nodes.take_changes(gm), self.shares.snapshot())
+        return Delta(
+            self.lm_id,
+            gm,
+            self._applied_through[gm],
+            self.nodes.take_changes(gm),
+            self.shares.snapshot(),
+            self.classes.snapshot(),
+        )
 
     def _on_tick(self, now: float) -> list[Output]:
         self._tick_armed = False
@@ -473,7 +536,14 @@ class LocalMaster:
 
     def full_state(self, gm: int) -> Delta:
         """Every node's state, for a GM that (re)starts or asks for it (GET /v1/state)."""
-        return Delta(self.lm_id, gm, self._applied_through[gm], self.nodes.all_states(), self.shares.snapshot())
+        return Delta(
+            self.lm_id,
+            gm,
+            self._applied_through[gm],
+            self.nodes.all_states(),
+            self.shares.snapshot(),
+            self.classes.snapshot(),
+        )
 
     def is_idle(self) -> bool:
         """True when nothing runs and every node's free resources equal its capacity."""

@@ -110,6 +110,7 @@ class Delta:
     applied_through: int
     nodes: list[NodeState] = field(default_factory=list)
     usage: dict[str, Resources] | None = None  # with fair scheduling: resources each user holds on this LM
+    priority_usage: dict[int, Resources] | None = None  # with priority classes: resources held per task priority
 
 
 @dataclass(slots=True)
@@ -152,6 +153,9 @@ class FinishedTask:
     execution_delay: float = 0.0  # from the worker receiving the launch to the run starting
     started_at: float | None = None  # unix seconds; None when the run never started
     finished_at: float | None = None  # unix seconds
+    # The run's exit code for retry rules (common/core/retry.py): exec and container runs only, 128 + n when a
+    # signal n killed it, 137 when its memory limit did; None for burn, a duration limit or a run never started.
+    exit_code: int | None = None
 
 
 @dataclass(slots=True)
@@ -180,6 +184,7 @@ class Completion:
     # the end the GM then announces carries it, so it is the same event as one an earlier LM incarnation
     # published before it crashed (a consumer tells a repeat by task, attempt, kind and time).
     finished_at: float | None = None
+    exit_code: int | None = None  # as in FinishedTask: what a job's retry rule matches
 
 
 @dataclass(slots=True)
@@ -267,6 +272,7 @@ class RunEvent:
     execution_delay: float = 0.0  # as in FinishedTask
     error: str = ""  # why it failed ("" otherwise)
     attempt: int = 1
+    exit_code: int | None = None  # a failed run's exit code, as in FinishedTask: its job's retry rule may run it again
 
 
 @dataclass(slots=True)
@@ -279,3 +285,91 @@ class FinishTick:
     """Timer message: tasks on a worker reach the end of their duration."""
 
     at: float
+
+
+@dataclass(slots=True)
+class GangPrepare:
+    """GM -> LM: validate every placement of gang `gang` (its job id) all-or-nothing and reserve their resources
+    under a lease of `lease_s` seconds (an uncommitted lease expires and frees them); with `commit` (the whole
+    gang is on this LM), launch them at once instead. `seq` shares the (GM, LM) LaunchBatch numbering."""
+
+    gm: int
+    lm: int
+    seq: int
+    gang: str
+    placements: list[Placement]
+    lease_s: float
+    commit: bool = False
+
+
+@dataclass(slots=True)
+class GangPrepared:
+    """LM -> GM: prepare `seq` of gang `gang` reserved (or, with `commit`, launched) every placement (`ok`), or
+    none, `reason` saying why; with the states of the nodes it touched and the GM's delta."""
+
+    gm: int
+    lm: int
+    seq: int
+    gang: str
+    ok: bool
+    reason: str
+    states: list[NodeState]
+    delta: Delta
+
+
+@dataclass(slots=True)
+class GangCommit:
+    """GM -> LM: launch the placements reserved by prepare `seq` of gang `gang` (refused once its lease expired)."""
+
+    gm: int
+    lm: int
+    seq: int
+    gang: str
+
+
+@dataclass(slots=True)
+class GangCommitted:
+    """LM -> GM: the gang's reserved placements of prepare `seq` were launched (`ok`), or not: `reason`."""
+
+    gm: int
+    lm: int
+    seq: int
+    gang: str
+    ok: bool
+    reason: str
+    states: list[NodeState]
+    delta: Delta
+
+
+@dataclass(slots=True)
+class GangAbort:
+    """GM -> LM: release the resources reserved by prepare `seq` of gang `gang` (nothing when none are held)."""
+
+    gm: int
+    lm: int
+    seq: int
+    gang: str
+
+
+@dataclass(slots=True)
+class LeaseExpiry:
+    """Timer message: an LM's lease for prepare `seq` of GM `gm`'s gang `gang` runs out."""
+
+    gm: int
+    seq: int
+    gang: str
+
+
+@dataclass(slots=True)
+class GangRetry:
+    """Timer message: a GM's gang `gang` whose prepare was refused may be tried again (after its backoff)."""
+
+    gang: str
+
+
+@dataclass(slots=True)
+class GangTimeout:
+    """Timer message: a GM's gang `gang` reaches its `gang_timeout` (wait number `wait`); still unplaced, it fails."""
+
+    gang: str
+    wait: int

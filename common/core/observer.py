@@ -73,6 +73,27 @@ class CoreObserver:
     def stopping(self, task_ids: Sequence[str], now: float) -> None:
         """An LM stops these runs at their GM's request (their job was cancelled)."""
 
+    def job_waiting(self, job: JobSpec, now: float) -> None:
+        """A GM accepted `job` (after `job_arrived`) and holds it until its parents (`depends_on`) finished."""
+
+    def job_released(self, job: JobSpec, now: float) -> None:
+        """Every parent of waiting `job` finished: its tasks join the GM's queue."""
+
+    def task_retry_scheduled(self, task: TaskSpec, reason: str, at: float, now: float) -> None:
+        """A GM's task's run failed (`reason` says how, with its exit code and failure count) and its job's retry
+        rule runs it again as its next attempt once its backoff ends at `at`: not an end of the task."""
+
+    # Gangs (docs/gang.md):
+
+    def gang_refused(self, gang: str, lm: int, reason: str, now: float) -> None:
+        """LM `lm` refused a prepare of gang `gang` (its job id): one of its placements failed validation."""
+
+    def gang_started(self, job_id: str, gm: int, now: float) -> None:
+        """Every task of gang `job_id` was launched (the GM learnt the last LM's launch)."""
+
+    def gang_retry(self, job_id: str, reason: str, now: float) -> None:
+        """Gang `job_id` was not placed as a whole (`reason`): nothing of it runs; it waits and is tried again."""
+
 
 EVENTS: tuple[str, ...] = tuple(name for name in vars(CoreObserver) if not name.startswith("_"))
 """Every event a core reports."""

@@ -1,11 +1,11 @@
 """A GM's parked tasks: tasks that fit nowhere in its view, grouped by shape, with an index from constraint ids to
 shapes.
 
-A shape is (constraints mask, request, user under fair scheduling else "", driver; None for burn). Tasks of one
-shape are interchangeable for matching, so the GM retries a shape, not a task, and only when a node that shape
-could use frees up in its view. On a long, overloaded trace hundreds of shapes are parked at once and nodes free
-up constantly; scanning every shape per freed node dominated the replay. The index gives each parked shape one
-bit, and keeps per constraint id the bits of the shapes that need it: a freed node ORs the bitsets of the
+A shape is (constraints mask, request, user under fair scheduling else "", driver; None for burn, priority class
+value). Tasks of one shape are interchangeable for matching, so the GM retries a shape, not a task, and only when a
+node that shape could use frees up in its view. On a long, overloaded trace hundreds of shapes are parked at once
+and nodes free up constantly; scanning every shape per freed node dominated the replay. The index gives each parked
+shape one bit, and keeps per constraint id the bits of the shapes that need it: a freed node ORs the bitsets of the
 constraints it lacks, and the shapes left are exactly those whose constraints it satisfies.
 """
 
@@ -19,12 +19,18 @@ from megha.common.core.resources import Resources
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import covers, missing_constraints
 
-Shape = tuple[int, Resources, str, str | None]
+Shape = tuple[int, Resources, str, str | None, int]
 
 
 def shape_of(task: TaskSpec, by_user: bool) -> Shape:
     """The shape of `task` (its user counts only when the queue order keeps shapes apart per user)."""
-    return (task.constraints, task.request, task.user if by_user else "", None if task.run is None else task.run.driver)
+    return (
+        task.constraints,
+        task.request,
+        task.user if by_user else "",
+        None if task.run is None else task.run.driver,
+        task.priority,
+    )
 
 
 class ParkedShapes:

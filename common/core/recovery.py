@@ -66,7 +66,13 @@ def plan_recovery(
         for p in report.running:
             if p.task.task_id in open_ids:
                 running[p.task.task_id] = p
-    remembered = {tid: error for report in reports for tid, _, error in report.ended if tid in open_ids}
+    # An end of an earlier attempt than the task's is stale: a failed run its job's retry rule runs again.
+    remembered = {
+        tid: error
+        for report in reports
+        for tid, attempt, error in report.ended
+        if tid in open_ids and attempt >= tasks[tid].attempt
+    }
     waiting: dict[str, Placement] = {}
     for msg in backlog:
         if not isinstance(msg, Completions):

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from megha.common.core.resources import Resources
+
+if TYPE_CHECKING:
+    from megha.common.core.retry import RetryRule
 
 DRIVERS = ("burn", "exec", "container")
 """The task drivers (Nomad's word): `burn` burns the requested CPU and memory (the default, what traces and the
@@ -29,7 +33,9 @@ class TaskSpec:
     centre's resource names; `duration` is in seconds. `attempt` counts the task's executions: a task whose
     worker was lost runs again as attempt 2, 3, ... (at most MEGHA_MAX_ATTEMPTS), and a report from an older
     attempt (a stale copy) is ignored. `run` is what the task runs when it does not burn (`driver`); for those
-    drivers `duration` is a time limit when above 0 (0: no limit)."""
+    drivers `duration` is a time limit when above 0 (0: no limit). A `queueable` task is opportunistic (Mercury's
+    QUEUEABLE containers, docs/queueable.md): it may wait in a node's queue beyond the node's free resources, and
+    guaranteed tasks evict it."""
 
     task_id: str
     job_id: str
@@ -39,6 +45,8 @@ class TaskSpec:
     constraints: int
     attempt: int = 1
     run: RunSpec | None = None
+    priority: int = 0  # the value of its job's priority class: higher first, may preempt lower (policies/priority)
+    queueable: bool = False
 
     @property
     def driver(self) -> str:
@@ -48,8 +56,15 @@ class TaskSpec:
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """A job: its tasks, submitted together to one GM. `submitted_at` is when the user submitted it."""
+    """A job: its tasks, submitted together to one GM. `submitted_at` is when the user submitted it. `depends_on`:
+    the ids of the jobs that must all finish before it runs (it waits for them in the GM's `DependencyGate`).
+    `retry`: which failed runs of its tasks run again, and after what backoff (None: none; common/core/retry.py).
+    `gang` is None for a job whose tasks are placed independently; else every task starts or none does, and it is
+    the gang timeout in seconds (how long the gang may wait to be placed; inf: for ever)."""
 
     job_id: str
     tasks: tuple[TaskSpec, ...]
     submitted_at: float
+    depends_on: tuple[str, ...] = ()
+    retry: RetryRule | None = None
+    gang: float | None = None

@@ -133,7 +133,7 @@ class GMState(WireModel):
 
     gm: Index
     queued: Count
-    waiting: Count = Field(description="tasks parked because they fit nowhere in the GM's view")
+    waiting: Count = Field(description="tasks parked as they fit nowhere in the GM's view, and waiting gangs' tasks")
     running: Count
     repartitions: Count
     inconsistencies: Count
@@ -142,6 +142,7 @@ class GMState(WireModel):
     preemptions: Count
     preempted: Count
     retries: Count
+    failures_retried: Count = Field(0, description="failed runs run again under their job's retry rule")
     cancelled: Count
     total_capacity: list[Count]
     partitions: list[PartitionUse]
@@ -157,10 +158,22 @@ class Heartbeat(WireModel):
     running: Count
 
 
+class GangLeaseHeld(WireModel):
+    """A gang part an LM holds prepared under a lease, awaiting its GM's commit or abort (docs/gang.md)."""
+
+    gm: Index
+    gang: Name
+    seq: Count = Field(description="the prepare's request number in the (GM, LM) sequence")
+    tasks: Count
+    expires_in: float = Field(description="seconds until the lease expires on the LM's clock")
+
+
 class LMState(WireModel):
     """LM `GET /v1/state`: readiness, registered nodes and workers, the core's counters and every node's free
     resources and capacity (aligned to the resource names), each user's usage here (fair scheduling), the workers'
-    heartbeats, the nodes taken out of service (by node number, why), and the workers found lost."""
+    heartbeats, the nodes taken out of service (by node number, why), the workers found lost, and the gang parts
+    held prepared under leases (what `megha chaos` watches to kill a process between a gang's prepare and commit).
+    """
 
     lm: Index
     ready: bool
@@ -186,14 +199,17 @@ class LMState(WireModel):
     down_nodes: dict[str, str]
     ignored_reports: Count = Field(description="unsigned or forged broker reports (docs/security.md)")
     lost_workers: dict[Name, Count]
+    gang_leases: list[GangLeaseHeld] = Field(default_factory=list)
 
 
 class WorkerState(WireModel):
-    """Worker agent `GET /v1/state`: how it executes tasks and the ids of those it runs, oldest first."""
+    """Worker agent `GET /v1/state`: how it executes tasks and the ids of those it runs, oldest first, and of the
+    queueable tasks waiting in its nodes' queues, node by node, oldest first (docs/queueable.md)."""
 
     worker: Name
     execution: Literal["real", "simulated"]
     running: list[Name]
+    queued: list[Name] = []
 
 
 class PartitionNodes(WireModel):

@@ -117,10 +117,25 @@ class NodeStateModel(CoreMirror, core=messages.NodeState):
     """Mirror of `NodeState`."""
 
 
+def _priority_usage_wire(usage: dict[int, tuple[int, ...]] | None) -> dict[str, list[int]] | None:
+    return None if usage is None else {str(p): list(v) for p, v in usage.items()}
+
+
+def _priority_usage_core(usage: dict[str, list[int]] | None) -> dict[int, tuple[int, ...]] | None:
+    return None if usage is None else {int(p): tuple(v) for p, v in usage.items()}
+
+
+PriorityValue = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]
+"""A priority value as a JSON object key (JSON keys are strings)."""
+
+
 class DeltaModel(CoreMirror, core=messages.Delta):
     """Mirror of `Delta` (LM -> GM, broker)."""
 
     usage: dict[User, Amounts] | None = None
+    priority_usage: Annotated[
+        dict[PriorityValue, Amounts] | None, Codec(_priority_usage_wire, _priority_usage_core)
+    ] = None
 
 
 class LaunchResponseModel(CoreMirror, core=messages.LaunchResponse):
@@ -195,6 +210,33 @@ class StopRequestModel(CoreMirror, core=messages.StopRequest):
     runs: Annotated[list[StopRunModel], Field(max_length=100_000), Codec(_runs_plain, _runs_core)]
 
 
+class GangPrepareModel(CoreMirror, core=messages.GangPrepare):
+    """Mirror of `GangPrepare` (GM -> LM, `POST /v1/gangs/prepare`): validate a gang's placements all-or-nothing,
+    then reserve them under a lease (or, with `commit`, launch them); `lease_s` > 0 unless `commit`."""
+
+
+class GangPreparedModel(CoreMirror, core=messages.GangPrepared):
+    """Mirror of `GangPrepared` (LM -> GM, the response to a `GangPrepareModel`)."""
+
+
+class GangCommitModel(CoreMirror, core=messages.GangCommit):
+    """Mirror of `GangCommit` (GM -> LM, `POST /v1/gangs/commit`)."""
+
+
+class GangCommittedModel(CoreMirror, core=messages.GangCommitted):
+    """Mirror of `GangCommitted` (LM -> GM, the response to a `GangCommitModel`)."""
+
+
+class GangAbortModel(CoreMirror, core=messages.GangAbort):
+    """Mirror of `GangAbort` (GM -> LM, `POST /v1/gangs/abort`)."""
+
+
+class GangAborted(WireModel):
+    """Response of LM `POST /v1/gangs/abort`: the abort was applied (the reservation, if the LM held one, is free)."""
+
+    gang: Name
+
+
 class TaskEvent(CoreMirror, core=messages.RunEvent):
     """Mirror of `RunEvent`: a task's `attempt` started, finished, was preempted, was lost with its worker (it runs
     again), failed or was cancelled, at unix time `at`. The load generator computes allocation time and job
@@ -203,7 +245,8 @@ class TaskEvent(CoreMirror, core=messages.RunEvent):
     Who publishes: the agent `started`; the LM `finished`, `preempted`, `failed` and `lost` once it has checked
     the report against the run it placed (a stale copy's report never becomes an event); the GM `failed` for a
     task it gives up on (an LM that never answered, MEGHA_MAX_ATTEMPTS reached). Delivery is at least once: a
-    consumer keeps the first event of each (task_id, attempt, kind)."""
+    consumer keeps the first event of each (task_id, attempt, kind). A `failed` run with an `exit_code` ends its task
+    unless the job's retry rule matches it (docs/retry.md): then the task runs again as its next attempt."""
 
     kind: Literal["started", "finished", "preempted", "lost", "failed", "cancelled"]
 

@@ -65,6 +65,13 @@ JobId = Annotated[str, Field(pattern=r"^([A-Za-z0-9_.@-]{1,64}~)?[A-Za-z0-9_.-]{
 """A job id a client may choose: a name of 1-64 letters, digits or _ . -, or the name in a user's scope,
 `<user>~<name>` (`scoped_job_id`); the GM makes the job's id unique, `<user>~<name>~<gm-made id>`. Task ids are
 f"{job_id}.{i}"."""
+JobRef = Annotated[str, Field(pattern=r"^([A-Za-z0-9_.@-]{1,64}~){0,2}[A-Za-z0-9_.-]{1,64}$")]
+"""A job a submission names as a parent (`depends_on`): a job id as a GM answered it (`g<gm>-...`,
+`<user>~<name>~<gm-made id>`), or a name the caller chose (`<name>`, `<user>~<name>`)."""
+MAX_DEPENDENCIES = 100
+"""The most parents a job may name in `depends_on`."""
+ARRAY_INDEX = "MEGHA_ARRAY_INDEX"
+"""The environment variable holding an array job's task index (0, 1, ...)."""
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Timestamp = Annotated[float, Field(allow_inf_nan=False)]
 ConstraintId = Annotated[int, Field(ge=0, le=NUM_CONSTRAINTS - 1)]

@@ -6,16 +6,23 @@ field ("tasks.3.cpu_millicores").
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from megha.common.core.resources import CPU, MEMORY, Resources
-from megha.common.core.task import RunSpec, TaskSpec
+from megha.common.core.retry import MAX_BACKOFF_S
+from megha.common.core.retry import RetryRule as CoreRetryRule
+from megha.common.core.task import JobSpec, RunSpec, TaskSpec
 from megha.common.wire.fields import (
+    ARRAY_INDEX,
     JOB_SCOPE,
+    MAX_DEPENDENCIES,
+    MAX_ENV,
     MAX_TASKS_PER_JOB,
     Argv,
     ConstraintIds,
@@ -25,6 +32,7 @@ from megha.common.wire.fields import (
     Image,
     Index,
     JobId,
+    JobRef,
     Name,
     Seconds,
     Timestamp,
@@ -46,7 +54,11 @@ class TaskRequest(WireModel):
     for `duration` CPU-seconds and holds `memory_mb`; `exec` runs `command` (argv) with `env` in `workdir` as an
     unprivileged user; `container` runs `image` (with `command` instead of the image's own, if given) through the
     Docker engine. For exec and container `duration` is optional: a time limit in seconds (0 or none: no limit);
-    CPU and memory are enforced as limits. Exit code 0 is `finished`, any other `failed`."""
+    CPU and memory are enforced as limits. Exit code 0 is `finished`, any other `failed`.
+
+    `queueable` (a bool, default false) makes the task opportunistic (Mercury's QUEUEABLE containers,
+    docs/queueable.md): it may wait in a node's queue beyond the node's free resources, runs when they free, and is
+    evicted (then runs again) when a guaranteed task needs its room; it never delays a guaranteed task."""
 
     duration: Seconds | None = None
     cpu_millicores: Annotated[int, Field(gt=0)]
@@ -58,6 +70,7 @@ class TaskRequest(WireModel):
     image: Image = ""
     env: Env = {}
     workdir: Workdir = ""
+    queueable: bool = False
 
     @model_validator(mode="after")
     def _driver_fields(self) -> Self:
@@ -75,6 +88,10 @@ class TaskRequest(WireModel):
     def request(self, resource_names: Sequence[str]) -> Resources:
         """The request aligned to `resource_names`: 0 for resources the API cannot ask for (say, GPUs)."""
         return _aligner(resource_names)(self.cpu_millicores, self.memory_mb)
+
+
+GangTimeoutSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A gang's `gang_timeout`: seconds, above 0."""
 
 
 def _aligner(resource_names: Sequence[str]) -> Callable[[int, int], Resources]:
@@ -109,17 +126,124 @@ def job_scope(job_id: str) -> str | None:
     return user if scope else None
 
 
+ExitCode = Annotated[int, Field(ge=1, le=255)]
+"""A non-zero process exit code."""
+
+
+class RetryRule(WireModel):
+    """A job's retry policy (`JobSubmission.retry`; docs/retry.md): a task's run that fails with an exit code the
+    rule names runs again, as the task's next attempt, after a jittered exponential backoff.
+
+    `max_attempts`: how many runs of a task may fail, 1-100 (1: never retried; 3: at most 2 retries). Preempted runs
+    and runs whose worker was lost do not count (MEGHA_MAX_ATTEMPTS bounds those). `backoff_s`: seconds before the
+    first retry, 0-3600; the k-th retry waits `backoff_s * 2**(k-1)` (at most 3600 s), times a random factor in
+    [0.5, 1.5). `on_exit_codes`: the exit codes retried (1-255); empty (the default) retries any non-zero exit code.
+    Only exec and container tasks have exit codes: a signal n reports 128 + n, a memory-limit kill 137; a burn task,
+    a run over its duration limit and one that could not start have none and are never retried."""
+
+    max_attempts: Annotated[int, Field(ge=1, le=100)]
+    backoff_s: Annotated[float, Field(ge=0, le=MAX_BACKOFF_S, allow_inf_nan=False)] = 1.0
+    on_exit_codes: Annotated[list[ExitCode], Field(max_length=255)] = []
+
+    def to_core(self) -> CoreRetryRule:
+        return CoreRetryRule(self.max_attempts, self.backoff_s, frozenset(self.on_exit_codes))
+
+    @classmethod
+    def from_core(cls, rule: CoreRetryRule) -> RetryRule:
+        return cls(max_attempts=rule.max_attempts, backoff_s=rule.backoff_s, on_exit_codes=sorted(rule.on_exit_codes))
+
+
+PriorityClassName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+"""A priority class a job names: one of the GMs' MEGHA_PRIORITY_CLASSES (1-64 letters, digits or _ . -)."""
+
+
 class JobSubmission(WireModel):
     """Body of GM `POST /v1/jobs`. Without `job_id` the GM names the job.
+
+    `priority_class` names one of the GM's MEGHA_PRIORITY_CLASSES (default `low:0,normal:100,high:1000`; None: the
+    default class, `normal`); an unknown one is refused with 422 naming `priority_class`. A higher class is served
+    first and, under contention, preempts running tasks of lower classes whatever the users' shares; fair share
+    orders users within a class (docs/priority.md).
 
     With authentication on, every user a submission names (`user`, each task's `user`) must be the caller unless
     the caller is an operator, and a user who names none submits as itself. A job id a user chooses lives in that
     user's scope, made unique: the GM answers it as `<user>~<job_id>~<gm-made id>`, and the name finds the job while
-    the GM holds it (docs/security.md, "Identities and privacy")."""
+    the GM holds it (docs/security.md, "Identities and privacy").
+
+    `gang`: every task of the job starts, or none does (docs/gang.md): the GM places the tasks as one unit, on one
+    LM when they fit there, else across LMs by prepare/commit; a gang that does not fit waits whole, and a
+    preempted or lost task stops the rest and the gang runs again as a whole, and with a `retry` rule a failed
+    task does too (every task runs again, failures counted per gang). `gang_timeout`: how long (seconds,
+    > 0) a gang may wait to be placed before it fails with a reason; absent, it waits for ever. Only with `gang`."""
 
     tasks: Annotated[list[TaskRequest], Field(min_length=1, max_length=MAX_TASKS_PER_JOB)]
     user: UserName = "default"
     job_id: JobId | None = None
+    depends_on: Annotated[
+        list[JobRef],
+        Field(
+            max_length=MAX_DEPENDENCIES,
+            description="jobs that must all finish before this one runs (their ids, or names in the caller's scope), "
+            "wherever in the federation they were submitted: the job is `waiting` until then, and fails without "
+            "running if one of them fails or is cancelled (docs/dependencies.md)",
+        ),
+    ] = []
+    array: (
+        Annotated[
+            int,
+            Field(
+                ge=1,
+                le=MAX_TASKS_PER_JOB,
+                description="a job array: the one task template in `tasks` runs as this many tasks, task i with "
+                "MEGHA_ARRAY_INDEX=i in its environment (exec and container drivers)",
+            ),
+        ]
+        | None
+    ) = None
+    retry: RetryRule | None = None
+    """Run failed tasks again by exit code, after a backoff (`RetryRule`); None: a failed run fails its task."""
+    priority_class: PriorityClassName | None = None
+    gang: bool = False
+    gang_timeout: GangTimeoutSeconds | None = None
+
+    @model_validator(mode="after")
+    def _dependencies_and_array(self) -> Self:
+        if self.array is not None and len(self.tasks) != 1:
+            raise field_error("array", self.array, f"an array job has exactly one task template, not {len(self.tasks)}")
+        if self.array is not None and self.tasks[0].driver != "burn":
+            template = self.tasks[0]
+            env = template.env | {ARRAY_INDEX: str(self.array - 1)}
+            if len(env) > MAX_ENV:
+                raise field_error("array", self.array, f"the template's env leaves no room for {ARRAY_INDEX}")
+            try:
+                check_run(template.driver, template.command, template.image, env, template.workdir)
+            except ValidationError:
+                raise field_error("array", self.array, f"the template's run leaves no room for {ARRAY_INDEX}") from None
+        seen: set[str] = set()
+        for i, parent in enumerate(self.depends_on):
+            if parent in seen:
+                raise field_error(f"depends_on.{i}", parent, f"job {parent} is named twice")
+            if self.job_id is not None and parent in (self.job_id, scoped_job_id(self.user, self.job_id)):
+                raise field_error(f"depends_on.{i}", parent, "a job cannot depend on itself")
+            seen.add(parent)
+        return self
+
+    @model_validator(mode="after")
+    def _gang_fields(self) -> Self:
+        if self.gang_timeout is not None and not self.gang:
+            raise field_error("gang_timeout", self.gang_timeout, "gang_timeout is only for a gang job (gang: true)")
+        if self.gang and (queued := next((i for i, t in enumerate(self.tasks) if t.queueable), None)) is not None:
+            raise field_error(
+                f"tasks.{queued}.queueable",
+                True,
+                "a gang's tasks are not queueable: a queued member would leave its gang part-started",
+            )
+        return self
+
+    @property
+    def core_gang(self) -> float | None:
+        """`JobSpec.gang`: None for a job that is no gang, else its timeout (inf: none)."""
+        return None if not self.gang else (math.inf if self.gang_timeout is None else self.gang_timeout)
 
     def named_users(self) -> list[tuple[str, str]]:
         """(field, user) for every user this submission names explicitly: `user`, `tasks.i.user`."""
@@ -131,9 +255,24 @@ class JobSubmission(WireModel):
         """The job's user, as the GM's job table lists it: its first task's."""
         return self.tasks[0].user or self.user
 
-    def to_tasks(self, job_id: str, resource_names: Sequence[str]) -> tuple[TaskSpec, ...]:
-        """The core's tasks of this job: task i is f"{job_id}.{i}"."""
+    def to_job(self, job_id: str, resource_names: Sequence[str], submitted_at: float, priority: int = 0) -> JobSpec:
+        """The core's job of this submission, named `job_id`, submitted at `submitted_at`; `priority` is the value of
+        its class."""
+        return JobSpec(
+            job_id,
+            self.to_tasks(job_id, resource_names, priority),
+            submitted_at,
+            tuple(self.depends_on),
+            retry=None if self.retry is None else self.retry.to_core(),
+            gang=self.core_gang,
+        )
+
+    def to_tasks(self, job_id: str, resource_names: Sequence[str], priority: int = 0) -> tuple[TaskSpec, ...]:
+        """The core's tasks of this job: task i is f"{job_id}.{i}" (an array's task i runs with
+        MEGHA_ARRAY_INDEX=i); `priority` is the value of its class."""
         align = _aligner(resource_names)
+        if self.array is not None:
+            return array_tasks(job_id, self.tasks[0], self.user, self.array, align, priority)
         return tuple(
             TaskSpec(
                 f"{job_id}.{i}",
@@ -143,9 +282,34 @@ class JobSubmission(WireModel):
                 align(t.cpu_millicores, t.memory_mb),
                 mask_of(t.constraints),
                 run=t.run(),
+                priority=priority,
+                queueable=t.queueable,
             )
             for i, t in enumerate(self.tasks)
         )
+
+
+def array_tasks(
+    job_id: str, template: TaskRequest, user: str, n: int, align: Callable[[int, int], Resources], priority: int = 0
+) -> tuple[TaskSpec, ...]:
+    """The `n` tasks of an array job from its one task template: task i sees MEGHA_ARRAY_INDEX=i (exec and
+    container drivers: burn tasks have no environment)."""
+    request = align(template.cpu_millicores, template.memory_mb)
+    mask = mask_of(template.constraints)
+    run = template.run()
+    return tuple(
+        TaskSpec(
+            f"{job_id}.{i}",
+            job_id,
+            template.user or user,
+            template.duration or 0.0,
+            request,
+            mask,
+            run=None if run is None else replace(run, env=(*run.env, (ARRAY_INDEX, str(i)))),
+            priority=priority,
+        )
+        for i in range(n)
+    )
 
 
 class JobAccepted(WireModel):
@@ -157,9 +321,10 @@ class JobAccepted(WireModel):
 
 
 TaskState = Literal["queued", "launched", "running", "finished", "failed", "cancelled"]
-JobState = Literal["queued", "running", "finished", "failed", "cancelled"]
+JobState = Literal["queued", "running", "finished", "failed", "cancelled", "waiting"]
 """A job is `cancelled` once cancelled (DELETE /v1/jobs/{id}); else `finished` when every task finished, `failed`
-when every task ended and one failed, `running` while a task is placed, and `queued` before."""
+when every task ended and one failed, `running` while a task is placed, `waiting` while a job it depends on has not
+finished (`depends_on`), and `queued` before."""
 
 
 class TaskStatus(WireModel):
@@ -167,7 +332,9 @@ class TaskStatus(WireModel):
 
     `attempts` counts placements sent to an LM, `inconsistencies` those an LM rejected for a stale view,
     `preemptions` the times the task was stopped for another user's task (it then runs again), `retries` the
-    times it ran again because its worker was lost (at most MEGHA_MAX_ATTEMPTS - 1).
+    times it ran again because its worker was lost (at most MEGHA_MAX_ATTEMPTS - 1), `failures_retried` the times
+    it ran again because a run failed and its job's retry rule matched (at most `retry.max_attempts` - 1).
+    `queueable`: submitted as queueable (its evictions by guaranteed tasks count among its `preemptions`).
     """
 
     task_id: Name
@@ -184,21 +351,31 @@ class TaskStatus(WireModel):
     preemptions: Count = 0
     retries: Count = 0
     failed_reason: str | None = None
+    failures_retried: Count = 0
+    queueable: bool = False
 
 
 class JobStatus(WireModel):
     """Response of GM `GET /v1/jobs/{id}`, and of `DELETE /v1/jobs/{id}` (202: queued tasks are cancelled at once,
-    placed ones once their LM has stopped them)."""
+    placed ones once their LM has stopped them). `priority_class`: the job's class (the default one when it named
+    none)."""
 
     job_id: Name
     user: User
     gm: Index
     state: JobState = "queued"
+    depends_on: list[Name] = Field(default=[], description="the jobs this one waits for, by their ids")
+    array: Count | None = Field(default=None, description="the array size, for an array job")
+    retry: RetryRule | None = None
+    priority_class: Name | None = None
+    gang: bool = False
+    gang_timeout: GangTimeoutSeconds | None = None
     tasks: list[TaskStatus]
 
 
 class JobSummary(WireModel):
-    """One job in GM `GET /v1/jobs`: its state and how many of its tasks are in each task state."""
+    """One job in GM `GET /v1/jobs`: its state, how many of its tasks are in each task state, and what kind of job it
+    is (its class, gang, array, parents, retry rule: `GET /v1/jobs/{id}` shows each in full)."""
 
     job_id: Name
     user: User
@@ -208,6 +385,13 @@ class JobSummary(WireModel):
     submitted_at: Timestamp | None = None
     tasks: Count
     task_states: dict[TaskState, Count]
+    priority_class: Name | None = Field(
+        default=None, description="the job's priority class (the default one when it named none)"
+    )
+    gang: bool = Field(default=False, description="every task of the job starts, or none does")
+    array: Count | None = Field(default=None, description="the array size, for an array job")
+    depends_on: list[Name] = Field(default=[], description="the jobs this one waits for, by their ids")
+    retry: bool = Field(default=False, description="the job has a retry rule (GET /v1/jobs/{id} shows it)")
 
 
 class JobList(WireModel):
@@ -231,9 +415,10 @@ class JobList(WireModel):
 JOB_EVENT_NAMES = ("state", "task", "end", "error")
 """The `event:` names of the stream, in the order a job's stream uses them."""
 
-TaskChange = Literal["launched", "requeued", "preempted", "lost", "finished", "failed", "cancelled"]
+TaskChange = Literal["launched", "requeued", "preempted", "lost", "finished", "failed", "cancelled", "retrying"]
 """`launched`: placed on an LM; `requeued`: the LM rejected the placement (an inconsistency), back in the queue;
-`preempted`, `lost`: its run stopped, it runs again; `finished`, `failed`, `cancelled`: the task ended."""
+`preempted`, `lost`: its run stopped, it runs again; `finished`, `failed`, `cancelled`: the task ended;
+`retrying`: its run failed and the job's retry rule runs it again after a backoff (`reason` says when)."""
 
 
 class TaskTransition(WireModel):

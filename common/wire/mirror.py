@@ -51,6 +51,7 @@ FIELD_TYPES: dict[str, Any] = {
     "at": Timestamp,
     "started_at": Timestamp | None,
     "finished_at": Timestamp | None,
+    "exit_code": Annotated[int, Field(ge=0, le=255)] | None,
 }
 """Wire types of field names that mean the same in every core message."""
 

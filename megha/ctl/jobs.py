@@ -10,6 +10,7 @@ import click
 from pydantic import ValidationError
 
 from megha.client import Client, JobFileError, MeghaError, read_job_file, submission
+from megha.common.core.policies.priority import DEFAULT_CLASS
 from megha.common.models import (
     MAX_TASKS_PER_JOB,
     JobEnd,
@@ -103,7 +104,22 @@ def submit(
 def _show_job(ctl: Ctl, status: JobStatus, holder: Client) -> None:
     states = Counter(t.state for t in status.tasks)
     where = f"GM {status.gm} ({holder.urls[0]})"
-    ctl.print(f"job {status.job_id}  user {status.user}  {where}  {status.state}: {counts(states)}")
+    priority = "" if status.priority_class is None else f"  class {status.priority_class}"
+    ctl.print(f"job {status.job_id}  user {status.user}  {where}{priority}  {status.state}: {counts(states)}")
+    if status.depends_on:
+        ctl.print(f"depends on: {', '.join(status.depends_on)}")
+    if status.array is not None:
+        ctl.print(f"array of {status.array} tasks (MEGHA_ARRAY_INDEX 0..{status.array - 1})")
+    if status.retry is not None:
+        rule, retried = status.retry, sum(t.failures_retried for t in status.tasks)
+        codes = ",".join(map(str, rule.on_exit_codes)) or "any non-zero"
+        ctl.print(
+            f"retry: at most {rule.max_attempts} failed runs per task, backoff {rule.backoff_s:g} s, exit codes "
+            f"{codes}; {retried} failed runs retried"
+        )
+    if status.gang:
+        timeout = "none" if status.gang_timeout is None else f"{status.gang_timeout:g} s"
+        ctl.print(f"gang: all tasks start or none; gang_timeout {timeout}")
     shown = table(
         None,
         "task",
@@ -118,7 +134,7 @@ def _show_job(ctl: Ctl, status: JobStatus, holder: Client) -> None:
     )
     for t in status.tasks:
         shown.add_row(
-            t.task_id,
+            f"{t.task_id} (queueable)" if t.queueable else t.task_id,
             t.state,
             "-" if t.lm is None else str(t.lm),
             "-" if t.node is None else str(t.node),
@@ -215,6 +231,18 @@ def _jobs(gm: Client, filters: dict[str, Any], offset: int, count: int | None) -
     return JobList(jobs=jobs, total=listing.total, offset=offset, limit=len(jobs))
 
 
+def kind(j: JobSummary) -> str:
+    """What kind of job a list row is, compactly: its class when not the default one, `gang`, `array of N`,
+    `after N jobs` (its parents), `retry`; `-` for a plain job."""
+    parts = [j.priority_class] if j.priority_class not in (None, DEFAULT_CLASS) else []
+    parts += ["gang"] if j.gang else []
+    parts += [] if j.array is None else [f"array of {j.array}"]
+    parents = len(j.depends_on)
+    parts += [f"after {parents} job{'s' * (parents != 1)}"] if parents else []
+    parts += ["retry"] if j.retry else []
+    return ", ".join(parts) or "-"
+
+
 @job.command("list", short_help="list jobs: filters by user, queue, state; pages")
 @click.option("--user", help="only this user's jobs")
 @click.option("--queue", help="only this queue's jobs (a queue is named after its user)")
@@ -251,12 +279,13 @@ def list_jobs(
     if ctl.as_json:
         ctl.emit(dump(listed))
     else:
-        shown = table(
-            None, "job", "user", "queue", "GM", "state", "tasks", "task states", "submitted", numeric=("GM", "tasks")
-        )
+        columns = ("job", "user", "queue", "GM", "state", "kind", "tasks", "task states", "submitted")
+        shown = table(None, *columns, numeric=("GM", "tasks"))
         for j in page:
             states = counts(dict(j.task_states))
-            shown.add_row(j.job_id, j.user, j.queue, str(j.gm), j.state, str(j.tasks), states, when(j.submitted_at))
+            shown.add_row(
+                j.job_id, j.user, j.queue, str(j.gm), j.state, kind(j), str(j.tasks), states, when(j.submitted_at)
+            )
         ctl.print(shown)
         summary = f"jobs {start + 1}-{after} of {matched}" if page else f"no jobs from offset {start} of {matched}"
         ctl.print(summary + (f"; next page: --offset {after}" if after < matched else ""))

@@ -1,8 +1,9 @@
 """A GM's live dashboard: `GET /dashboard` serves a page (plain HTML, CSS and JavaScript shipped in this package:
 no build step, no CDN, it loads offline) that polls `GET /v1/overview` and draws the data centre as LMs x
 partitions with their utilization, the queues' share against their usage over time, jobs and tasks per state, the
-latest jobs (`GET /v1/jobs`) and the allocation-time histogram. Everything it shows is this GM's view: partitions as
-its (eventually consistent) view has them, its own queues and jobs exactly."""
+latest jobs (`GET /v1/jobs`: state, class, and gang/array/parents/retry markers) and the allocation-time
+histogram. Everything it shows is this GM's view: partitions as its (eventually consistent) view has them, its own
+queues and jobs exactly."""
 
 from __future__ import annotations
 

@@ -42,11 +42,13 @@ from megha.common.models import (
 )
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import connected, gm_key
+from megha.common.wire.dependencies import ParentJob
 from megha.services.appfactory import sealed, service_app
 from megha.services.auth import GM_RULES, acts_as_gm, principal
 from megha.services.background import serving_gc
 from megha.services.client import CallError
 from megha.services.dashboard import mount_dashboard
+from megha.services.gm.dependencies import ParentRefused
 from megha.services.gm.events_route import mount_job_events
 from megha.services.gm.job_ids import JobIds
 from megha.services.gm.metrics import gm_registry, tasks_per_queue
@@ -85,9 +87,11 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             if broker is not None:
                 await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
             peers.start()
+            service.parents.start()
             log.info("GM %d serving on %s with %s matching", settings.gm_id, settings.url(), settings.matching)
             with serving_gc():
                 yield
+            await service.parents.close()
             await peers.close()
             await service.close()
 
@@ -149,6 +153,8 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             )
             return error(status, str(exc), *field)
 
+        if (refusal := class_refusal(who, sub.priority_class)) is not None:
+            return refuse(403, refusal, "priority_class")
         if not who.operator and queue_users is not None and sub.owner not in queue_users:
             return refuse(422, f"user {sub.owner} has no queue (MEGHA_QUEUES)", "user")  # nor others' names
         try:
@@ -163,6 +169,13 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
                 sub = sub.model_copy(update={"job_id": naming.named(sub.job_id, held)})
             except ValueError as exc:
                 return refuse(409, exc, "job_id")
+        parents: list[tuple[str, str]] = []
+        if sub.depends_on:
+            try:
+                parents = await target.parents.resolve(who, sub.depends_on)
+            except ParentRefused as exc:
+                return refuse(exc.status, exc, exc.field)
+            sub = sub.model_copy(update={"depends_on": [job_id for job_id, _ in parents]})
         try:
             job = await target.submit(sub, arrived)
         except Unschedulable as exc:
@@ -176,8 +189,22 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             refused.headers["Retry-After"] = str(SUBMIT_AGAIN_AFTER)
             return refused
         naming.accepted(job.job_id)
+        target.parents.told(parents)
         accepted = JobAccepted(job_id=job.job_id, task_ids=[t.task_id for t in job.tasks], gm=target.settings.gm_id)
         return json_response(accepted, 201)
+
+    classes, class_users = settings.classes(), settings.class_users()
+
+    def class_refusal(who: Principal, name: str | None) -> str | None:
+        """Why `who` may not name priority class `name` (a class above the default one, for operators and the users
+        MEGHA_PRIORITY_CLASS_USERS lists for it), or None; an unknown class is refused later, as a 422."""
+        if name is None or who.operator or name not in dict(classes.values) or not classes.above_default(name):
+            return None
+        if who.name in class_users.get(name, ()):
+            return None
+        listed = class_users.get(name)
+        who_may = "operators" if not listed else f"operators and {', '.join(sorted(listed))}"
+        return f"priority class {name} preempts the default class {classes.default}: only {who_may} may name it"
 
     def find(request: Request, job_id: str) -> tuple[GMService, str] | None:
         """The holder (this GM's identity or the one it stands in for) and the id of the job `job_id` names for
@@ -186,15 +213,25 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         that other users' jobs answer 404 as unknown ones do."""
         who = principal(request)
         for name in (job_id,) if JOB_SCOPE in job_id else (job_id, scoped_job_id(who.name, job_id)):
-            for holder in (service, peers.stand_in):
-                if holder is None:
-                    continue
-                held = holder.jobs.jobs
-                full_id = name if name in held else ids_of(holder).resolve(name, held)
-                job = None if full_id is None else held.get(full_id)
-                if job is not None and who.may_act_for(job.user):
-                    return holder, full_id  # type: ignore[return-value]
+            for holder, full_id in held_as(name):
+                if who.may_act_for(holder.jobs.jobs[full_id].user):
+                    return holder, full_id
         return None
+
+    def held_as(name: str) -> list[tuple[GMService, str]]:
+        """The jobs held here (this GM's identity, the one it stands in for) that `name` finds: (holder, job id)."""
+        found = []
+        for holder in (service, peers.stand_in):
+            if holder is None:
+                continue
+            held = holder.jobs.jobs
+            full_id = name if name in held else ids_of(holder).resolve(name, held)
+            if full_id is not None and full_id in held:
+                found.append((holder, full_id))
+        return found
+
+    service.parents.lookup = held_as
+    service.parents.holders = lambda: [h for h in (service, peers.stand_in) if h is not None]
 
     def ids_of(holder: GMService) -> JobIds:
         """The job ids of the GM identity `holder` serves."""
@@ -353,6 +390,16 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         snapshot["finished_jobs_dropped"] = service.jobs.dropped_jobs
         snapshot["lm_urls"] = settings.lm_urls  # as this GM reaches them (`megha nodes` asks here without --lm)
         return GMState.model_validate(snapshot)
+
+    @app.get("/v1/peers/jobs/{job_id}", response_model=ParentJob, responses=errors(404))
+    async def parent_job(job_id: str) -> Response:
+        """For a peer GM whose jobs depend on job `job_id` (an id, or a user's scoped name): its user and state.
+        Peers only: the asking GM shows it to its caller only if that caller may see the job's user's jobs."""
+        for holder, full_id in held_as(job_id):
+            job = holder.jobs.jobs[full_id]
+            state = holder.jobs.job_state(job)
+            return json_response(ParentJob(job_id=full_id, user=job.user, gm=holder.settings.gm_id, state=state))
+        return error(404, f"no job {job_id} at GM {settings.gm_id}", "job_id")
 
     @app.post(
         "/v1/peers/{gm}/journal",

@@ -1,6 +1,6 @@
 """A GM's outputs to the transports: launch batches to LMs (split under the LM's body limit, retried under their
-policy, their answers merged), preemption requests (never repeated) and stops of cancelled runs, and the task events
-of ends no LM announced."""
+policy, their answers merged), preemption requests (never repeated), stops of cancelled runs, gangs' prepares,
+commits and aborts, the core's timers, and the task events of ends no LM announced."""
 
 from __future__ import annotations
 
@@ -14,17 +14,25 @@ from typing import TYPE_CHECKING, Any
 
 from megha.common.core.messages import (
     Delta,
+    GangAbort,
+    GangCommit,
+    GangPrepare,
     LaunchBatch,
     LaunchResponse,
     NodeState,
     Output,
     PreemptRequest,
     RunEvent,
-    Send,
     StopRequest,
+    Wake,
 )
 from megha.common.models import (
     ErrorBody,
+    GangAbortModel,
+    GangCommitModel,
+    GangCommittedModel,
+    GangPreparedModel,
+    GangPrepareModel,
     LaunchBatchModel,
     LaunchResponseModel,
     PreemptRequestModel,
@@ -50,6 +58,10 @@ class GMDispatch:
         self.gm = gm
         # Launch batches and stops to LMs: the LM applies each once, so they are tried until MEGHA_LM_TIMEOUT.
         self.lm_calls = retry.RetryPolicy(deadline=gm.settings.lm_timeout)
+        # A gang's commit is not tried again: while it is, the parts other LMs launched would run alone (until the
+        # LM, restarted without its lease, refused it), long enough to run to their end. One failed attempt
+        # stops the gang at once (`call_failed`) and it runs again whole (docs/gang.md).
+        self.commit_calls = retry.RetryPolicy(deadline=gm.settings.lm_timeout, attempts=1)
         self.tasks: set[asyncio.Task[None]] = set()  # calls in flight, cancelled when the GM closes or resets
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -68,16 +80,26 @@ class GMDispatch:
         if gm.jobs.ended_here:
             self.spawn(self._publish_ends())
         for out in outputs:
-            if not isinstance(out, Send):
-                raise TypeError(f"GM cannot send {out!r}")
+            if isinstance(out, Wake):
+                self.spawn(self._wake(out))
+                continue
             if isinstance(out.msg, LaunchBatch):
                 self.spawn(self._launch(out.msg))
             elif isinstance(out.msg, PreemptRequest):
                 self.spawn(self._preempt(out.msg))
             elif isinstance(out.msg, StopRequest):
                 self.spawn(self._stop(out.msg))
+            elif isinstance(out.msg, GangPrepare | GangCommit | GangAbort):
+                self.spawn(self._gang(out.msg))
             else:
                 raise TypeError(f"GM cannot send {out!r}")
+
+    async def _wake(self, wake: Wake) -> None:
+        """A timer the core set (a retried task's backoff, a gang's backoff or timeout): at `wake.at` (unix seconds),
+        hand its message back to the core under the lock. Cancelled with the other background steps when the GM
+        closes or resets (a recovered GM queues the task again from its journal)."""
+        await asyncio.sleep(max(0.0, wake.at - time.time()))
+        await self.gm.apply(lambda core: core.handle(wake.msg, time.time()))
 
     async def _publish_ends(self) -> None:
         """Publish a task event for each end no LM announced: tasks this GM gave up on, and runs a rebuilt LM
@@ -166,11 +188,39 @@ class GMDispatch:
                 extra=ids(task=[t for t, _ in req.runs], gm=req.gm, lm=req.lm),
             )
 
-    async def _post_retrying(self, lm: int, path: str, body: bytes, what: str) -> tuple[Reply | None, str]:
-        """POST an idempotent call to LM `lm` with this GM's term under `self.lm_calls` (transport errors, 5xx and
-        429 tried again with backoff for up to MEGHA_LM_TIMEOUT seconds). Returns the last reply (None if none
-        came) and, unless it is a 200, why the call failed. A 409 naming the term (a newer holder fenced this GM)
-        stops serving at once."""
+    async def _gang(self, msg: GangPrepare | GangCommit | GangAbort) -> None:
+        """POST a gang's prepare, commit or abort to its LM (docs/gang.md). Each is idempotent there (a repeated
+        prepare or commit is answered as the first was; an abort of nothing is nothing), so a prepare or abort is
+        retried (`_post_retrying`); a commit is not (`commit_calls`: the other LMs' parts may run meanwhile). A
+        prepare or commit that fails for good is `call_failed` (its lease expires, or what it may have launched is
+        stopped), an abort that fails is left to the lease's expiry."""
+        if isinstance(msg, GangPrepare):
+            path, body, answer = "prepare", GangPrepareModel.core_json(msg), GangPreparedModel
+        elif isinstance(msg, GangCommit):
+            path, body, answer = "commit", GangCommitModel.core_json(msg), GangCommittedModel
+        else:
+            path, body, answer = "abort", GangAbortModel.core_json(msg), None
+        what = f"gang {msg.gang} {path} {msg.seq}"
+        policy = self.commit_calls if isinstance(msg, GangCommit) else self.lm_calls
+        r, failure = await self._post_retrying(msg.lm, f"/v1/gangs/{path}", body, what, policy)
+        if r is not None and fenced(r):
+            return
+        if r is None or r.status != 200:
+            log.warning("%s to LM %d failed: %s", what, msg.lm, failure, extra=ids(job=msg.gang, gm=msg.gm, lm=msg.lm))
+            if answer is not None:
+                await self.gm.apply(lambda core: core.call_failed(msg.lm, msg.seq, failure, time.time()))
+            return
+        if answer is not None:
+            reply = answer.model_validate_json(r.body).to_core()
+            await self.gm.apply(lambda core: core.handle(reply, time.time()))
+
+    async def _post_retrying(
+        self, lm: int, path: str, body: bytes, what: str, policy: retry.RetryPolicy | None = None
+    ) -> tuple[Reply | None, str]:
+        """POST an idempotent call to LM `lm` with this GM's term under `policy` (default `self.lm_calls`: transport
+        errors, 5xx and 429 tried again with backoff for up to MEGHA_LM_TIMEOUT seconds). Returns the last reply
+        (None if none came) and, unless it is a 200, why the call failed. A 409 naming the term (a newer holder
+        fenced this GM) stops serving at once."""
         url = self.gm.settings.lm_urls[lm]
 
         def failed(attempt: int, failure: str) -> None:
@@ -178,7 +228,7 @@ class GMDispatch:
                 log.warning("%s to LM %d failed (attempt %d): %s", what, lm, attempt, failure)
 
         send = partial(self.gm.calls.post, f"{url}{path}?term={self.gm.term}", body, idempotent=True)
-        outcome = await retry.call(send, self.lm_calls, f"LM {lm}", failed, url)
+        outcome = await retry.call(send, policy or self.lm_calls, f"LM {lm}", failed, url)
         r = outcome.reply
         if r is not None and fenced(r):
             self.gm.superseded(f"LM {lm} refused {what}: {r.text[:300]}")

@@ -144,6 +144,9 @@ class JobEvents(CoreObserver):
     def task_cancelled(self, task: TaskSpec, now: float) -> None:
         self._tell(task, "cancelled", now, reason="job cancelled")
 
+    def task_retry_scheduled(self, task: TaskSpec, reason: str, at: float, now: float) -> None:
+        self._tell(task, "retrying", now, reason=reason)
+
     def _tell(
         self,
         task: TaskSpec,

@@ -9,6 +9,7 @@ held (MEGHA_FINISHED_TASKS_KEPT). Jobs with a task still queued or running are a
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,8 +17,10 @@ from dataclasses import dataclass, field
 from megha.common.core.lifecycle import NO_OP, TERMINAL, Event, IllegalTransition, State, next_state
 from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
+from megha.common.core.retry import RetryRule
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.models import JobState, JobStatus, JobSummary, TaskStatus
+from megha.common.models import RetryRule as RetryRuleModel
 from megha.services.logs import ids
 
 log = logging.getLogger("megha.gm")
@@ -54,6 +57,8 @@ class _Task:
     failed_reason: str | None = None
     attempt: int = 1  # the attempt of the run placed last (TaskSpec.attempt)
     earlier: list[tuple[int, int, int]] | None = None  # (attempt, LM, node) of runs lost or preempted since
+    failures_retried: int = 0  # failed runs run again under the job's retry rule
+    queueable: bool = False  # TaskSpec.queueable
 
     @property
     def state(self) -> str:
@@ -75,6 +80,12 @@ class _Job:
     open: int = 0  # tasks neither finished nor failed nor cancelled
     cancelled: bool = False  # DELETE /v1/jobs/{id} asked for it
     submitted_at: float | None = None
+    depends_on: tuple[str, ...] = ()  # the jobs it waits for (`JobSpec.depends_on`)
+    waiting: bool = False  # held until its parents finished (the core's dependency gate)
+    array: int | None = None  # its array size, for an array job (the service sets it)
+    retry: RetryRule | None = None  # the job's retry rule (JobSpec.retry)
+    priority: int = 0  # its tasks' priority class value
+    gang: float | None = None  # JobSpec.gang: None for a job that is no gang, else its timeout (inf: none)
 
 
 class JobTable(CoreObserver):
@@ -84,11 +95,20 @@ class JobTable(CoreObserver):
     service's GM core reports to it and to the GM's metrics (`GMMeter`) alike, through `observe`."""
 
     def __init__(
-        self, gm: int, finished_tasks_kept: int = 1_000_000, on_end: Callable[[str, str, str], None] | None = None
+        self,
+        gm: int,
+        finished_tasks_kept: int = 1_000_000,
+        on_end: Callable[[str, str, str], None] | None = None,
+        on_retry: Callable[[TaskSpec, int], None] | None = None,
+        class_name: Callable[[int], str] | None = None,
     ) -> None:
-        """`on_end(task_id, state, reason)` is told of every task that ends (the service journals it)."""
+        """`on_end(task_id, state, reason)` is told of every task that ends, `on_retry(task, failures retried)` of
+        every failed run its job's retry rule runs again (the service journals both); `class_name(priority)` names
+        a job's priority class in its status (None: no classes shown)."""
         self.gm = gm
+        self.class_name = class_name
         self.on_end = on_end
+        self.on_retry = on_retry
         self.finished_tasks_kept = finished_tasks_kept
         self.jobs: dict[str, _Job] = {}
         self.tasks: dict[str, _Task] = {}
@@ -101,18 +121,34 @@ class JobTable(CoreObserver):
         # service to publish as task events: (task, kind, reason, lm, node, when it ended).
         self.ended_here: list[tuple[TaskSpec, str, str, int, int, float]] = []
         self.illegal = 0  # events the lifecycle did not allow (each logged as an error)
+        self.on_job_end: Callable[[str, str], None] | None = None  # told (job id, state) as each job ends
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         """A task's arrival is when its job's request reached the GM (the service stamps that as
         `submitted_at`), so allocation time includes reading and validating the submission."""
         self.jobs[job.job_id] = _Job(
-            job.tasks[0].user, [t.task_id for t in job.tasks], len(job.tasks), submitted_at=job.submitted_at
+            job.tasks[0].user,
+            [t.task_id for t in job.tasks],
+            len(job.tasks),
+            submitted_at=job.submitted_at,
+            depends_on=job.depends_on,
+            retry=job.retry,
+            priority=job.tasks[0].priority,
+            gang=job.gang,
         )
         self._open_tasks += len(job.tasks)
         user = job.tasks[0].user
         self.open_by_user[user] = self.open_by_user.get(user, 0) + len(job.tasks)
         for t in job.tasks:
-            self.tasks[t.task_id] = _Task(job.job_id, arrival=job.submitted_at)
+            self.tasks[t.task_id] = _Task(job.job_id, arrival=job.submitted_at, queueable=t.queueable)
+
+    def job_waiting(self, job: JobSpec, now: float) -> None:
+        self.jobs[job.job_id].waiting = True
+
+    def job_released(self, job: JobSpec, now: float) -> None:
+        held = self.jobs.get(job.job_id)
+        if held is not None:
+            held.waiting = False
 
     def attempt(self, task: TaskSpec, now: float) -> None:
         self.tasks[task.task_id].attempts += 1
@@ -211,6 +247,24 @@ class JobTable(CoreObserver):
             rec.retries += 1
             _ran(rec, task.attempt)
 
+    def task_retry_scheduled(self, task: TaskSpec, reason: str, at: float, now: float) -> None:
+        """Its run failed and the job's retry rule runs it again (as its next attempt) at `at`: queued, not ended."""
+        rec = self.tasks.get(task.task_id)
+        if rec is not None and self._advance(task.task_id, rec, Event.RETRIED):
+            log.info(
+                "task %s of job %s: run %d failed, retried as attempt %d: %s",
+                task.task_id,
+                task.job_id,
+                task.attempt,
+                task.attempt + 1,
+                reason,
+                extra=self._ids(task, rec.lm, rec.node),
+            )
+            rec.failures_retried += 1
+            _ran(rec, task.attempt)
+            if self.on_retry is not None:
+                self.on_retry(task, rec.failures_retried)
+
     def placed_by_preemption(self, placement: Placement) -> None:
         """The LM chose the node for a task it made room for by preemption."""
         rec = self.tasks.get(placement.task.task_id)
@@ -283,6 +337,8 @@ class JobTable(CoreObserver):
             del self.open_by_user[job.user]
         if job.open:
             return
+        if self.on_job_end is not None:
+            self.on_job_end(job_id, self.job_state(job))
         self._finished_jobs.append(job_id)
         self._finished_tasks += len(job.task_ids)
         while self._finished_tasks > self.finished_tasks_kept and self._finished_jobs:
@@ -298,6 +354,8 @@ class JobTable(CoreObserver):
         states = [self.tasks[tid].state for tid in job.task_ids]
         if not job.open:
             return "failed" if "failed" in states else "finished"
+        if job.waiting:
+            return "waiting"
         return "running" if any(s not in ("queued", *ENDED) for s in states) else "queued"
 
     def summaries(self, user: str | None = None, state: str | None = None) -> list[JobSummary]:
@@ -323,6 +381,11 @@ class JobTable(CoreObserver):
                     submitted_at=job.submitted_at,
                     tasks=len(job.task_ids),
                     task_states=counts,  # type: ignore[arg-type]
+                    priority_class=None if self.class_name is None else self.class_name(job.priority),
+                    gang=job.gang is not None,
+                    array=job.array,
+                    depends_on=list(job.depends_on),
+                    retry=job.retry is not None,
                 )
             )
         return out
@@ -336,6 +399,12 @@ class JobTable(CoreObserver):
             user=job.user,
             gm=self.gm,
             state=self.job_state(job),
+            depends_on=list(job.depends_on),
+            array=job.array,
+            retry=None if job.retry is None else RetryRuleModel.from_core(job.retry),
+            priority_class=None if self.class_name is None else self.class_name(job.priority),
+            gang=job.gang is not None,
+            gang_timeout=job.gang if job.gang is not None and job.gang != math.inf else None,
             tasks=[
                 TaskStatus(
                     task_id=tid,
@@ -351,6 +420,8 @@ class JobTable(CoreObserver):
                     preemptions=r.preemptions,
                     retries=r.retries,
                     failed_reason=r.failed_reason,
+                    failures_retried=r.failures_retried,
+                    queueable=r.queueable,
                 )
                 for tid in job.task_ids
                 for r in (self.tasks[tid],)

@@ -7,6 +7,11 @@ One file per (run, GM), JSON lines:
     {"job": {<JobSubmission with its job_id>}, "at": <unix time it arrived>}
     {"end": "<task id>", "state": "finished" | "failed" | "cancelled", "reason": "...", "at": <unix time or null>}
     {"cancel": "<job id>", "at": <unix time>}
+    {"retry": "<task id>", "attempt": <its next attempt>, "failures": <failed runs retried so far>}
+
+A retry record says a task's run failed and its job's retry rule runs it again (docs/retry.md): a restarted GM
+queues the task as that attempt (an LM's memory of the failed run is of an earlier attempt, so it does not end the
+task) and counts the failures already retried against the rule.
 
 An end record's `at` is the task's finish time in the job table (null when it has none, as for a task this GM
 failed): a restarted GM restores it, so a finish time never changes once reported.
@@ -48,6 +53,7 @@ class Replayed:
     jobs: list[tuple[dict[str, object], float]] = field(default_factory=list)
     ends: dict[str, End] = field(default_factory=dict)  # task id -> its end
     cancels: set[str] = field(default_factory=set)  # jobs cancelled (DELETE /v1/jobs/{id})
+    retries: dict[str, tuple[int, int]] = field(default_factory=dict)  # task id -> (next attempt, failures retried)
     damaged: int = 0  # lines that could not be read (a write cut short by a crash)
 
 
@@ -76,6 +82,9 @@ class Journal:
                 found.ends[str(record["end"])] = End(str(record["state"]), str(record.get("reason", "")), at)
             elif "cancel" in record:
                 found.cancels.add(str(record["cancel"]))
+            elif "retry" in record:
+                retried = (int(record["attempt"]), int(record["failures"]))  # type: ignore[call-overload]
+                found.retries[str(record["retry"])] = max(found.retries.get(str(record["retry"]), retried), retried)
         return found
 
     async def append_durably(self, record: dict[str, object]) -> str:
@@ -151,6 +160,8 @@ def merge_lines(path: Path, lines: list[str]) -> int:
             held.ends[str(record["end"])] = End("", "")
         elif "cancel" in record and str(record["cancel"]) not in held.cancels:
             held.cancels.add(str(record["cancel"]))
+        elif "retry" in record and held.retries.get(str(record["retry"]), (0, 0))[0] < int(record.get("attempt", 0)):
+            held.retries[str(record["retry"])] = (int(record["attempt"]), int(record.get("failures", 0)))
         else:
             continue
         added.append(line)

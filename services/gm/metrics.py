@@ -184,6 +184,11 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
             ),
             ("megha_task_retries_total", "Tasks of this GM run again because their worker was lost.", core.retries),
             (
+                "megha_task_failures_retried_total",
+                "Failed runs of this GM's tasks run again under their job's retry rule.",
+                core.failures_retried,
+            ),
+            (
                 "megha_gm_repartitions_total",
                 "Placements this GM decided on another GM's partition (repartition requests).",
                 core.repartitions,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pydantic_core import to_json
 
+from megha.common.core.gm import Unschedulable
 from megha.common.core.recovery import LMReport, plan_recovery
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.lifecycle import StartupError
@@ -38,6 +40,14 @@ class Restart:
             if self.gm.replicator is not None:
                 self.gm.replicator.add(line)
 
+    def journal_retry(self, task: TaskSpec, failures: int) -> None:
+        """A failed run of `task` runs again under its job's retry rule, as its next attempt (docs/retry.md)."""
+        if self.gm.journal is not None:
+            record = {"retry": task.task_id, "attempt": task.attempt + 1, "failures": failures}
+            line = self.gm.journal.append(record)
+            if self.gm.replicator is not None:
+                self.gm.replicator.add(line)
+
     def _restore_end(self, task_id: str, state: str, reason: str, at: float | None) -> None:
         """A task end this GM learnt while recovering (from its journal or an LM), not from its core; `at`: its
         finish time as first recorded."""
@@ -53,18 +63,36 @@ class Restart:
         states = await self.claim()
         now = time.time()
         tasks: list[TaskSpec] = []
+        gangs: dict[str, float] = {}  # gang jobs: job id -> JobSpec.gang
         ended: set[str] = set()  # accepted tasks the journal shows ended
+        with_parents: dict[str, JobSpec] = {}  # accepted jobs that named parents (depends_on)
+        ruled: list[JobSpec] = []  # jobs with a retry rule
         if replayed is not None:
             if replayed.damaged:
                 log.warning("journal %s: %d damaged lines skipped", gm.journal_path(), replayed.damaged)
             for record, arrived in replayed.jobs:
                 sub = JobSubmission.model_validate(record)
                 job_id = sub.job_id or ""
-                job = JobSpec(job_id, sub.to_tasks(job_id, gm.core.resource_names), arrived)
+                try:
+                    priority = gm.priority(sub.priority_class)
+                except Unschedulable:  # accepted under classes since changed: it runs, in the default class
+                    priority = gm.priority(None)
+                job = sub.to_job(job_id, gm.core.resource_names, arrived, priority)
                 if job_id in gm.jobs.jobs:
                     continue
                 gm.observer.job_arrived(job, gm.settings.gm_id, arrived)
-                tasks.extend(job.tasks)
+                if sub.array is not None:
+                    gm.jobs.jobs[job_id].array = sub.array
+                if job.depends_on:
+                    with_parents[job_id] = job
+                if job.retry is not None:
+                    ruled.append(job)
+                if job.gang is not None:
+                    gangs[job_id] = job.gang
+                retried = replayed.retries
+                tasks.extend(
+                    t if t.task_id not in retried else replace(t, attempt=retried[t.task_id][0]) for t in job.tasks
+                )
             # Read from the journal, not the job table: restoring the ends forgets finished jobs (their tasks too)
             # beyond MEGHA_FINISHED_TASKS_KEPT, as it did when they ended.
             ended = {t.task_id for t in tasks if t.task_id in replayed.ends}
@@ -83,12 +111,33 @@ class Restart:
         cancels = {job_id for job_id in (replayed.cancels if replayed is not None else ()) if job_id in gm.jobs.jobs}
         for job_id in cancels:
             gm.jobs.jobs[job_id].cancelled = True
-        queued = [t for t in plan.queued if t.job_id not in cancels]
+        # A job none of whose tasks ran nor ended may still wait for its parents: it waits again, and the dependency
+        # watch asks after its parents (one released before the crash is released again at once).
+        queued_ids = {t.task_id for t in plan.queued}
+        waiting = [
+            job
+            for job_id, job in with_parents.items()
+            if job_id not in cancels and all(t.task_id in queued_ids for t in job.tasks)
+        ]
+        waiting_ids = {job.job_id for job in waiting}
+        queued = [t for t in plan.queued if t.job_id not in cancels and t.job_id not in waiting_ids]
         for task in plan.queued:
             if task.job_id in cancels:  # cancelled before the crash, while still queued
                 gm.observer.task_cancelled(task, now)
+        for job in ruled:  # their rules, and the failures retried so far, for the tasks still open
+            assert replayed is not None
+            if job.job_id in cancels:
+                continue
+            open_ids = [t.task_id for t in job.tasks if t.task_id not in ended and t.task_id not in plan.ended]
+            failures = {tid: replayed.retries[tid][1] for tid in open_ids if tid in replayed.retries}
+            for tid, count in failures.items():
+                gm.jobs.tasks[tid].failures_retried = count
+            gm.core.retry.restore(job, len(open_ids), failures)
         async with gm.lock:
-            outputs = gm.core.recover(plan.deltas, plan.running, queued, now)
+            for job in waiting:
+                gm.core.wait_for_parents(job, now)
+            ready_gangs = {job_id: gang for job_id, gang in gangs.items() if job_id not in waiting_ids}
+            outputs = gm.core.recover(plan.deltas, plan.running, queued, now, ready_gangs)
             for job_id in cancels:  # their runs the LMs still hold are stopped now
                 if job_id in gm.jobs.jobs:  # a job whose last tasks were just cancelled may be forgotten already
                     outputs += gm.cancel_open(job_id)
@@ -120,6 +169,10 @@ class Restart:
             records.append({"job": record, "at": arrived})
             if job.cancelled:
                 records.append({"cancel": record.get("job_id"), "at": arrived})
+            for tid in job.task_ids:
+                if tid in replayed.retries and jobs.tasks[tid].state not in ENDED:
+                    attempt, failures = replayed.retries[tid]
+                    records.append({"retry": tid, "attempt": attempt, "failures": failures})
             for tid in job.task_ids:
                 rec = jobs.tasks[tid]
                 if rec.state in ENDED:

@@ -38,6 +38,7 @@ from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import Broker, TryLater
 from megha.services import retry
 from megha.services.client import CallError, Reply, ServiceClient
+from megha.services.gm.dependencies import ParentWatch
 from megha.services.gm.dispatch import GMDispatch
 from megha.services.gm.events_route import JobEvents
 from megha.services.gm.jobs import ENDED, JobTable
@@ -75,7 +76,9 @@ class GMService:
         self.journal: Journal | None = None
         self.replicator: Replicator | None = None  # the journal's copy at the next GM, when peers are configured
         self.restart = Restart(self)  # recovery after a start, and the journal's upkeep
-        self.jobs = JobTable(settings.gm_id, settings.finished_tasks_kept, self.restart.journal_end)
+        self.parents = ParentWatch(self)  # the parents its waiting jobs wait for (depends_on)
+        self.classes = settings.classes()  # MEGHA_PRIORITY_CLASSES: each job's class name -> its tasks' priority
+        self.jobs = self._job_table()
         self.meter = GMMeter(self.jobs)  # scheduling attempts and allocation times, for GET /metrics
         self.job_events = JobEvents(lambda: self.jobs)  # the readers of GET /v1/jobs/{id}/events
         # What the GM core reports goes to each, the table first (the meter reads it).
@@ -165,6 +168,7 @@ class GMService:
                 settings.queue_order,
                 settings.lm_order,
                 settings.unplaceable,
+                priority_classes=True,
             ),
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)
@@ -180,7 +184,7 @@ class GMService:
             raise DuplicateJob(f"job {job_id} already exists")
         if not self.serving:
             raise NotServing(f"GM {self.settings.gm_id} is changing hands; submit again in a few seconds")
-        job = JobSpec(job_id, sub.to_tasks(job_id, core.resource_names), arrived)
+        job = sub.to_job(job_id, core.resource_names, arrived, self.priority(sub.priority_class))
         core.admit(job, arrived)  # a job that can never run is refused before it is journaled
         self._check_bound(sub.user, len(job.tasks))
         self._accepting.add(job_id)  # a resent submission arriving meanwhile is a duplicate
@@ -195,6 +199,8 @@ class GMService:
                 if self.core is not core or not self.serving:
                     return job  # this identity changed hands meanwhile: its next holder recovers the job
                 outputs = core.submit(job, time.time())
+                if sub.array is not None and job_id in self.jobs.jobs:
+                    self.jobs.jobs[job_id].array = sub.array
         finally:
             self._accepting.discard(job_id)
             self._reserved[sub.user] -= len(job.tasks)
@@ -203,6 +209,28 @@ class GMService:
         self.dispatch.send(outputs)
         await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
+
+    def _job_table(self) -> JobTable:
+        """An empty job table that journals ends and retries, names priority classes and tells the dependency watch
+        of each job's end."""
+        settings, restart = self.settings, self.restart
+        jobs = JobTable(
+            settings.gm_id,
+            settings.finished_tasks_kept,
+            restart.journal_end,
+            restart.journal_retry,
+            self.classes.name_of,
+        )
+        jobs.on_job_end = self.parents.job_ended
+        return jobs
+
+    def priority(self, name: str | None) -> int:
+        """The value of priority class `name` (None: the default class); Unschedulable (a 422 naming
+        `priority_class`) for a class MEGHA_PRIORITY_CLASSES does not list."""
+        try:
+            return self.classes.value(name)
+        except KeyError as exc:
+            raise Unschedulable(f"{exc.args[0]} (MEGHA_PRIORITY_CLASSES)", "priority_class") from None
 
     def _check_bound(self, user: str, tasks: int) -> None:
         """Submission is bounded per user (MEGHA_MAX_UNFINISHED_TASKS_PER_USER): Unschedulable (422) for a job
@@ -284,7 +312,7 @@ class GMService:
         if self.journal is not None:
             self.journal.close()
             self.journal = None
-        self.jobs = JobTable(self.settings.gm_id, self.settings.finished_tasks_kept, self.restart.journal_end)
+        self.jobs = self._job_table()
         self.meter = GMMeter(self.jobs)
         self.job_events.end_all(f"GM {self.settings.gm_id} recovers its jobs; open the stream again")
         self.observer = observe(self.jobs, self.meter, self.job_events)

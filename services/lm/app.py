@@ -1,5 +1,6 @@
-"""The LM's HTTP API: POST /v1/workers, /v1/launch, /v1/preempt, /v1/stop and /v1/gms/{gm}/claim; GET /v1/cluster,
-/v1/gms/{gm}/state, /v1/nodes/{node}/tasks/{task_id}/logs, /v1/state and /healthz."""
+"""The LM's HTTP API: POST /v1/workers, /v1/launch, /v1/preempt, /v1/stop, /v1/gangs/prepare|commit|abort and
+/v1/gms/{gm}/claim; GET /v1/cluster, /v1/gms/{gm}/state, /v1/nodes/{node}/tasks/{task_id}/logs, /v1/state and
+/healthz."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from pydantic_core import to_json
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.fencing import Superseded
 from megha.common.models import (
+    GangAborted,
+    GangAbortModel,
+    GangCommitModel,
+    GangCommittedModel,
+    GangPreparedModel,
+    GangPrepareModel,
     GMClaim,
     GMRecovery,
     LaunchBatchModel,
@@ -177,9 +184,6 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         about = ids(job=t.job_id, task=t.task_id, attempt=t.attempt, gm=req.gm, lm=req.lm, user=t.user)
         if (refused := gm_call(request, what, req.lm, req.gm, about)) is not None:
             return refused
-        if settings.fairness() is None:
-            message = f"LM {settings.lm_id} is not configured for fair scheduling (MEGHA_QUEUES)"
-            return refuse(409, what, message, "lm", about)
         width = len(service.resource_names)
         if len(t.request) != width:
             message = f"request {t.request} is not aligned to {list(service.resource_names)}"
@@ -214,6 +218,62 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         except Superseded as exc:
             return refuse(409, what, str(exc), "term", about)
         return json_response(StopResponse(stopped=stopped))
+
+    async def gang_call(
+        request: Request, model: type[GangPrepareModel | GangCommitModel | GangAbortModel], term: int
+    ) -> Response:
+        """A GM's gang prepare, commit or abort (docs/gang.md), refused as a launch would be."""
+        req = await read_body(request, model)
+        step = model.__name__.removeprefix("Gang").removesuffix("Model").lower()
+        what = f"gang {req.gang} {step} {req.seq} of GM {req.gm}"
+        about = ids(job=req.gang, gm=req.gm, lm=req.lm)
+        if (refused := gm_call(request, what, req.lm, req.gm, about)) is not None:
+            return refused
+        if isinstance(req, GangPrepareModel):
+            if not req.commit and req.lease_s <= 0:
+                return refuse(422, what, "a prepare without commit needs a lease above 0 s", "lease_s", about)
+            for i, p in enumerate(req.placements):
+                if len(p.task.request) != len(service.resource_names) or min(p.task.request) <= 0:
+                    message = f"request {p.task.request} must be {len(service.resource_names)} positive amounts"
+                    return refuse(422, what, message, f"placements.{i}.task.request", about)
+        try:
+            answer = await service.gang(req.to_core(), term)
+        except Superseded as exc:
+            return refuse(409, what, str(exc), "term", about)
+        if answer is None:
+            return json_response(GangAborted(gang=req.gang))
+        mirror = GangPreparedModel if isinstance(req, GangPrepareModel) else GangCommittedModel
+        return json_response(mirror.core_json(answer))
+
+    @app.post(
+        "/v1/gangs/prepare",
+        response_model=GangPreparedModel,
+        openapi_extra=json_body(GangPrepareModel),
+        responses=errors(409, 503),
+    )
+    async def gang_prepare(request: Request, term: int = term_query) -> Response:
+        """Validate a gang's placements all-or-nothing; reserve them under a lease (or, with `commit`, launch them)."""
+        return await gang_call(request, GangPrepareModel, term)
+
+    @app.post(
+        "/v1/gangs/commit",
+        response_model=GangCommittedModel,
+        openapi_extra=json_body(GangCommitModel),
+        responses=errors(409, 503),
+    )
+    async def gang_commit(request: Request, term: int = term_query) -> Response:
+        """Launch a prepared gang part; refused once its lease expired."""
+        return await gang_call(request, GangCommitModel, term)
+
+    @app.post(
+        "/v1/gangs/abort",
+        response_model=GangAborted,
+        openapi_extra=json_body(GangAbortModel),
+        responses=errors(409, 503),
+    )
+    async def gang_abort(request: Request, term: int = term_query) -> Response:
+        """Release a prepared gang part's reservation (nothing when none is held)."""
+        return await gang_call(request, GangAbortModel, term)
 
     @app.get("/v1/gms/{gm}/state", response_model=GMRecovery, responses=errors(404, 503))
     async def gm_state(gm: int, request: Request) -> Response:
@@ -270,4 +330,5 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         return LMState.model_validate(service.state())
 
     bodies = (WorkerRegistration, LaunchBatchModel, PreemptRequestModel, StopRequestModel, GMClaim)
+    bodies += (GangPrepareModel, GangCommitModel, GangAbortModel)
     return sealed(app, settings.verifier(), LM_RULES, name, *bodies)

@@ -51,7 +51,7 @@ class LMDispatch:
         calls: ServiceClient,
         members: Membership,
         lose: Callable[[list[Placement], str, str | None], Awaitable[None]],
-        tick: Callable[[], Awaitable[None]],
+        tick: Callable[[object], Awaitable[None]],
     ) -> None:
         self.settings = settings
         self.broker = broker
@@ -74,11 +74,11 @@ class LMDispatch:
                 else:
                     raise TypeError(f"LM cannot send {type(out.msg).__name__}")
             else:
-                self.spawn(self._timer(out.at))
+                self.spawn(self._timer(out.at, out.msg))
 
-    async def _timer(self, at: float) -> None:
+    async def _timer(self, at: float, msg: object) -> None:
         await asyncio.sleep(max(0.0, at - time.time()))
-        await self._tick()
+        await self._tick(msg)
 
     async def publish(self, gm: int, body: bytes) -> None:
         assert self.broker is not None, "the LM needs a broker to reach GMs"
@@ -162,6 +162,7 @@ class LMDispatch:
                         execution_delay=m.execution_delay if m is not None else 0.0,
                         error=c.error,
                         attempt=p.task.attempt,
+                        exit_code=c.exit_code,
                     )
                 )
         if events:

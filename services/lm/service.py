@@ -19,8 +19,12 @@ from megha.common.core.cluster import PartitionSpec
 from megha.common.core.fencing import GMTerms
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
-    DeltaTick,
     FinishedTask,
+    GangAbort,
+    GangCommit,
+    GangCommitted,
+    GangPrepare,
+    GangPrepared,
     LaunchBatch,
     LaunchResponse,
     Placement,
@@ -139,6 +143,8 @@ class LMService:
             fairness=self.settings.fairness(),
             incarnation=self.incarnation,
             ended_runs_kept=ENDED_KEPT,
+            priority_classes=True,  # the tasks carry their class values (MEGHA_PRIORITY_CLASSES at the GMs)
+            queueable_per_node=self.settings.queueable_per_node,
         )
         self.core.adopt(self.members.adopting)
         log.info(
@@ -286,7 +292,7 @@ class LMService:
                         stopped.append(task_id)
         if stopped:
             log.info(
-                "GM %d: stopping %d runs of cancelled jobs: %s",
+                "GM %d asked to stop %d runs (of cancelled jobs, or of a gang that runs again whole): %s",
                 req.gm,
                 len(stopped),
                 stopped[:20],
@@ -391,12 +397,26 @@ class LMService:
         )
         await self._apply_report(report)
 
-    async def _tick(self) -> None:
-        """The core's delta timer fired."""
+    async def _tick(self, msg: object) -> None:
+        """A core timer fired: its delta timer (DeltaTick), or a gang's lease ran out (LeaseExpiry)."""
         core = self.ready_core()
         async with self._lock:
-            outputs = core.handle(DeltaTick(), time.time())
+            outputs = core.handle(msg, time.time())
         self.dispatch.send(outputs)
+
+    async def gang(
+        self, msg: GangPrepare | GangCommit | GangAbort, term: int = 0
+    ) -> GangPrepared | GangCommitted | None:
+        """A GM's gang prepare, commit or abort (docs/gang.md): the core's answer to it (None for an abort); what
+        it launches goes to the agents. Raises Superseded as `launch` does."""
+        core = self.ready_core()
+        async with self._lock:
+            self.terms.check(msg.gm, term)
+            outputs = core.handle(msg, time.time())
+        answer = next((o.msg for o in outputs if isinstance(o.msg, GangPrepared | GangCommitted)), None)
+        self.dispatch.send([o for o in outputs if o.msg is not answer])
+        await asyncio.sleep(0)  # the worker launches go out before the GM is answered
+        return answer
 
     async def close(self) -> None:
         for task in list(self.dispatch.tasks):
@@ -433,6 +453,18 @@ class LMService:
             "down_nodes": {str(n): why for n, why in core.down.items()} if core else {},
             "ignored_reports": self.reports.ignored,  # unsigned or forged broker reports (docs/security.md)
             "lost_workers": {w: len(ids) for w, ids in self.members.liveness.lost.items()},
+            "gang_leases": [  # gang parts prepared here, awaiting their commit (docs/gang.md)
+                {
+                    "gm": gm,
+                    "gang": gang,
+                    "seq": lease.seq,
+                    "tasks": len(lease.placements),
+                    "expires_in": round(lease.expires_at - time.time(), 3),
+                }
+                for (gm, gang), lease in core.gangs.held.items()
+            ]
+            if core
+            else [],
         }
 
 

@@ -8,13 +8,16 @@ import logging
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Coroutine
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from pydantic_core import to_json
 
 from megha.common.constraint_stats import load_constraint_stats
 from megha.common.core.messages import FinishedTask, Placement, RunEvent, WorkerReport
+from megha.common.core.queueable import NodeQueues
 from megha.common.core.resources import CPU, DEFAULT_RESOURCE_NAMES, MEMORY, describe
 from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
@@ -82,9 +85,12 @@ class WorkerAgent:
         self.registered: WorkerRegistered | None = None
         self._report_key: bytes | None = None  # signs the reports to the LM (None with MEGHA_AUTH=off)
         self._placements: dict[str, Placement] = {}  # launched and not yet reported, by task id
-        self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what `_placements` hold
+        self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what guaranteed runs hold
+        # Queueable runs wait in their node's queue until they fit, and guaranteed runs evict them (docs/queueable.md).
+        self.queues = NodeQueues(lambda node: self.ledger.capacity)
         self._done: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently reported runs, for idempotency
-        self._starting: set[asyncio.Task[None]] = set()
+        self._starting: set[asyncio.Task[object]] = set()
+        self._evicting: set[str] = set()  # queueable runs evicted before their process started (stopped at start)
         # Not yet published: the runs that ended, per LM, and the runs that started.
         self._reports: dict[int, list[FinishedTask]] = {}
         self._events: list[RunEvent] = []
@@ -262,10 +268,11 @@ class WorkerAgent:
                     f"({_amounts(ledger.capacity)}); nothing in this launch was started",
                     f"launches.{i}.task.request",
                 )
-        over = ledger.overflow([(p.node - first, p.task.request) for _, p in fresh])
+        guaranteed = [(i, p) for i, p in fresh if not p.task.queueable]  # queueable runs wait instead
+        over = ledger.overflow([(p.node - first, p.task.request) for _, p in guaranteed])
         if over is not None:
             k, free = over
-            i, p = fresh[k]
+            i, p = guaranteed[k]
             raise LaunchRefused(
                 409,
                 f"task {p.task.task_id} asks {_amounts(p.task.request)}, and node {p.node} has {_amounts(free)} free"
@@ -273,18 +280,38 @@ class WorkerAgent:
                 f"(capacity {_amounts(ledger.capacity)}); nothing in this launch was started",
                 f"launches.{i}.task.request",
             )
+        starts: list[str] = []
+        evicted: list[str] = []
         for _, p in fresh:
-            self._placements[p.task.task_id] = p
-            ledger.hold(p.task.task_id, p.node - first, p.task.request)
-        if fresh:
-            starting = asyncio.get_running_loop().create_task(self._start_all([p for _, p in fresh]))
-            self._starting.add(starting)
-            starting.add_done_callback(self._starting.discard)
+            task = p.task
+            self._placements[task.task_id] = p
+            if not task.queueable:
+                ledger.hold(task.task_id, p.node - first, task.request)
+            moves = self.queues.launch(p.node - first, task.task_id, task.request, task.queueable)
+            starts += moves.started
+            evicted += moves.evicted
+        if evicted:  # one that has not started yet (perhaps in this launch) is reported by `_start_all`
+            self._evicting.update(evicted)
+            self._in_background(self.preempt(evicted))
+        if starts:
+            self._in_background(self._start_all([self._placements[task_id] for task_id in starts]))
         return [p.task.task_id for p in placements]
 
+    def _in_background(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run `work` as a task of the loop, kept until it is done."""
+        started = asyncio.get_running_loop().create_task(work)
+        self._starting.add(started)
+        started.add_done_callback(self._starting.discard)
+
     async def preempt(self, task_ids: list[str]) -> list[str]:
-        """Stop these tasks' processes (each is reported preempted); returns those that were running. A task
-        already finished was reported finished; one not started yet here is not known and is left alone."""
+        """Stop these tasks' processes (each is reported preempted); returns those that were running, or waiting in
+        their node's queue (taken out, reported preempted too). A task already finished was reported finished; one
+        not started yet here is not known and is left alone."""
+        waiting = [task_id for task_id in task_ids if self.queues.is_waiting(task_id)]
+        for task_id in waiting:
+            now = time.time()
+            self._report(self._placements[task_id], ExecutionResult(task_id, now, now, 0, 0, 0, 0, 0, 0, True, ""))
+        task_ids = [task_id for task_id in task_ids if task_id not in waiting]
         placed = {task_id: self._placements.get(task_id) for task_id in task_ids}
         stopped = await asyncio.gather(*(self.executor.kill(task_id) for task_id in task_ids))
         killed = {task_id for task_id, was in zip(task_ids, stopped) if was}
@@ -303,15 +330,16 @@ class WorkerAgent:
                     worker=self.settings.worker_id,
                 ),
             )
-        # A preempted task is launched again as the same attempt: that launch is not a repeat of this one.
-        for run in [run for run in self._done if run[0] in killed] if killed else []:
-            del self._done[run]
-        return [task_id for task_id in task_ids if task_id in killed]
+        return waiting + [task_id for task_id in task_ids if task_id in killed]
 
     async def _start_all(self, placements: list[Placement]) -> None:
         executor = self.executor
         for p in placements:
             task = p.task
+            if task.task_id in self._evicting:  # evicted before it started: reported preempted, never run
+                now = time.time()
+                self._report(p, ExecutionResult(task.task_id, now, now, 0, 0, 0, 0, 0, 0, True, ""))
+                continue
             try:
                 await executor.start(
                     task.task_id, task.request[0], task.request[1], task.duration, task.run, task.attempt
@@ -321,6 +349,8 @@ class WorkerAgent:
                 self._report(p, ExecutionResult.failed_to_start(task.task_id, str(exc)))
                 continue
             self._started(p, at=time.time())
+            if task.task_id in self._evicting:  # evicted while its process was starting
+                await executor.kill(task.task_id)
 
     async def _on_finished(self, result: ExecutionResult) -> None:
         self._report(self._placements[result.task_id], result)
@@ -348,9 +378,14 @@ class WorkerAgent:
                 ),
             )
         self.ledger.release(result.task_id)
-        self._done[(result.task_id, placement.task.attempt)] = None
-        if len(self._done) > REMEMBER_FINISHED:
-            self._done.popitem(last=False)
+        self._evicting.discard(result.task_id)
+        starts = self.queues.end(result.task_id)
+        if starts:  # queued runs that fit now
+            self._in_background(self._start_all([self._placements[task_id] for task_id in starts]))
+        if not result.preempted:  # a preempted task is launched again as the same attempt: not a repeat
+            self._done[(result.task_id, placement.task.attempt)] = None
+            if len(self._done) > REMEMBER_FINISHED:
+                self._done.popitem(last=False)
         self._reports.setdefault(placement.lm, []).append(
             FinishedTask(
                 result.task_id,
@@ -363,6 +398,7 @@ class WorkerAgent:
                 execution_delay=max(0.0, result.execution_delay),
                 started_at=result.started_at,
                 finished_at=result.finished_at,
+                exit_code=result.task_exit_code,
             )
         )
         self._flush_soon()

@@ -172,7 +172,12 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
 
     @app.get("/v1/state", response_model=WorkerState)
     async def state() -> WorkerState:
-        return WorkerState(worker=settings.worker_id, execution=settings.execution, running=agent.executor.running())
+        return WorkerState(
+            worker=settings.worker_id,
+            execution=settings.execution,
+            running=agent.executor.running(),
+            queued=agent.queues.all_waiting(),
+        )
 
     @app.get(
         "/v1/tasks/{task_id}/logs",

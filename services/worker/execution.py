@@ -44,6 +44,9 @@ class ExecutionResult:
     exit_code: int
     preempted: bool
     error: str
+    # The exit code a job's retry rule matches (docs/retry.md): a driver's run only (exec, container), 128 + n for
+    # a signal n, 137 for a memory-limit kill; None for burn, a duration limit, a run that never started.
+    task_exit_code: int | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -68,6 +71,7 @@ class Outcome:
     memory_mb_touched: int = 0
     peak_rss_mb: float = 0.0
     error: str = ""
+    task_exit_code: int | None = None  # as in ExecutionResult
 
 
 @dataclass
@@ -201,6 +205,7 @@ class Executor(ABC):
             exit_code=outcome.exit_code,
             preempted=preempted,
             error="" if preempted else outcome.error,
+            task_exit_code=None if preempted else outcome.task_exit_code,
         )
         del self._tasks[task.task_id]
         self._results[task.task_id] = result

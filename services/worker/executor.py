@@ -131,6 +131,7 @@ class TaskExecutor(Executor):
             cpu_seconds=end.cpu_seconds,
             peak_rss_mb=end.peak_rss_mb,
             error=error,
+            task_exit_code=task_exit_code(code, end.memory_exceeded, timed_out),
         )
 
     async def _outcome(self, task_id: str) -> Outcome:
@@ -211,3 +212,14 @@ def _exit_reason(code: int, run_log: RunLog) -> str:
 def _tail(stderr: bytes, limit: int = 500) -> str:
     text = stderr.decode(errors="replace").strip()
     return text[-limit:] if text else "(empty)"
+
+
+def task_exit_code(code: int, memory_exceeded: bool, timed_out: bool) -> int | None:
+    """The exit code a driver's run reports for retry rules (docs/retry.md): its own (0-255), 128 + n when signal n
+    killed it, 137 when its memory limit did (as Kubernetes reports an OOM kill); None when its duration limit
+    stopped it (not an exit of the task's own)."""
+    if memory_exceeded:
+        return 137
+    if timed_out:
+        return None
+    return 128 + -code if code < 0 else min(code, 255)

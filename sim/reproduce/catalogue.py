@@ -55,15 +55,16 @@ _SPARROW_SETUP = (
 )
 _FAIRNESS_SETUP = (
     "4 user queues with shares 10%, 25%, 15%, 50% on GMs 1, 2, 2, 3 (fair VI-E), 2 LMs x 3 GMs of 198, 498 and 1,500 "
-    "workers, share policy, 10 s heartbeats, calibrated decision costs; the first 67 jobs of the Google sub-trace "
+    "workers, share policy, 10 s heartbeats, calibrated decision costs, a task that fits nowhere re-inserted at the "
+    "back of its queue (fair IV-B5, `--unplaceable requeue-back`); the first 67 jobs of the Google sub-trace "
     "(5,821 tasks), one task per worker"
 )
 _FAIRNESS_DIFFERS = (
     "google_19 (4,550 tasks) is not shared: the stand-in is the Google sub-trace's first jobs holding at least "
     "4,550 tasks; a task holds a whole worker (with the prototype's scaled-down requests, 200 workers are never "
     "contended by this sample); no placement constraints (the paper's google_19 had them; 198 workers lack the "
-    "rarer ones, so their jobs would be rejected); a task that fits nowhere is parked until a node it fits frees "
-    "up, where the paper's GM re-inserts it at the back of its queue (IV-B5; no replay option for that yet)"
+    "rarer ones, so their jobs would be rejected); a task that fits nowhere goes to the back of its queue as in the "
+    "paper (`--unplaceable requeue-back`), not `megha replay`'s default of parking it until a node it fits frees up"
 )
 _VS_PIGEONC = (
     "Megha (5 GMs x 5 LMs, 1 s heartbeats) and PigeonC (10 distributors x 100 masters, FQW 20), both deciding for "

@@ -33,6 +33,7 @@ COSTS = "calibrated"  # Megha's decision costs in every figure of this module
 CLOUDERA_TASKS = 10_173  # fair V-A: the Cloudera sample of the Sparrow comparison
 ALIBABA_TASKS = 8_000  # fair V-A: the alibaba sample
 GOOGLE19_TASKS = 4_550  # fair V-A: the google_19 sample of the fairness study
+UNPLACEABLE = "requeue-back"  # fair IV-B5: a task that fits nowhere goes to the back of its queue (Figs. 10-11)
 MEGHA_BOUND = 1.5  # fair VI-A: Megha's allocation time 'consistently less than 1.5s'
 NAMES = {"megha": "Megha", "sparrow": "Sparrow", "centralized": "centralized"}
 SAMPLE_COSTS = {"megha": COSTS, "sparrow": "zero"}  # decision costs in the Sparrow comparison
@@ -398,6 +399,24 @@ def masters(setup: Setup) -> Result:
 # Fairness (Figs. 10 and 11)
 
 
+def fairness_replay(trace: str, first: int, wpp: int, seed: int, unplaceable: str) -> ReplayConfig:
+    """The replay of the fairness study (fair Figs. 10-11): the first `first` jobs of `trace` on the study's LMs and
+    GMs of `wpp` workers per partition, its queues, no constraints, the paper's heartbeat and decision costs."""
+    return ReplayConfig(
+        trace=trace,
+        first_jobs=first,
+        lms=fairness.LMS,
+        gms=fairness.GMS,
+        workers_per_partition=wpp,
+        seed=seed,
+        constraints=False,
+        queues=fairness.QUEUES,
+        delta_interval=HEARTBEAT,
+        decision_costs=COSTS,
+        unplaceable=unplaceable,
+    )
+
+
 def fairness_runs(setup: Setup) -> tuple[dict[int, list[Outcome]], str]:
     """The fairness study's replays by data-centre size (workers), and what they are in words."""
     trace = Workload.parse("GOOG", DataCentre()).trace
@@ -406,23 +425,13 @@ def fairness_runs(setup: Setup) -> tuple[dict[int, list[Outcome]], str]:
     for size in setup.pick((200, 500, 1500), (200, 500, 1500), (200, 500)):
         wpp = fairness.workers_per_partition(size)
         for seed in setup.seeds:
-            config = ReplayConfig(
-                trace=trace,
-                first_jobs=first,
-                lms=fairness.LMS,
-                gms=fairness.GMS,
-                workers_per_partition=wpp,
-                seed=seed,
-                constraints=False,
-                queues=fairness.QUEUES,
-                delta_interval=HEARTBEAT,
-                decision_costs=COSTS,
-            )
+            config = fairness_replay(trace, first, wpp, seed, UNPLACEABLE)
             workers = fairness.LMS * fairness.GMS * wpp
             runs.setdefault(workers, []).append(outcome(config, f"GOOG[:{first}] fair, {workers} workers"))
     described = (
         f"the first {first:,} jobs of GOOG, queues {fairness.QUEUES} (user:share:GM), {fairness.LMS} LMs x "
-        f"{fairness.GMS} GMs of {', '.join(f'{w:,}' for w in runs)} workers, {setup.describe()}"
+        f"{fairness.GMS} GMs of {', '.join(f'{w:,}' for w in runs)} workers, a task that fits nowhere re-inserted at "
+        f"the back of its queue, {setup.describe()}"
     )
     return runs, described
 

@@ -32,8 +32,8 @@ class LocalShares:
         self.width = width
         self.policy = policy
         self._usage: dict[str, list[int]] = {}
-        # user -> node -> task id -> request, in launch order (newest last)
-        self._tasks: dict[str, dict[int, dict[str, Resources]]] = {}
+        # user -> node -> task id -> task, in launch order (newest last)
+        self._tasks: dict[str, dict[int, dict[str, TaskSpec]]] = {}
 
     def started(self, task: TaskSpec, node: int) -> None:
         usage = self._usage.get(task.user)
@@ -42,7 +42,7 @@ class LocalShares:
             self._tasks[task.user] = {}
         for k, v in enumerate(task.request):
             usage[k] += v
-        self._tasks[task.user].setdefault(node, {})[task.task_id] = task.request
+        self._tasks[task.user].setdefault(node, {})[task.task_id] = task
 
     def ended(self, task: TaskSpec, node: int) -> None:
         usage = self._usage[task.user]
@@ -79,7 +79,8 @@ class LocalShares:
         """The first victim (in the GM's order) that is verified over its share and whose newest tasks on one
         node satisfying `task`'s constraints (and offering its driver, when `drivers` gives each node's) free
         enough room for it, without taking the victim below its own
-        share (so the victim cannot preempt back: no ping-pong); otherwise why none could be used."""
+        share (so the victim cannot preempt back: no ping-pong) and never taking a task of a higher priority class
+        than `task`'s (docs/priority.md); otherwise why none could be used."""
         reasons = []
         for victim in victims:
             if victim.user == task.user:
@@ -97,9 +98,12 @@ class LocalShares:
                 room = list(free[node])
                 left = list(usage)
                 chosen = []
-                for task_id, request in reversed(by_node[node].items()):
+                for task_id, running in reversed(by_node[node].items()):
                     if all(r >= q for r, q in zip(room, task.request)):
                         break
+                    if running.priority > task.priority:
+                        continue
+                    request = running.request
                     left = [a - v for a, v in zip(left, request)]
                     if self.policy.consumption(tuple(left), total) < share:
                         break

@@ -2,9 +2,10 @@
 
 | extension point | default | alternatives | module |
 |---|---|---|---|
-| queue order (QueueSort) | `fifo` | `fair` (with fair scheduling) | `queue_order`, `fair_share` |
-| preemption (PostFilter) | `none` | `fair-share` (with fair scheduling) | `preemption`, `fair_share` |
+| queue order (QueueSort) | `fifo` | `fair` (fair scheduling), `priority` (over either) | `queue_order`, `priority` |
+| preemption (PostFilter) | `none` | `fair-share` (fair scheduling), `priority` (first) | `preemption`, `priority` |
 | usage accounting | none | the share book (with fair scheduling) | `usage`, `fairness.queues` |
+| class reports | none | the class book (with priority classes) | `priority` |
 | node choice | `random` | `min-constraints`, `first-fit` | `placement.choice` |
 | LM order | `round-robin` | `first-fit`, `scarcity` | `placement.search`, `placement.scarcity` |
 | unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
@@ -29,6 +30,14 @@ from megha.common.core.placement.scarcity import ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
 from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
 from megha.common.core.policies.preemption import NoPreemption, PreemptionPolicy
+from megha.common.core.policies.priority import (
+    ClassBook,
+    ClassReports,
+    NoClassReports,
+    PreemptionChain,
+    PriorityOrder,
+    PriorityPreemption,
+)
 from megha.common.core.policies.queue_order import FifoOrder, QueueOrder
 from megha.common.core.policies.unplaceable import ParkByShape, RequeueBack, UnplaceablePolicy
 from megha.common.core.policies.unsatisfiable import DropTasks, RejectJob, UnsatisfiablePolicy
@@ -37,6 +46,7 @@ from megha.common.core.view import PartitionView
 
 QUEUE_ORDERS: dict[str, Callable[[], QueueOrder]] = {
     FifoOrder.name: FifoOrder,
+    "priority": PriorityOrder,
 }
 """Queue orders a GM without fair scheduling may use, by name (`megha replay --queue-order`)."""
 
@@ -72,6 +82,7 @@ class GmPolicies:
     lm_order: str = "round-robin"
     unplaceable: str = "park"  # an UNPLACEABLE name: the GM builds it over its parked shapes
     unsatisfiable: UnsatisfiablePolicy = field(default_factory=RejectJob)
+    class_reports: ClassReports = field(default_factory=NoClassReports)
 
 
 def gm_policies(
@@ -83,10 +94,12 @@ def gm_policies(
     lm_order: str = "round-robin",
     unplaceable: str = "park",
     unsatisfiable: str = "reject",
+    priority_classes: bool = False,
 ) -> GmPolicies:
     """GM `gm`'s policies: with `fairness`, its user queues, fair share preemption and share book (the queue order
     is then `fair`); without, the named queue order and no preemption. LM order, unplaceable and unsatisfiable
-    tasks as named."""
+    tasks as named. With `priority_classes`, higher classes are served first over that order and may preempt lower
+    ones before any other preemption is tried (`policies/priority.py`)."""
     for kind, name, known in (
         ("LM order", lm_order, LM_ORDERS),
         ("unplaceable policy", unplaceable, UNPLACEABLE),
@@ -101,9 +114,24 @@ def gm_policies(
     if fairness is None:
         if queue_order not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue order {queue_order!r}; choose one of {sorted(QUEUE_ORDERS)}")
-        return replace(plain, queue_order=QUEUE_ORDERS[queue_order]())
-    if queue_order not in ("fifo", FairQueueOrder.name):
-        raise ValueError(f"queue order {queue_order!r} does not apply under fair scheduling (its order is 'fair')")
-    fairness.check_gms(cluster.num_gms)
-    book = ShareBook(fairness, gm, cluster.num_lms, cluster.total_capacity(), make_share_policy(fairness.policy))
-    return replace(plain, queue_order=FairQueueOrder(book), preemption=FairSharePreemption(book), usage=book)
+        policies = replace(plain, queue_order=QUEUE_ORDERS[queue_order]())
+    else:
+        if queue_order not in ("fifo", FairQueueOrder.name):
+            raise ValueError(f"queue order {queue_order!r} does not apply under fair scheduling (its order is 'fair')")
+        fairness.check_gms(cluster.num_gms)
+        book = ShareBook(fairness, gm, cluster.num_lms, cluster.total_capacity(), make_share_policy(fairness.policy))
+        policies = replace(plain, queue_order=FairQueueOrder(book), preemption=FairSharePreemption(book), usage=book)
+    return with_priority_classes(policies, cluster) if priority_classes else policies
+
+
+def with_priority_classes(policies: GmPolicies, cluster: ClusterSpec) -> GmPolicies:
+    """`policies` with priority classes: higher classes first over their queue order, and priority preemption
+    tried before their preemption policy, over one class book fed by the LMs' reports."""
+    book = ClassBook(cluster.num_lms, cluster.total_capacity())
+    order = policies.queue_order
+    return replace(
+        policies,
+        queue_order=order if isinstance(order, PriorityOrder) else PriorityOrder(order),
+        preemption=PreemptionChain([PriorityPreemption(book), policies.preemption]),
+        class_reports=book,
+    )

@@ -159,14 +159,33 @@ function drawQueues(queues, at) {
   });
 }
 
+// What kind of job a row is (GET /v1/jobs/{id} has the details): gang, array size, parents, retry rule.
+function kindOf(job) {
+  const parents = job.depends_on.length;
+  const markers = [];
+  if (job.gang) markers.push(["gang", "every task starts, or none does"]);
+  if (job.array !== null) markers.push([`array of ${job.array}`, "one task template run as many tasks"]);
+  if (parents) markers.push([`after ${parents} job${parents === 1 ? "" : "s"}`, `waits for ${job.depends_on.join(", ")}`]);
+  if (job.retry) markers.push(["retry", "failed runs run again under the job's retry rule"]);
+  return markers;
+}
+
 function drawLatest(list) {
   const body = document.querySelector("#latest tbody");
   body.replaceChildren();
   for (const job of list.jobs.slice().reverse()) {
     const perState = Object.entries(job.task_states).map(([s, n]) => `${s} ${n}`).join(", ");
-    const row = el("tr", { "data-testid": `job-${job.job_id}`, "data-state": job.state });
-    row.append(el("td", {}, job.job_id), el("td", {}, job.user), el("td", {}, job.state),
-      el("td", { class: "num" }, job.tasks), el("td", {}, perState));
+    const markers = kindOf(job);
+    const kind = el("td", {});
+    kind.append(...markers.map(([text, title]) => el("span", { class: "tag", title }, text)));
+    const row = el("tr", {
+      "data-testid": `job-${job.job_id}`,
+      "data-state": job.state,
+      "data-class": job.priority_class ?? "",
+      "data-kind": markers.map(([text]) => text).join(", "),
+    });
+    row.append(el("td", {}, job.job_id), el("td", {}, job.user), el("td", { class: `state-${job.state}` }, job.state),
+      el("td", {}, job.priority_class ?? "—"), kind, el("td", { class: "num" }, job.tasks), el("td", {}, perState));
     body.append(row);
   }
 }
@@ -211,7 +230,7 @@ async function refresh() {
     document.getElementById("gm-title").textContent = `GM ${view.gm}`;
     document.title = `Megha GM ${view.gm}`;
     drawGrid(view.partitions);
-    drawCounts("job-counts", "jobs:", view.jobs, ["queued", "running", "finished", "failed", "cancelled"]);
+    drawCounts("job-counts", "jobs:", view.jobs, ["waiting", "queued", "running", "finished", "failed", "cancelled"]);
     drawCounts("task-counts", "tasks:", view.tasks, ["queued", "launched", "finished", "failed", "cancelled"]);
     drawQueues(view.queues, view.at);
     drawLatest(latest);
