@@ -22,6 +22,20 @@ def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> asyn
     return task
 
 
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until `event` is set (True) or `timeout` seconds pass (False).
+
+    Not `asyncio.wait_for(event.wait(), timeout)`: on Python 3.11 that swallows a cancellation that arrives just
+    after the event was set, so a background loop cancelled at shutdown went on forever and the service's
+    shutdown waited for it (a GM's lifespan hung in CI). `asyncio.timeout` always delivers the cancellation."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 def _forget_and_log(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
     def done(task: asyncio.Task[Any]) -> None:
         tasks.discard(task)

@@ -22,6 +22,7 @@ from megha.common.auth import Principal
 from megha.common.core.dependencies import FORGOTTEN, OUTCOMES
 from megha.common.models import JOB_SCOPE, made_by, scoped_job_id
 from megha.common.wire.dependencies import ParentJob
+from megha.services.background import wait_event
 from megha.services.client import CallError
 from megha.services.logs import ids
 
@@ -163,8 +164,7 @@ class ParentWatch:
         poll = self.gm.settings.dependency_poll
         next_check = time.monotonic()  # at once: a recovered GM's waiting jobs may have been released already
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_check - time.monotonic()))
+            await wait_event(self._wake, max(0.0, next_check - time.monotonic()))
             self._wake.clear()
             recheck = time.monotonic() >= next_check
             if recheck:

@@ -22,6 +22,7 @@ from megha.common.core.messages import Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import TaskSpec
 from megha.common.models import ErrorBody, JobEnd, JobState, TaskChange, TaskTransition
+from megha.services.background import wait_event
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.http import error, errors
 
@@ -198,9 +199,7 @@ async def _send(events: JobEvents, job_id: str, reader: Reader) -> AsyncIterator
             if reader.closed:
                 return
             reader.ready.clear()
-            try:
-                await asyncio.wait_for(reader.ready.wait(), KEEPALIVE)
-            except TimeoutError:
+            if not await wait_event(reader.ready, KEEPALIVE):
                 yield b": keep-alive\n\n"
     finally:
         events.close(job_id, reader)

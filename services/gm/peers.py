@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic_core import to_json
 
+from megha.services.background import wait_event
 from megha.services.client import CallError, ServiceClient
 from megha.services.gm.journal import journal_lines
 
@@ -79,8 +80,7 @@ class Replicator:
         pause = 0.25  # after a failed send, doubling up to RETRY_PAUSE
         while True:
             if not self._lines and not self.behind:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), KEEP_ALIVE)
+                await wait_event(self._wake, KEEP_ALIVE)
             self._wake.clear()
             waiting, self._waiting = self._waiting, []
             reset = self.behind
