@@ -39,7 +39,7 @@ from megha.common.models import (
 from megha.common.settings import GMSettings
 from megha.loadgen.events import EventRecorder
 from megha.services.gm.journal import End, Journal
-from megha.services.gm.service import GMService
+from megha.services.gm.service import GMService, NotServing
 
 
 def test_records_are_replayed_and_a_line_cut_short_by_a_crash_is_skipped(tmp_path: Path) -> None:
@@ -151,6 +151,25 @@ class _Life:
 def _ends(path: Path) -> list[str]:
     """The task ids of the journal's end records, in order, repeats included."""
     return [r["end"] for r in map(json.loads, path.read_text().splitlines()) if "end" in r]
+
+
+def test_a_submission_whose_journal_closes_under_it_is_refused_as_changing_hands_not_a_server_error(
+    tmp_path: Path,
+) -> None:
+    """A GM fenced after a stall resets (closing its journal) while a submission waits for its journal's sync:
+    the submission gets NotServing (503, submit again), not the closed file's error (a 500, as in a CI run)."""
+    lm = LocalMaster(0, SPEC.partitions[0])
+
+    async def life() -> None:
+        gm = _Life(tmp_path, 10, lm)
+        await gm.service.recover()
+        submitting = asyncio.get_running_loop().create_task(gm.submit("late"))
+        await asyncio.sleep(0)  # written, its sync not yet done
+        gm.service.reset()  # fenced: the journal closes, the identity is recovered again
+        with pytest.raises(NotServing, match="changing hands"):
+            await submitting
+
+    asyncio.run(life())
 
 
 @pytest.mark.parametrize("kept", [0, 1])

@@ -111,7 +111,7 @@ class Journal:
             try:
                 self._file.flush()
                 await asyncio.to_thread(os.fsync, self._file.fileno())
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: closed meanwhile (the GM was fenced and resets)
                 for done in waiting:
                     done.set_exception(exc)
             else:

@@ -191,10 +191,7 @@ class GMService:
         self._reserved[sub.user] = self._reserved.get(sub.user, 0) + len(job.tasks)  # held while journaling
         try:
             if self.journal is not None:  # on disk (here, and at the peer that would stand in) before the answer
-                record = sub.model_dump(mode="json", exclude_defaults=True) | {"job_id": job_id}
-                line = await self.journal.append_durably({"job": record, "at": arrived})
-                if self.replicator is not None:
-                    await self.replicator.add_durably(line)
+                await self._journal_job(sub, job_id, arrived, core)
             async with self.lock:
                 if self.core is not core or not self.serving:
                     return job  # this identity changed hands meanwhile: its next holder recovers the job
@@ -209,6 +206,22 @@ class GMService:
         self.dispatch.send(outputs)
         await asyncio.sleep(0)  # the launch calls go out before the submission is answered
         return job
+
+    async def _journal_job(self, sub: JobSubmission, job_id: str, arrived: float, core: GlobalMaster) -> None:
+        """Journal an accepted job durably, here and at the peer's copy. NotServing (503: submit again) when the
+        journal fails: most often this identity changed hands meanwhile (fenced, it closed its journal to recover);
+        the client's next try then gets 409 if the recovery found the job, else the job."""
+        assert self.journal is not None
+        record = sub.model_dump(mode="json", exclude_defaults=True) | {"job_id": job_id}
+        try:
+            line = await self.journal.append_durably({"job": record, "at": arrived})
+        except (OSError, ValueError) as exc:
+            if self.core is not core or not self.serving:
+                raise NotServing(f"GM {self.settings.gm_id} is changing hands; submit again in a few seconds") from None
+            log.error("could not journal job %s: %s", job_id, exc)
+            raise NotServing(f"GM {self.settings.gm_id} could not journal job {job_id}: {exc}") from None
+        if self.replicator is not None:
+            await self.replicator.add_durably(line)
 
     def _job_table(self) -> JobTable:
         """An empty job table that journals ends and retries, names priority classes and tells the dependency watch
