@@ -38,8 +38,8 @@ from megha.common.models import (
 )
 from megha.common.settings import GMSettings
 from megha.loadgen.events import EventRecorder
-from megha.services.gm.journal import End, Journal
-from megha.services.gm.service import GMService, NotServing
+from megha.services.gm.journal import End, Journal, NotWritten
+from megha.services.gm.service import GMService
 
 
 def test_records_are_replayed_and_a_line_cut_short_by_a_crash_is_skipped(tmp_path: Path) -> None:
@@ -153,11 +153,11 @@ def _ends(path: Path) -> list[str]:
     return [r["end"] for r in map(json.loads, path.read_text().splitlines()) if "end" in r]
 
 
-def test_a_submission_whose_journal_closes_under_it_is_refused_as_changing_hands_not_a_server_error(
-    tmp_path: Path,
-) -> None:
-    """A GM fenced after a stall resets (closing its journal) while a submission waits for its journal's sync:
-    the submission gets NotServing (503, submit again), not the closed file's error (a 500, as in a CI run)."""
+def test_a_submission_written_before_its_gm_was_fenced_is_accepted_and_recovered(tmp_path: Path) -> None:
+    """A GM fenced after a stall resets (closing its journal) while a submission waits for its journal's sync. The
+    line was written, so the recovery that follows reads the job: the submission is answered as accepted, not with
+    the closed file's error (a 500, as in a CI run) nor a 503 (the client's next try would get 409 for its own
+    job, and count it refused)."""
     lm = LocalMaster(0, SPEC.partitions[0])
 
     async def life() -> None:
@@ -166,10 +166,20 @@ def test_a_submission_whose_journal_closes_under_it_is_refused_as_changing_hands
         submitting = asyncio.get_running_loop().create_task(gm.submit("late"))
         await asyncio.sleep(0)  # written, its sync not yet done
         gm.service.reset()  # fenced: the journal closes, the identity is recovered again
-        with pytest.raises(NotServing, match="changing hands"):
-            await submitting
+        await submitting
+        await gm.service.recover()
+        assert "late" in gm.service.jobs.jobs
 
     asyncio.run(life())
+
+
+def test_a_record_not_written_says_so(tmp_path: Path) -> None:
+    """A closed journal writes nothing: NotWritten, which a submission answers with 503 (submit again)."""
+    journal = Journal(tmp_path / "run.gm-0.journal")
+    journal.close()
+    with pytest.raises(NotWritten):
+        asyncio.run(journal.append_durably({"job": {"job_id": "a", "tasks": []}, "at": 1.0}))
+    assert Journal.replay(journal.path).jobs == []
 
 
 @pytest.mark.parametrize("kept", [0, 1])

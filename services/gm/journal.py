@@ -57,6 +57,10 @@ class Replayed:
     damaged: int = 0  # lines that could not be read (a write cut short by a crash)
 
 
+class NotWritten(RuntimeError):
+    """A record could not be written to the journal at all (closed, or the write failed)."""
+
+
 class Journal:
     """An append-only journal file with group commit."""
 
@@ -88,9 +92,14 @@ class Journal:
         return found
 
     async def append_durably(self, record: dict[str, object]) -> str:
-        """Append `record` and return its line once it is on disk."""
+        """Append `record` and return its line once it is on disk. NotWritten when it could not even be written
+        (nothing of it is in the journal); OSError or ValueError (the journal closed meanwhile) when it was written
+        but its sync failed."""
         line = json.dumps(record, separators=(",", ":"))
-        self._file.write(line.encode() + b"\n")
+        try:
+            self._file.write(line.encode() + b"\n")
+        except (OSError, ValueError) as exc:
+            raise NotWritten(str(exc)) from exc
         done = asyncio.get_running_loop().create_future()
         self._waiting.append(done)
         if self._syncer is None or self._syncer.done():

@@ -42,7 +42,7 @@ from megha.services.gm.dependencies import ParentWatch
 from megha.services.gm.dispatch import GMDispatch
 from megha.services.gm.events_route import JobEvents
 from megha.services.gm.jobs import ENDED, JobTable
-from megha.services.gm.journal import Journal
+from megha.services.gm.journal import Journal, NotWritten
 from megha.services.gm.metrics import GMMeter
 from megha.services.gm.peers import Replicator
 from megha.services.gm.recovery import Restart
@@ -208,17 +208,23 @@ class GMService:
         return job
 
     async def _journal_job(self, sub: JobSubmission, job_id: str, arrived: float, core: GlobalMaster) -> None:
-        """Journal an accepted job durably, here and at the peer's copy. NotServing (503: submit again) when the
-        journal fails: most often this identity changed hands meanwhile (fenced, it closed its journal to recover);
-        the client's next try then gets 409 if the recovery found the job, else the job."""
+        """Journal an accepted job durably, here and at the peer's copy. When this identity changes hands meanwhile
+        (fenced after a stall, it closes its journal to recover), a job not written is refused with NotServing
+        (503: submit again); one written before the journal closed is returned as accepted, since the recovery that
+        follows reads it (answering 503 would make the client's next try a 409 for its own job)."""
         assert self.journal is not None
         record = sub.model_dump(mode="json", exclude_defaults=True) | {"job_id": job_id}
         try:
             line = await self.journal.append_durably({"job": record, "at": arrived})
-        except (OSError, ValueError) as exc:
+        except NotWritten as exc:
             if self.core is not core or not self.serving:
                 raise NotServing(f"GM {self.settings.gm_id} is changing hands; submit again in a few seconds") from None
             log.error("could not journal job %s: %s", job_id, exc)
+            raise NotServing(f"GM {self.settings.gm_id} could not journal job {job_id}: {exc}") from None
+        except (OSError, ValueError) as exc:
+            if self.core is not core or not self.serving:
+                return  # written: the recovery of this identity's next holder reads it
+            log.error("could not sync the journal line of job %s: %s", job_id, exc)
             raise NotServing(f"GM {self.settings.gm_id} could not journal job {job_id}: {exc}") from None
         if self.replicator is not None:
             await self.replicator.add_durably(line)
