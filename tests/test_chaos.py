@@ -230,9 +230,13 @@ LEFT_TO_MEGHA_CHAOS = {
     "gm-stall": "tests/test_gm_takeover.py stalls a GM (SIGSTOP) mid-replay, past the stand-in's takeover",
     "gang-gm-kill": "tests/test_core_gang.py crashes a GM at each step of a gang's prepares and commits, and "
     "tests/test_gang_services.py runs gangs across the LMs of a real deployment",
+    "lm-kill": "gang-lm-kill (here) kills an LM mid-replay and restarts it, with gangs among its tasks; "
+    "tests/test_services_recovery.py does it without gangs",
+    "agent-kill": "tests/test_services_e2e.py kills a worker agent mid-replay: its tasks run again elsewhere and its "
+    "node comes back",
 }
-"""Faults left out to keep the default run under 20 minutes (the long outages, a broker restart another test makes,
-and one of the two gang faults: a trial takes about 40 s): `megha chaos` runs them (every matrix in
+"""Faults left out to keep the default run under 20 minutes (the long outages, faults another test makes the same
+way, and one of the two gang faults: a trial takes 25-40 s): `megha chaos` runs them (every matrix in
 docs/reliability.md has them), and CI covers each path with the test named here."""
 
 CI_FAULTS = [name for name in PROCESS_FAULTS if name not in LEFT_TO_MEGHA_CHAOS]
