@@ -450,13 +450,23 @@ def _stack_resources(stack: str) -> dict[str, list[str]]:
 
 def _tear_down(stack: str) -> None:
     _docker("stack", "rm", stack, check=False)
-    # The swarm removes the containers (and then the network) in the background; volumes only go when asked.
+    # The swarm removes the containers, then the network, in the background; volumes only go when asked. On a
+    # loaded machine Docker 20.10 has kept the network for minutes after the last container went (CI, under load):
+    # once the containers are gone it is removed as the operator would (docs/deploy.md, "Tear down").
     wait_until(
-        lambda: not {"services", "containers", "networks"} & set(_stack_resources(stack)),
+        lambda: not {"services", "containers"} & set(_stack_resources(stack)),
         120,
         lambda: _stack_resources(stack),
         every=1.0,
     )
+
+    def networks_gone() -> bool:
+        networks = _stack_resources(stack).get("networks", [])
+        if networks:
+            _docker("network", "rm", *networks, check=False)
+        return not networks
+
+    wait_until(networks_gone, 60, lambda: _stack_resources(stack), every=2.0)
     left = _stack_resources(stack)
     if left.get("volumes"):
         _docker("volume", "rm", *left["volumes"], check=False)
