@@ -80,10 +80,11 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
 
     from megha.sim.experiments.differences import EXPERIMENTS
 
-    for name in ("component-hops", "fairness-unplaceable"):
+    for name in ("component-hops", "fairness-unplaceable", "masters-lm-time"):
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
         varied = {key for key in configs[0] if len({repr(c[key]) for c in configs}) > 1}
         expected = {"component-hops": {"hop_delay", "decision_costs"}}
         expected["fairness-unplaceable"] = {"unplaceable", "workers_per_partition"}
+        expected["masters-lm-time"] = {"gms", "workers_per_partition"}
         assert varied == expected[name], (name, varied)

@@ -324,10 +324,10 @@ EXPERIMENTS: dict[str, Experiment] = {
     ),
     "masters-lm-time": Experiment(
         "fair-fig9",
-        "20 GMs over 10 LMs leave the median allocation time unchanged (the paper: a slight rise, LMs unable to keep "
-        "up with the GMs) because our LMs keep up: the time from a launch reaching an LM to its validation "
-        "(queuing for the LM and validating) stays at the LM's cost for 5, 10 and 20 GMs; what rises with 20 GMs is "
-        "the GMs' inconsistencies (each GM's partitions are smaller), which raise the mean and p99 only",
+        "20 GMs over 10 LMs leave the median allocation time unchanged (the paper: a slight rise, which it puts on "
+        "LMs unable to keep up with the GMs) because our LMs keep up: the time from a launch reaching an LM to its "
+        "validation (waiting for the LM, then validating) stays at the LM's cost for 5, 10 and 20 GMs, while the "
+        "GMs' inconsistencies grow with their number",
         masters_lm_time,
         {
             "alloc p50": _alloc("median"),
