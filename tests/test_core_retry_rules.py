@@ -17,6 +17,7 @@ from megha.common.core.messages import (
     FinishedTask,
     LaunchBatch,
     Output,
+    StopRequest,
     Wake,
     WorkerLaunch,
     WorkerReport,
@@ -234,6 +235,23 @@ def test_cancelling_a_job_whose_task_waits_in_backoff_cancels_it_at_once_and_the
     assert seen.ends == [("j.0", "cancelled")] and gm.cancelled == 1
     assert gm.retry.backing_off == {} and gm.retry.rules == {}
     assert gm.handle(wake.msg, wake.at) == [] and not gm.queue
+
+
+def test_a_cancelled_task_whose_run_failed_before_the_stop_reached_it_ends_failed_and_is_not_retried() -> None:
+    """The job is cancelled while its run is failing: the run's failure, overtaking the stop, ends the task as it
+    ended (failed), and its rule does not run a cancelled task again (it used to: the retry then ran after the
+    cancel, and the stale stop could hit it)."""
+    seen = Seen()
+    net = Net.build(cluster([[[[]]]]), observer=seen)
+    gm = net.gms[0]
+    net.post(gm.submit(ruled("j", RetryRule(3, 0.0)), 0.0))
+    (launch,) = launches(net)
+    (stop,) = [o.msg for o in gm.cancel(["j.0"], 1.0)]
+    assert isinstance(stop, StopRequest) and gm.ledger.cancelling == {"j.0"}
+    assert end_run(net, launch, 1.5, 3) == []  # the failure reaches the GM before the stop reaches the LM
+    assert seen.ends == [("j.0", "exited with code 3")] and seen.retries == []
+    assert not gm.queue and not gm.ledger.cancelling and gm.retry.rules == {} and gm.running == {}
+    assert net.lms[0].handle(stop, 2.0) == [] and net.lms[0].is_idle()
 
 
 def test_a_gm_restarted_during_a_backoff_runs_the_task_again_and_keeps_its_failure_count() -> None:

@@ -482,7 +482,7 @@ class GangScheduler:
         for p in gang.parts[lm]:
             if p.repartition:
                 gm.repartitions += 1
-            if not ledger.accepted(p):
+            if not ledger.accepted(gang.seqs[lm], p):
                 continue  # its run ended already
             gang.live.add(p.task.task_id)
             if p.task.task_id in ledger.cancelling:

@@ -326,7 +326,7 @@ class GlobalMaster:
         if placements is not None:
             self.view.given_back(lm, seq, placements)
             for p in placements:
-                if not self.ledger.refused(p.task.task_id):
+                if not self.ledger.refused(lm, seq, p.task.task_id):
                     continue  # its completion came first: it ended already, and its resources were released
                 self.policies.usage.released(p.task, lm)
                 if p.task.queueable:
@@ -488,7 +488,7 @@ class GlobalMaster:
         ledger = self.ledger
         accepted, cancelling = ledger.accepted, ledger.cancelling
         for p in resp.accepted:
-            if accepted(p) and cancelling:
+            if accepted(resp.seq, p) and cancelling:
                 self.stop_if_cancelled(p)
             if p.repartition:
                 self.repartitions += 1
@@ -540,10 +540,14 @@ class GlobalMaster:
                 observer.task_preempted(placement.task, now)
                 requeue.append(placement.task)
             elif not item.lost:
-                cancelling.discard(item.task_id)  # it ended before the stop reached it: as it ended
                 at = item.finished_at if item.forwarded and item.finished_at is not None else now
                 error = item.error
-                if retry_rules:
+                if cancelling and item.task_id in cancelling:
+                    # It ended before the stop reached it: as it ended, and, cancelled, never run again.
+                    cancelling.discard(item.task_id)
+                    if retry_rules:
+                        self.retry.ended(placement.task)
+                elif retry_rules:
                     error = self._retry_or_end(placement.task, item.error, item.exit_code, now)
                     if error is None:
                         continue

@@ -71,7 +71,7 @@ class Preemptor:
             gm.preemptions += len(resp.preempted)
             if resp.placement.repartition:
                 gm.repartitions += 1
-            if gm.ledger.accepted(resp.placement):
+            if gm.ledger.accepted(resp.seq, resp.placement):
                 gm.stop_if_cancelled(resp.placement)
             parked = gm.waiting.get(shape)
             if parked:  # the next task of this shape may preempt in turn
