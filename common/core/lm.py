@@ -251,7 +251,7 @@ class LocalMaster:
                     batch.seq,
                     accepted,
                     rejected,
-                    [self.nodes.state(n) for n in touched if 0 <= n < len(self.free)],
+                    self.nodes.states(n for n in touched if 0 <= n < len(self.free)),
                     self._take_delta(batch.gm),
                 ),
             )
