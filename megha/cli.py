@@ -679,10 +679,11 @@ def script() -> NoReturn:
     (a replay's cores, workload and records), so the cyclic collector runs rarely meanwhile; at exit, the heap is
     left to the operating system instead of traced by one last collection (a quarter of a second after the
     syn_250 replay). atexit handlers still run and stdout and stderr are flushed; every file a command writes is
-    closed once written."""
+    closed once written. The heap is frozen before the collector's threshold returns to its default, which would
+    otherwise start at once a collection of everything allocated since the last one (tens of milliseconds)."""
     with fewer_gc_pauses():
         status = main()
-    gc.freeze()
+        gc.freeze()
     sys.exit(status)
 
 

@@ -134,3 +134,19 @@ def test_uniform_bit_is_uniform_over_dense_and_sparse_bitsets() -> None:
         assert set(counts) == {p for p in range(400) if bits >> p & 1}
         expected = draws / bits.bit_count()
         assert max(abs(c - expected) for c in counts.values()) < 0.75 * expected
+
+
+class _SubclassedRandom(random.Random):
+    """A Random subclass: `uniform_bit` then draws through `randrange`, as it did before its inlined fast path."""
+
+
+def test_uniform_bit_draws_the_same_positions_as_randrange() -> None:
+    """The inlined draws of the fast path (a plain `random.Random`) take the same numbers from the stream as
+    `randrange`, so a replay places every task where it did before, at every width, dense and sparse."""
+    bitsets = [1, 0b10, 0b101, (1 << 5) - 1, (1 << 3) | (1 << 70) | (1 << 130) | (1 << 399)]
+    bitsets += [random.Random(n).getrandbits(n) | 1 << (n - 1) for n in (7, 64, 100, 400, 2000)]
+    fast, reference = random.Random(11), _SubclassedRandom(11)
+    for bits in bitsets:
+        for _ in range(200):
+            assert uniform_bit(bits, fast) == uniform_bit(bits, reference)
+    assert fast.getstate() == reference.getstate()

@@ -4,7 +4,7 @@ read-your-writes for its own placements still in flight (Megha paper, section IV
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import add, gt, sub
+from operator import add, ge, gt, sub
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.messages import NodeState, Placement
@@ -84,16 +84,22 @@ class GlobalView:
         known = self._known_version[lm]
         unapplied = self._unapplied_states[lm]
         held_get = unapplied.get
+        held_any = False
         for node, free, version in states:
             if version > known[node]:
                 held = held_get(node)
                 if held is None or version > held[1]:
                     unapplied[node] = (free, version, applied_through)
-                    self.has_unapplied_states = True
+                    held_any = True
+        if held_any:
+            self.has_unapplied_states = True
 
     def sync(self) -> None:
         """Adopt the held LM states, re-applying this GM's own placements on a node that the LM had not
-        processed when it read the state (read-your-writes); note which nodes gained free resources."""
+        processed when it read the state (read-your-writes); note which nodes gained free resources.
+
+        This runs over every node state the LMs report (hundreds of thousands in a replay), so the partition
+        view's `set_free` is inlined: the same update of its free resources and fit caches."""
         self.has_unapplied_states = False
         freed = self.freed_nodes
         for lm, unapplied in enumerate(self._unapplied_states):
@@ -104,16 +110,24 @@ class GlobalView:
             unanswered = self._unanswered_requests[lm]
             for node, (free, version, applied_through) in unapplied.items():
                 known[node] = version
-                if unanswered and node in unanswered:
-                    for seq, request in unanswered[node]:
-                        if seq > applied_through:
-                            free = tuple(map(sub, free, request))
+                if unanswered:
+                    pending = unanswered.get(node)
+                    if pending:
+                        for seq, request in pending:
+                            if seq > applied_through:
+                                free = tuple(map(sub, free, request))
                 view, i = locate[node]
-                old = view.free[i]
+                view_free = view.free
+                old = view_free[i]
                 if free != old:
                     if any(map(gt, free, old)):
                         freed.append((lm, node))
-                    view.set_free(i, free)
+                    view_free[i] = free  # view.set_free(i, free), inline
+                    fit = view.fit_cache
+                    if fit:
+                        bit = 1 << i
+                        for request, bits in fit.items():
+                            fit[request] = bits | bit if all(map(ge, free, request)) else bits & ~bit
             unapplied.clear()
 
     def take_freed(self) -> list[tuple[int, int]]:

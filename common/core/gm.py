@@ -371,26 +371,30 @@ class GlobalMaster:
         blocked = self.unplaceable.blocked
         while queue:
             task = queue.popleft()
-            # shape_of(task, by_user), inline: this runs for every task
-            shape = (
-                task.constraints,
-                task.request,
-                task.user if by_user else "",
-                None if task.run is None else task.run.driver,
-                task.priority,
-            )
-            parked = blocked.get(shape)
-            if parked is not None:
-                if task.queueable and self._queue_opportunistically(task, now, batches):
+            shape = None  # the task's shape, needed only while some shape is blocked or when it fails
+            if blocked:
+                # shape_of(task, by_user), inline: this runs for every task
+                shape = (
+                    task.constraints,
+                    task.request,
+                    task.user if by_user else "",
+                    None if task.run is None else task.run.driver,
+                    task.priority,
+                )
+                parked = blocked.get(shape)
+                if parked is not None:
+                    if task.queueable and self._queue_opportunistically(task, now, batches):
+                        continue
+                    # The view cannot place this shape (it failed and no node it could use has freed since); held
+                    # behind the older tasks of the same shape (parked, or at the back of the queue).
+                    parked.append(task)
+                    self.reschedules += 1
+                    observer.rescheduled(task, now)
                     continue
-                # The view cannot place this shape (it failed and no node it could use has freed since); held
-                # behind the older tasks of the same shape (parked, or at the back of the queue).
-                parked.append(task)
-                self.reschedules += 1
-                observer.rescheduled(task, now)
-                continue
             observer.attempt(task, now)
             if not self._place(task, batches):
+                if shape is None:
+                    shape = shape_of(task, by_user)
                 if task.queueable:
                     if self._queue_opportunistically(task, now, batches):
                         continue

@@ -224,13 +224,14 @@ class LocalMaster:
         started: list[Placement] = []
         rejected: list[Rejection] = []
         touched: dict[int, None] = {}
+        ended = self.ended if self.ended else None  # runs remembered after they ended (none by default)
         for p in batch.placements:
             touched[p.node] = None
             current = self.running.get(p.task.task_id)
             if current is not None and current.placement.node == p.node and current.gm == batch.gm:
                 accepted.append(p)  # a repeated request: launch is idempotent per task
                 continue
-            if self.ended and (p.task.task_id, p.task.attempt) in self.ended:
+            if ended is not None and (p.task.task_id, p.task.attempt) in ended:
                 accepted.append(p)  # a repeat of a run that already ended here (its answer was lost): not again
                 continue
             rejection = self._validate(p, batch.gm, current)
@@ -251,7 +252,7 @@ class LocalMaster:
                     batch.seq,
                     accepted,
                     rejected,
-                    [self.nodes.state(n) for n in touched if 0 <= n < len(self.free)],
+                    self.nodes.states(n for n in touched if 0 <= n < len(self.free)),
                     self._take_delta(batch.gm),
                 ),
             )
@@ -349,6 +350,8 @@ class LocalMaster:
     def _on_report(self, report: WorkerReport, now: float) -> list[Output]:
         by_gm: dict[int, list[Completion]] = {}
         running, preempting = self.running, self.preempting
+        ended = self.ended if self.ended else None  # runs remembered after they ended (none by default)
+        state_of = self.nodes.state
         for item in report.finished:
             alloc = running.get(item.task_id)
             if alloc is not None and _same_run(alloc, item):
@@ -382,11 +385,11 @@ class LocalMaster:
                 else:
                     continue  # a stale copy's report: each run frees its resources once
             n = alloc.placement.node
-            if self.ended and not (item.preempted or item.lost):
-                self.ended.add(item.task_id, item.attempt, alloc.gm, item.error)
+            if ended is not None and not (item.preempted or item.lost):
+                ended.add(item.task_id, item.attempt, alloc.gm, item.error)
             completion = Completion(
                 item.task_id,
-                self.nodes.state(n),
+                state_of(n),
                 item.error,
                 item.preempted,
                 item.lost,

@@ -3,7 +3,7 @@ constraints, drivers and owning GM, the nodes out of service, and per GM the nod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from megha.common.core.cluster import PartitionSpec
 from megha.common.core.messages import NodeState, node_state
@@ -58,6 +58,11 @@ class NodeTable:
 
     def state(self, n: int) -> NodeState:
         return node_state((n, self.free[n], self.version[n]))
+
+    def states(self, nodes: Iterable[int]) -> list[NodeState]:
+        """The states of `nodes` (each a node of this table), in their order."""
+        free, version = self.free, self.version
+        return [node_state((n, free[n], version[n])) for n in nodes]
 
     def take_changes(self, gm: int) -> list[NodeState]:
         """The states of the nodes changed for `gm` since the last call; clears them."""

@@ -65,13 +65,13 @@ class PartitionView:
 
     __slots__ = (
         "_cap_fit",
-        "_fit",
         "_match",
         "all_bits",
         "capacity",
         "constraint_bits",
         "count_bits",
         "driver_bits",
+        "fit_cache",
         "free",
         "gm",
         "lm",
@@ -92,7 +92,8 @@ class PartitionView:
         self.constraint_bits, self.count_bits, drivers = partition_bits(spec)
         self.driver_bits: dict[str, int] = dict(drivers)  # driver -> the nodes offering it
         self._match: dict[int, int] = {}
-        self._fit: dict[Resources, int] = {}
+        # request -> the nodes whose free resources cover it, kept current by `set_free` (and `GlobalView.sync`)
+        self.fit_cache: dict[Resources, int] = {}
         self._cap_fit: dict[Resources, int] = {}
 
     def matching(self, mask: int) -> int:
@@ -111,11 +112,11 @@ class PartitionView:
 
     def fitting(self, request: Resources) -> int:
         """Nodes whose free resources (in this view) cover `request`."""
-        bits = self._fit.get(request)
+        bits = self.fit_cache.get(request)
         if bits is None:
-            if len(self._fit) >= MAX_FIT_SHAPES:
-                del self._fit[next(iter(self._fit))]
-            bits = self._fit[request] = covering(self.free, request)
+            if len(self.fit_cache) >= MAX_FIT_SHAPES:
+                del self.fit_cache[next(iter(self.fit_cache))]
+            bits = self.fit_cache[request] = covering(self.free, request)
         return bits
 
     def feasible(self, task: TaskSpec) -> int:
@@ -126,7 +127,7 @@ class PartitionView:
             match = self.matching(task.constraints)
         if not match:
             return 0
-        fit = self._fit.get(task.request)
+        fit = self.fit_cache.get(task.request)
         if fit is None:
             fit = self.fitting(task.request)
         return match & fit
@@ -139,14 +140,13 @@ class PartitionView:
         return bits
 
     def set_free(self, i: int, free: Resources) -> None:
-        """Record node i's free resources and keep the fit caches current."""
+        """Record node i's free resources and keep the fit caches current (`GlobalView.sync` inlines this)."""
         self.free[i] = free
-        fit = self._fit
-        for request, bits in fit.items():
-            if all(map(ge, free, request)):
-                fit[request] = bits | 1 << i
-            else:
-                fit[request] = bits & ~(1 << i)
+        fit = self.fit_cache
+        if fit:
+            bit = 1 << i
+            for request, bits in fit.items():
+                fit[request] = bits | bit if all(map(ge, free, request)) else bits & ~bit
 
     def used_fraction(self) -> float:
         """Share of the partition's first resource in use, in this view (for reports and debugging)."""

@@ -22,13 +22,32 @@ REJECTION_TRIES = 4
 
 def uniform_bit(bits: int, rng: random.Random) -> int:
     """A uniformly random set bit of `bits`. Rejection sampling first (a few probes of random positions, cheap
-    when most nodes are candidates), then an exact rank selection: uniform either way."""
+    when most nodes are candidates), then an exact rank selection: uniform either way.
+
+    It runs once per placement, so for a plain `random.Random` the draws of `rng.randrange(n)` are made here
+    with the same `getrandbits` calls CPython's `Random._randbelow` makes (the same numbers from the same
+    stream, `tests/test_placement_choice.py` checks it), without randrange's argument handling."""
     width = bits.bit_length()
+    if type(rng) is not random.Random:
+        for _ in range(REJECTION_TRIES):
+            position = rng.randrange(width)
+            if bits >> position & 1:
+                return position
+        return select_bit(bits, rng.randrange(bits.bit_count()))
+    getrandbits = rng.getrandbits
+    k = width.bit_length()
     for _ in range(REJECTION_TRIES):
-        position = rng.randrange(width)
+        position = getrandbits(k)
+        while position >= width:
+            position = getrandbits(k)
         if bits >> position & 1:
             return position
-    return select_bit(bits, rng.randrange(bits.bit_count()))
+    count = bits.bit_count()
+    k = count.bit_length()
+    rank = getrandbits(k)
+    while rank >= count:
+        rank = getrandbits(k)
+    return select_bit(bits, rank)
 
 
 class RandomChoice:
