@@ -182,6 +182,35 @@ async def test_a_malformed_message_is_dead_lettered_at_once() -> None:
         assert calls == [b"{}"] and broker.dead_lettered == 1
 
 
+async def test_publish_confirmed_returns_once_the_broker_confirmed_the_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`publish` returns once the message is in the outbox; `publish_confirmed` only once RabbitMQ confirmed it
+    (here held back at the sender until the test lets it go)."""
+    async with fresh_broker() as broker:
+        got: list[bytes] = []
+
+        async def collect(body: bytes) -> None:
+            got.append(body)
+
+        await broker.consume("gm", gm_key(0), collect)
+        gate = asyncio.Event()
+        send = broker._publish_one
+
+        async def held(*message: Any) -> None:
+            await gate.wait()
+            await send(*message)
+
+        monkeypatch.setattr(broker, "_publish_one", held)
+        confirmed = asyncio.ensure_future(broker.publish_confirmed("gm", gm_key(0), b"1"))
+        await broker.publish("gm", gm_key(0), b"2")  # returns at once: in the outbox
+        await asyncio.sleep(0.1)
+        assert not confirmed.done() and broker.pending == 2
+        gate.set()
+        await asyncio.wait_for(confirmed, 10)
+        await wait_for(lambda: sorted(got) == [b"1", b"2"], 10, lambda: got)
+
+
 async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_is_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

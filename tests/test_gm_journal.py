@@ -299,6 +299,8 @@ class _Events:
         if exchange == "events":
             self.events.extend(TaskEvents.model_validate_json(body).events)
 
+    publish_confirmed = publish  # as the broker's: here every message is confirmed at once
+
 
 def test_an_end_a_killed_lm_published_and_its_successor_forwards_is_one_event_at_the_run_s_finish(
     tmp_path: Path,

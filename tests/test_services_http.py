@@ -103,6 +103,8 @@ class RecordingBroker:
     async def publish(self, exchange: str, routing_key: str, body: bytes, headers: object = None) -> None:
         self.published.append((exchange, routing_key, json.loads(body)))
 
+    publish_confirmed = publish  # as the broker's: here every message is confirmed at once
+
 
 @asynccontextmanager
 async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
@@ -821,6 +823,45 @@ async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_r
         state = (await c.get("/v1/state")).json()
     assert state["launched"] == 1 and state["running"] == 0 and state["free"][0] == [2000, 4096]
     assert len(sent) == 1  # one launch on the agent
+
+
+async def test_lm_handles_a_worker_report_only_once_the_broker_confirmed_the_completion_it_publishes() -> None:
+    """A worker report's message is acked when its handler returns: the handler waits until the broker confirmed
+    the completion for the run's GM. Were it acked before, an LM killed with that completion in its (in-memory)
+    outbox would lose the run's end, and its GM would run the task again (a chaos trial counted two tasks twice)."""
+
+    class GatedBroker(RecordingBroker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+            self.confirmed: list[str] = []
+
+        async def publish_confirmed(self, exchange: str, routing_key: str, body: bytes, headers: object = None) -> None:
+            await self.publish(exchange, routing_key, body, headers)
+            await self.gate.wait()  # the broker has not confirmed it yet
+            self.confirmed.append(exchange)
+
+    app = lm_app()
+    service = app.state.service
+    broker = service.broker = GatedBroker()
+    async with running(app) as c:
+        await register_all(c)
+        service.calls.post = lambda url, body, idempotent=False: _accepted()
+        assert (await c.post("/v1/launch", json=batch(placement(node=0)))).status_code == 200
+        report = WorkerReportModel.model_validate({"lm": 0, "finished": [{"task_id": "j.0", "node": 0, "gm": 0}]})
+        handling = asyncio.ensure_future(
+            service.on_broker_message(BrokerMessage(worker_report=report).model_dump_json().encode())
+        )
+        await wait_for(lambda: any(ex == "gm" and "completions" in body for ex, _, body in broker.published), 5)
+        await asyncio.sleep(0.05)  # the handler had every chance to return
+        assert not handling.done()  # the completion is in the outbox, not confirmed: the report is not acked
+        broker.gate.set()
+        await asyncio.wait_for(handling, 5)
+        assert broker.confirmed == ["gm"]
+
+
+async def _accepted() -> Reply:
+    return Reply(202, b"{}")
 
 
 async def test_lm_fences_a_gm_identity_claimed_with_a_newer_term(ready_lm: httpx.AsyncClient) -> None:

@@ -28,6 +28,8 @@ class _Broker:
     async def publish(self, exchange: str, routing_key: str, body: bytes, headers: object = None) -> None:
         self.published.append((exchange, body))
 
+    publish_confirmed = publish  # as the broker's: here every message is confirmed at once
+
 
 def _registration() -> dict[str, Any]:
     node = {"capacity": {"cpu_millicores": 4000, "memory_mb": 8192}, "constraints": []}

@@ -240,7 +240,8 @@ class Broker:
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._declared: dict[str, aio_pika.abc.AbstractQueue] = {}
         self._consumers: dict[str, str] = {}  # queue name -> consumer tag
-        self._outbox: deque[tuple[str, str, bytes, Headers | None]] = deque()
+        # (exchange, routing key, body, headers, the future `publish_confirmed` awaits or None)
+        self._outbox: deque[tuple[str, str, bytes, Headers | None, asyncio.Future[None] | None]] = deque()
         self._outbox_size = 0
         self._changed = asyncio.Condition()
         self._in_flight = 0
@@ -344,9 +345,29 @@ class Broker:
     async def publish(self, exchange: str, routing_key: str, body: bytes, headers: Headers | None = None) -> None:
         """Queue a persistent JSON message for `exchange` ("gm", "lm" or "events"), with `headers` if given. Returns
         once it is in the outbox; waits while the outbox is full (the broker has been away long), never drops it."""
+        await self._enqueue(exchange, routing_key, body, headers, None)
+
+    async def publish_confirmed(
+        self, exchange: str, routing_key: str, body: bytes, headers: Headers | None = None
+    ) -> None:
+        """`publish`, returning only once the broker has confirmed the message. A handler that publishes what
+        follows from a message it consumes this way is acked after the broker holds the result: killed before,
+        the message comes again (the outbox is in memory and dies with the process)."""
+        confirmed = asyncio.get_running_loop().create_future()
+        await self._enqueue(exchange, routing_key, body, headers, confirmed)
+        await confirmed
+
+    async def _enqueue(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        headers: Headers | None,
+        confirmed: asyncio.Future[None] | None,
+    ) -> None:
         async with self._changed:
             await self._changed.wait_for(lambda: self._outbox_size + len(body) <= self.outbox_bytes or not self._outbox)
-            self._outbox.append((exchange, routing_key, body, headers))
+            self._outbox.append((exchange, routing_key, body, headers, confirmed))
             self._outbox_size += len(body)
             self._changed.notify_all()
 
@@ -375,8 +396,11 @@ class Broker:
                 await self._changed.wait_for(lambda: bool(self._outbox))
                 window = [self._outbox.popleft() for _ in range(min(PUBLISH_WINDOW, len(self._outbox)))]
                 self._in_flight = len(window)
-            results = await asyncio.gather(*(self._publish_one(*m) for m in window), return_exceptions=True)
+            results = await asyncio.gather(*(self._publish_one(*m[:4]) for m in window), return_exceptions=True)
             failed = [m for m, r in zip(window, results) if r is not None]
+            for m, r in zip(window, results):
+                if r is None and m[4] is not None and not m[4].done():
+                    m[4].set_result(None)
             async with self._changed:
                 self._in_flight = 0
                 self._outbox.extendleft(reversed(failed))

@@ -76,6 +76,21 @@ class LMDispatch:
             else:
                 self.spawn(self._timer(out.at, out.msg))
 
+    async def send_confirmed(self, outputs: list[Output]) -> None:
+        """`send`, but the completions go out first, in order, and this returns once the broker confirmed them: the
+        worker report they follow from is acked only then. An LM killed before loses no run's end: the report is
+        delivered again, to its successor, which forwards it to the run's GM."""
+        completions = [o for o in outputs if isinstance(o, Send) and isinstance(o.msg, Completions)]
+        if self.broker is None or not completions:
+            self.send(outputs)
+            return
+        publish = self.broker.publish_confirmed
+        confirmed = [
+            asyncio.ensure_future(publish("gm", gm_key(o.msg.gm), BrokerMessage.core_json(o.msg))) for o in completions
+        ]
+        self.send([o for o in outputs if not (isinstance(o, Send) and isinstance(o.msg, Completions))])
+        await asyncio.gather(*confirmed)
+
     async def _timer(self, at: float, msg: object) -> None:
         await asyncio.sleep(max(0.0, at - time.time()))
         await self._tick(msg)

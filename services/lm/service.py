@@ -350,7 +350,7 @@ class LMService:
                     item.error,
                     extra=_placement_ids(p) | ids(worker=self.members.worker_of(p.node)),
                 )
-        self.dispatch.send(outputs)
+        await self.dispatch.send_confirmed(outputs)  # the report is acked once its GMs' completions are safe
         await self.dispatch.publish_events(outputs, placed, {item.task_id: item for item in report.finished})
 
     def recovery_state(self, gm: int) -> dict[str, object]:
