@@ -1,6 +1,6 @@
 """The scarcity LM order: tasks that do not need a constraint in short supply go first where they take none of its
 nodes, so the tasks that need it still find room; its pressure estimate; the option that selects it; and the
-experiment that compares the LM orders (reduced)."""
+experiment that compares the LM orders (reduced) and its count of late jobs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from megha.common.core.placement.search import FirstFitSearch
 from megha.common.core.policies import LM_ORDERS, gm_policies
 from megha.common.core.task import TaskSpec
 from megha.common.settings import GMSettings
+from megha.loadgen.records import JobRecord
 from megha.loadgen.replay import ReplayConfig, replay
 from megha.loadgen.trace import demo_trace_path, read_trace
 from megha.sim.experiments import lm_order
@@ -127,9 +128,24 @@ def test_reduced_experiment_writes_a_row_per_order_and_seed_and_slices_the_trace
     ]
     sliced_tasks = sum(int(r["tasks"]) for r in rows if r["workload"] == "demo[10:14]@2x2x20")
     assert sliced_tasks == 6 * sum(len(job.durations) for job in read_trace(demo_trace_path(), 14)[10:])
+    assert all(0 <= int(r["late_jobs"]) <= 14 for r in rows)
     page = (tmp_path / "lm-order.md").read_text()
     assert "| demo[10:14]@2x2x20 | yes |" in page and "workloads at the tail." in page
+    assert "| late jobs, all seeds |" in page
     with pytest.raises(SystemExit) as exc:
         lm_order.main(["--workloads", "demo[5:2]", "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert "the slice [5:2] holds no job" in capsys.readouterr().err
+
+
+def test_a_late_job_is_one_delayed_half_a_delta_interval_or_more() -> None:
+    def job_delayed(delay: float | None) -> JobRecord:
+        """A one-task job submitted at 10 s whose task runs 2 s, finished `delay` late (None: never finished)."""
+        record = JobRecord("j", 0, submitted_at=10.0, num_tasks=1, ideal_jrt=2.0)
+        if delay is not None:
+            record.task_finished(12.0 + delay)
+        return record
+
+    jobs = [job_delayed(d) for d in (0.0025, 0.4999, 0.5, 1.003, None)]
+    assert lm_order.late_jobs(jobs, delta_interval=1.0) == 2  # 0.5 s and 1.003 s; an unfinished job is not late
+    assert lm_order.late_jobs(jobs, delta_interval=0.1) == 3
