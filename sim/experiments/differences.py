@@ -153,19 +153,7 @@ def size_tail(seeds: Sequence[int], folder: Path) -> list[Variant]:
         poisson = PoissonLoad(load, 100, 10.0, 1.0)
         for workers in (1000, 10000):
             for seed in seeds:
-                path = folder / f"poisson-{load}-{workers}-{seed}.tr"
-                if not path.exists():
-                    poisson.write(path, workers, seed)
-                config = ReplayConfig(
-                    trace=str(path),
-                    lms=10,
-                    gms=10,
-                    workers_per_partition=workers // 100,
-                    seed=seed,
-                    delta_interval=heartbeat,
-                    decision_costs=fair.COSTS,
-                    constraints=constraints,
-                )
+                config = fair.poisson_replay(folder, poisson, workers, 10, 10, seed, heartbeat, constraints=constraints)
                 cell = {"load": f"{load:.0%}", "heartbeat": f"{heartbeat:g} s"}
                 cell |= {"constraints": "yes" if constraints else "no", "workers": f"{workers:,}"}
                 variants.append((cell | {"seed": str(seed)}, config))
@@ -182,18 +170,7 @@ def masters_lm_time(seeds: Sequence[int], folder: Path) -> list[Variant]:
     variants = []
     for gms in (5, 10, 20):
         for seed in seeds:
-            path = folder / f"poisson-masters-{seed}.tr"
-            if not path.exists():
-                load.write(path, workers, seed)
-            config = ReplayConfig(
-                trace=str(path),
-                lms=10,
-                gms=gms,
-                workers_per_partition=workers // (10 * gms),
-                seed=seed,
-                delta_interval=fair.HEARTBEAT,
-                decision_costs=fair.COSTS,
-            )
+            config = fair.poisson_replay(folder, load, workers, 10, gms, seed)
             variants.append(({"LMs": "10", "GMs": str(gms), "seed": str(seed)}, config))
     return variants
 

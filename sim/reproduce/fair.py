@@ -268,20 +268,36 @@ def centralized(setup: Setup) -> Result:
 # Data-centre size and the numbers of GMs and LMs (Figs. 8 and 9)
 
 
-def _poisson_run(load: PoissonLoad, workers: int, lms: int, gms: int, seed: int) -> Outcome:
-    """One replay of `load` on `workers` generated workers under `lms` LMs x `gms` GMs."""
-    path = scratch() / f"poisson-{load.load}-{load.tasks_per_job}-{load.seconds}-{load.duration}-{workers}-{seed}.tr"
+def poisson_replay(
+    folder: Path,
+    load: PoissonLoad,
+    workers: int,
+    lms: int,
+    gms: int,
+    seed: int,
+    heartbeat: float = HEARTBEAT,
+    **fields: bool,
+) -> ReplayConfig:
+    """The replay of `load` on `workers` generated workers under `lms` LMs x `gms` GMs at Megha's decision costs
+    (`fields`: more ReplayConfig fields); its trace is written to `folder` once per load, size and seed."""
+    path = folder / f"poisson-{load.load}-{load.tasks_per_job}-{load.seconds}-{load.duration}-{workers}-{seed}.tr"
     if not path.exists():
         load.write(path, workers, seed)
-    config = ReplayConfig(
+    return ReplayConfig(
         trace=str(path),
         lms=lms,
         gms=gms,
         workers_per_partition=workers // (lms * gms),
         seed=seed,
-        delta_interval=HEARTBEAT,
+        delta_interval=heartbeat,
         decision_costs=COSTS,
+        **fields,  # type: ignore[arg-type]
     )
+
+
+def _poisson_run(load: PoissonLoad, workers: int, lms: int, gms: int, seed: int) -> Outcome:
+    """One replay of `load` on `workers` generated workers under `lms` LMs x `gms` GMs."""
+    config = poisson_replay(scratch(), load, workers, lms, gms, seed)
     return outcome(config, f"Poisson {workers:,} workers, {lms} LMs x {gms} GMs")
 
 
