@@ -108,6 +108,9 @@ def test_a_child_at_gm_1_waits_for_its_parent_at_gm_0_then_runs(gms: list[str]) 
     parent_done = alice.status(gm0, parent)
     assert done["state"] == "finished" and parent_done["state"] == "finished", (done, parent_done)
     assert done["tasks"][0]["launched_at"] >= parent_done["tasks"][0]["finished_at"]
+    # When each run started on its worker, as the worker measured it: the parent slept 2 s of it.
+    (p,) = parent_done["tasks"]
+    assert p["launched_at"] - 1.0 <= p["started_at"] <= p["finished_at"] - 1.9, p
 
 
 @needs_rabbitmq

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from megha.common.core.messages import Placement
+from megha.common.core.messages import Completion, Placement
 from megha.common.core.retry import RetryRule
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.services.gm.jobs import JobTable
@@ -55,6 +55,19 @@ def test_a_preempted_task_keeps_its_job_open() -> None:
     assert table.unfinished() == 1 and table.status("j") is not None
     table.task_completed(_t("j.1"), "", 2.0)
     assert table.unfinished() == 0 and table.status("j") is None and table.dropped_jobs == 1
+
+
+def test_a_task_shows_when_its_last_run_to_its_end_started_and_no_preempted_lost_or_older_run() -> None:
+    table = JobTable(0)
+    table.job_arrived(_job("j", 1), 0, 0.0)
+    assert table.status("j").tasks[0].started_at is None  # type: ignore[union-attr]
+    state = ((0, 0), (), 0)
+    table.runs_started([Completion("j.0", state, preempted=True, started_at=1.0)])
+    table.runs_started([Completion("j.0", state, lost=True, started_at=2.0)])
+    table.runs_started([Completion("j.0", state, attempt=2, started_at=3.0)])  # not the run placed last
+    assert table.status("j").tasks[0].started_at is None  # type: ignore[union-attr]
+    table.runs_started([Completion("j.0", state, "exit code 1", started_at=4.0), Completion("gone.0", state)])
+    assert table.status("j").tasks[0].started_at == 4.0  # type: ignore[union-attr]
 
 
 def test_an_end_no_lm_announced_is_kept_for_the_gm_to_publish_once() -> None:

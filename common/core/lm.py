@@ -379,6 +379,7 @@ class LocalMaster:
                         True,
                         item.finished_at,
                         item.exit_code,
+                        item.started_at,
                     )
                     by_gm.setdefault(item.gm, []).append(forwarded)
                     continue
@@ -395,6 +396,7 @@ class LocalMaster:
                 item.lost,
                 item.attempt,
                 exit_code=item.exit_code,
+                started_at=item.started_at,
             )
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [

@@ -185,6 +185,7 @@ class Completion:
     # published before it crashed (a consumer tells a repeat by task, attempt, kind and time).
     finished_at: float | None = None
     exit_code: int | None = None  # as in FinishedTask: what a job's retry rule matches
+    started_at: float | None = None  # when the run started on its worker, as it measured it (None: not known)
 
 
 @dataclass(slots=True)

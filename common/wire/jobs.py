@@ -335,6 +335,8 @@ class TaskStatus(WireModel):
     times it ran again because its worker was lost (at most MEGHA_MAX_ATTEMPTS - 1), `failures_retried` the times
     it ran again because a run failed and its job's retry rule matched (at most `retry.max_attempts` - 1).
     `queueable`: submitted as queueable (its evictions by guaranteed tasks count among its `preemptions`).
+    `started_at`: when the task's last run that finished or failed started on its worker, as the worker measured it
+    (a GM hears of a start with the run's end: null while the task runs, and after a GM restart).
     """
 
     task_id: Name

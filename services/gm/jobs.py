@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from megha.common.core.lifecycle import NO_OP, TERMINAL, Event, IllegalTransition, State, next_state
-from megha.common.core.messages import Placement
+from megha.common.core.messages import Completion, Placement
 from megha.common.core.observer import CoreObserver
 from megha.common.core.retry import RetryRule
 from megha.common.core.task import JobSpec, TaskSpec
@@ -46,6 +46,7 @@ class _Task:
     life: int = State.QUEUED  # its lifecycle `State`; `state` shows it as the API does
     arrival: float | None = None
     launched_at: float | None = None
+    started_at: float | None = None  # of its last run that ran to its end, as the worker measured it
     finished_at: float | None = None
     lm: int | None = None
     node: int | None = None
@@ -286,6 +287,17 @@ class JobTable(CoreObserver):
             rec.finished_at, rec.failed_reason = now, error or None
             self._ended(task.task_id, rec)
 
+    def runs_started(self, items: Iterable[Completion]) -> None:
+        """Record when the runs an LM reports finished or failed had started on their workers: a GM hears of no
+        start as it happens, the worker's measurement comes with the end. Runs preempted or lost are not recorded
+        (the task runs again), nor a report of an earlier run than the one placed last."""
+        for item in items:
+            if item.started_at is None or item.preempted or item.lost:
+                continue
+            rec = self.tasks.get(item.task_id)
+            if rec is not None and item.attempt == rec.attempt:
+                rec.started_at = item.started_at
+
     def task_cancelled(self, task: TaskSpec, now: float) -> None:
         """Its job was cancelled: dropped from the queue, or its run stopped. It does not run again."""
         rec = self.tasks.get(task.task_id)
@@ -411,6 +423,7 @@ class JobTable(CoreObserver):
                     state=r.state,
                     arrival=r.arrival,
                     launched_at=r.launched_at,  # type: ignore[arg-type]
+                    started_at=r.started_at,
                     finished_at=r.finished_at,
                     lm=r.lm,
                     node=r.node,

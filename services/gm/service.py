@@ -18,9 +18,7 @@ from urllib.parse import quote
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
 from megha.common.core.gm import GlobalMaster, Unschedulable
-from megha.common.core.messages import (
-    Output,
-)
+from megha.common.core.messages import Completions, Output
 from megha.common.core.observer import observe
 from megha.common.core.placement.choice import make_choice
 from megha.common.core.policies import gm_policies
@@ -363,6 +361,8 @@ class GMService:
             return
         async with self.lock:
             outputs = core.handle(core_msg, now)
+            if isinstance(core_msg, Completions):
+                self.jobs.runs_started(core_msg.items)
         self.dispatch.send(outputs)
 
     async def _runs_lost_with(self, rebuilt: LMRebuilt) -> None:
