@@ -8,6 +8,7 @@ import importlib
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from megha.cli import main
@@ -31,7 +32,7 @@ def test_list_names_every_figure_and_table_of_both_papers(capsys: pytest.Capture
     for entry in ENTRIES:
         assert entry.status in out
         assert entry.caption and entry.setup
-    assert "not yet: " in out  # fair-fig12 and constraints-fig5 say why they do not run
+    assert "not yet: " in out  # fair-fig12 says why it does not run
 
 
 def test_every_runnable_id_has_a_runner_and_every_claim_an_id() -> None:
@@ -55,9 +56,9 @@ def test_unknown_id_exits_2_naming_the_known_ids(capsys: pytest.CaptureFixture[s
 
 
 def test_an_id_not_reproduced_yet_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["reproduce", "constraints-fig5", "--out", str(tmp_path)]) == 2
+    assert main(["reproduce", "fair-fig12", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "constraints-fig5" in err and "not reproduced yet" in err and BY_ID["constraints-fig5"].not_yet in err
+    assert "fair-fig12" in err and "not reproduced yet" in err and BY_ID["fair-fig12"].not_yet in err
     assert not list(tmp_path.iterdir())
 
 
@@ -120,3 +121,28 @@ def test_an_id_runs_end_to_end_at_the_tiny_scale(
     page = (tmp_path / "constraints-fig6.md").read_text()
     assert "## The paper's numbers beside ours" in page and "![constraints-fig6](constraints-fig6.png)" in page
     assert f"`megha reproduce constraints-fig6 --scale tiny --out {tmp_path}` at commit " in page
+
+
+def test_a_conflict_is_a_pick_of_a_worker_another_task_holds() -> None:
+    from megha.sim.reproduce.load import Conflicts
+
+    nodes = np.array([0b01, 0b11, 0b00], np.int64)  # only worker 1 has constraint 1; workers 0 and 1 constraint 0
+    starts = np.array([0.1, 0.2, 0.3, 0.4, 1.5, 2.2, 2.3])
+    ends = starts + 1.0
+    # t=0.1 takes worker 1 (the only one with constraint 1); 0.2 and 0.3 pick it while it is held: two conflicts,
+    # and with no other worker having the constraint, both are blocked; 0.4 needs constraint 2, which no worker
+    # has. 1.5: worker 1 is free again (held until 1.1). 2.2 and 2.3 need nothing and always find a free worker.
+    masks = np.array([0b10, 0b10, 0b10, 0b100, 0b10, 0, 0], np.int64)
+    found = Conflicts.count(starts, ends, masks, nodes, seed=0)
+    assert found.per_second.tolist()[:2] == [2, 0] and (found.blocked, found.unsatisfiable, found.tasks) == (2, 1, 7)
+    # Three workers, three unconstrained tasks at once: a conflict whenever one picks a held worker, never blocked.
+    many = Conflicts.count(np.zeros(3), np.ones(3), np.zeros(3, np.int64), np.zeros(3, np.int64), seed=1)
+    assert many.blocked == 0 and 0 <= many.per_second[0] <= 2
+
+
+def test_conflicts_rise_with_the_arrival_rate_of_the_synthetic_workloads() -> None:
+    from megha.sim.reproduce.load import conflicts
+
+    ours = conflicts(Setup.of("tiny")).ours
+    assert ours["syn_500 / syn_250 mean conflicts per second"] > 1.5
+    assert ours["syn_1000 / syn_500 mean conflicts per second"] > 1.5

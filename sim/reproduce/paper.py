@@ -152,6 +152,18 @@ CLAIMS: tuple[Claim, ...] = (
     # fair paper, VI-F: the prototype on 128 Linode nodes (Fig. 12)
     _fair("fig12", "median execution delay, google_19", "=", 3.32, "s", "VI-F: 'median execution delays ... 3.32 s'"),
     _fair("fig12", "median execution delay, alibaba", "=", 2.15, "s", "VI-F: '... and 2.15s for alibaba'"),
+    # constraint-aware paper, Figure 5: conflicts per second (no number in the text; a trend)
+    *(
+        _constraints(
+            "fig5",
+            f"{high} / {low} mean conflicts per second",
+            ">",
+            1.0,
+            "ratio",
+            "section 7, Finding 1: 'as the per-constraint load increases, leading to a rise in conflicts'",
+        )
+        for low, high in (("syn_250", "syn_500"), ("syn_500", "syn_1000"))
+    ),
     # constraint-aware paper, Table 1: load of the workloads
     *(
         _constraints("table1", f"{workload} {stat} load", "=", value, "load", "Table 1")
