@@ -94,10 +94,13 @@ def test_setup_scales_and_seeds() -> None:
 
 def test_table1_synthetic_loads_are_the_papers(syn_250: Path) -> None:
     """Table 1's synthetic rows follow from the traces alone: N one-second tasks a second on 10,000 workers."""
-    ours = workload_load(Setup.of("tiny")).ours
+    result = workload_load(Setup.of("tiny"))
+    ours = result.ours
     for name, load in (("syn_250", 0.025), ("syn_500", 0.05), ("syn_1000", 0.1)):
         for stat in ("median", "average", "p99"):
             assert ours[f"{name} {stat} load"] == pytest.approx(load), (name, stat)
+    # The load at any instant bounds every per-second statistic from above.
+    assert all(row[-1] >= row[-2] > 0 for row in result.rows), result.rows
 
 
 def test_an_id_runs_end_to_end_at_the_tiny_scale(
