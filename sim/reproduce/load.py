@@ -60,6 +60,16 @@ class Demand:
         return started - np.searchsorted(np.sort(ends), times, side="right")
 
 
+def constraint_masks(jobs: Sequence[TraceJob], workload: harness.Workload, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The constraint bit-vectors of `jobs`' tasks (in `Demand.of` order) as a replay with `seed` draws them, and
+    those of the workers of the data centre it builds."""
+    tasks = [t for _, job in build_workload(jobs, WorkloadConfig("slot", seed, 1)) for t in job.tasks]
+    masks = np.fromiter((t.constraints for t in tasks), dtype=np.int64, count=len(tasks))
+    cluster = build_cluster(ReplayConfig(seed=seed, **workload.centre.replay_fields()))
+    nodes = np.array([m for lm in range(cluster.num_lms) for m in cluster.lm_constraint_masks(lm)], np.int64)
+    return masks, nodes
+
+
 def _first_jobs(setup: Setup) -> int | None:
     return setup.pick(None, None, 50)
 
@@ -126,10 +136,7 @@ def _per_constraint(setup: Setup, names: Sequence[str], title: str) -> Result:
         per_seed = []
         for seed in setup.seeds:
             harness.progress(f"per-constraint load of {name}, seed {seed}")
-            tasks = [t for _, job in build_workload(jobs, WorkloadConfig("slot", seed, 1)) for t in job.tasks]
-            masks = np.fromiter((t.constraints for t in tasks), dtype=np.int64, count=len(tasks))
-            cluster = build_cluster(ReplayConfig(seed=seed, **workload.centre.replay_fields()))
-            nodes = np.array([m for lm in range(cluster.num_lms) for m in cluster.lm_constraint_masks(lm)], np.int64)
+            masks, nodes = constraint_masks(jobs, workload, seed)
             stats = np.full((NUM_CONSTRAINTS, len(STATS) + 2), np.nan)
             for k in range(NUM_CONSTRAINTS):
                 needing = (masks >> k) & 1 == 1
@@ -283,14 +290,10 @@ def conflicts(setup: Setup) -> Result:
         workload = harness.Workload.parse(name)
         jobs = read_trace(workload.trace, first)
         demand = Demand.of(jobs)
-        cluster = None
         series = []
         for seed in setup.seeds:
             harness.progress(f"constraints-fig5: conflicts of {name}, seed {seed}")
-            tasks = [t for _, job in build_workload(jobs, WorkloadConfig("slot", seed, 1)) for t in job.tasks]
-            masks = np.fromiter((t.constraints for t in tasks), dtype=np.int64, count=len(tasks))
-            cluster = build_cluster(ReplayConfig(seed=seed, **workload.centre.replay_fields()))
-            nodes = np.array([m for lm in range(cluster.num_lms) for m in cluster.lm_constraint_masks(lm)], np.int64)
+            masks, nodes = constraint_masks(jobs, workload, seed)
             found = Conflicts.count(demand.starts, demand.ends, masks, nodes, seed)
             series.append(found.per_second)
             total = int(found.per_second.sum())
