@@ -80,11 +80,30 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
 
     from megha.sim.experiments.differences import EXPERIMENTS
 
-    for name in ("component-hops", "fairness-unplaceable", "masters-lm-time"):
+    for name in ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time"):
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
         varied = {key for key in configs[0] if len({repr(c[key]) for c in configs}) > 1}
         expected = {"component-hops": {"hop_delay", "decision_costs"}}
+        expected["component-requests"] = {"hop_delay", "trace", "first_jobs"}
         expected["fairness-unplaceable"] = {"unplaceable", "workers_per_partition"}
         expected["masters-lm-time"] = {"gms", "workers_per_partition"}
         assert varied == expected[name], (name, varied)
+
+
+def test_tasks_submitted_one_request_each_wait_for_the_gm_and_a_job_at_once_does_not(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from megha.loadgen.replay import replay
+    from megha.loadgen.trace import read_trace
+    from megha.sim.experiments.differences import EXPERIMENTS
+
+    at_once, alone = [config for cell, config in EXPERIMENTS["component-requests"].variants([0], tmp_path)][:2]
+    jobs = 30
+    tasks = sum(len(j.durations) for j in read_trace(at_once.trace, jobs))
+    queuing = {}
+    for config, first in ((at_once, jobs), (alone, tasks)):
+        metrics = replay(replace(config, first_jobs=first)).metrics
+        assert metrics.tasks == tasks
+        queuing[config.trace] = metrics.components["framework_queuing"].median
+    assert queuing[at_once.trace] == 0 and queuing[alone.trace] > 0, queuing
