@@ -32,11 +32,11 @@ GM_COUNTERS = ("repartitions", "inconsistencies", "reschedules", "preemption_att
 class EmbeddedConfig:
     """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds;
     `fairness` turns on user queues, shares and preemption; `faults` crashes workers, LMs and GMs; `costs` is the
-    time GMs and LMs take to decide (None: none); `lm_order`, `queue_order`, `unplaceable` and `unsatisfiable` name
-    the GMs' policies (`megha.common.core.policies`); `dependencies` lets jobs wait for other jobs (each job's end
-    is then tracked and told to every GM, docs/dependencies.md). `fail_fraction` of the simulated runs fail with exit
-    code `fail_exit_code` (drawn with the seed; docs/retry.md). `priority_classes` turns on priority classes (the
-    tasks' `priority` values order queues and may preempt lower ones)."""
+    time GMs and LMs take to decide (None: none); `lm_order`, `queue_order`, `unplaceable`, `unsatisfiable` and
+    `inconsistent` name the GMs' policies (`megha.common.core.policies`); `dependencies` lets jobs wait for other
+    jobs (each job's end is then tracked and told to every GM, docs/dependencies.md). `fail_fraction` of the
+    simulated runs fail with exit code `fail_exit_code` (drawn with the seed; docs/retry.md). `priority_classes`
+    turns on priority classes (the tasks' `priority` values order queues and may preempt lower ones)."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
@@ -55,6 +55,7 @@ class EmbeddedConfig:
     fail_fraction: float = 0.0
     fail_exit_code: int = 1
     priority_classes: bool = False
+    inconsistent: str = "retry"
 
 
 class EmbeddedSystem(SimulatedSystem):
@@ -106,6 +107,7 @@ class EmbeddedSystem(SimulatedSystem):
             config.unplaceable,
             config.unsatisfiable,
             config.priority_classes,
+            config.inconsistent,
         )
         return GlobalMaster(
             g,

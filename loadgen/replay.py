@@ -64,6 +64,7 @@ class ReplayConfig:
     queue_order: str = "fifo"  # the GM's queue order: a `megha.common.core.policies.QUEUE_ORDERS` name
     unplaceable: str = "park"  # a task that fits nowhere now: a `megha.common.core.policies.UNPLACEABLE` name
     unsatisfiable: str = "reject"  # a task no node could ever run: a `megha.common.core.policies.UNSATISFIABLE` name
+    inconsistent: str = "retry"  # a task refused as inconsistent: a `megha.common.core.policies.INCONSISTENT` name
     machine_constraints: str = "per-node"  # generated cluster: a `megha.common.machine_classes.MACHINE_DRAWS` name
     decision_costs: str = "zero"  # the time GMs and LMs take to decide: a `megha.common.core.costs.PRESETS` name
     dependencies: str = ""  # jobs depending on earlier ones: `loadgen.dependencies.parse_dependencies` ("": none)
@@ -142,7 +143,11 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         make_share_policy(fairness.policy)  # fail early on an unknown policy name
     if config.faults is not None and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"failures are simulated for Megha and centralized, not {config.scheduler}")
-    gm_policies = (("unplaceable", config.unplaceable), ("unsatisfiable", config.unsatisfiable))
+    gm_policies = (
+        ("unplaceable", config.unplaceable),
+        ("unsatisfiable", config.unsatisfiable),
+        ("inconsistent", config.inconsistent),
+    )
     for what, name in (*gm_policies, ("lm-order", config.lm_order)):
         if name != getattr(DEFAULTS, what.replace("-", "_")) and config.scheduler not in ("megha", "centralized"):
             raise ValueError(f"--{what} {name} is a policy of Megha's GMs (megha, centralized), not {config.scheduler}")
@@ -183,6 +188,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             fail_fraction=config.fail_fraction,
             fail_exit_code=config.fail_exit_code,
             priority_classes=classes is not None,
+            inconsistent=config.inconsistent,
         ),
         recorder,
     )

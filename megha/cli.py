@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings
 
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
-from megha.common.core.policies import UNSATISFIABLE
+from megha.common.core.policies import INCONSISTENT, UNSATISFIABLE
 from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.machine_classes import MACHINE_DRAWS
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
@@ -227,6 +227,14 @@ def megha() -> None:
     group=SCHEDULER,
     help="a task no node could ever run: reject its job at submission, or drop the task (it fails with the reason, "
     "the job's other tasks run; the authors' simulator)",
+)
+@option(
+    "--inconsistent",
+    type=OneOf(sorted(INCONSISTENT)),
+    default=REPLAY.inconsistent,
+    group=SCHEDULER,
+    help="a task an LM refused as inconsistent (its GM's view was stale): retry it at once on the states the LM "
+    "answered with, or let it wait until a node it could use frees up in the view (the authors' simulator)",
 )
 @option(
     "--dependencies",
@@ -572,6 +580,7 @@ def _replay(args: SimpleNamespace) -> int:
         queue_order=args.queue_order,
         unplaceable=args.unplaceable,
         unsatisfiable=args.unsatisfiable,
+        inconsistent=args.inconsistent,
         dependencies="" if args.dependencies == "none" else args.dependencies,
         machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,

@@ -162,6 +162,62 @@ def test_requeue_back_under_fair_scheduling_and_contention_loses_nothing(
     assert all(lm.is_idle() for lm in system.lms)
 
 
+# ------------------------------------------------------------------ inconsistent: retry | wait-for-free
+
+
+def _refused_then_another(inconsistent: str) -> tuple[Net, Ends, list[str]]:
+    """One LM of two nodes: a.0's node is taken behind its GM's back, so the LM refuses a.0 as inconsistent; then
+    b.0, of the same shape, arrives. Returns the net and the order the two started in."""
+    spec = cluster([[[[], []]]])
+    ends = Ends()
+    net = Net.build(spec, observer=ends, policies=gm_policies(0, spec, inconsistent=inconsistent))
+    gm, lm = net.gms[0], net.lms[0]
+    started: list[str] = []
+    net.post(gm.submit(job("a", task("a.0")), 0.0))
+    batch = net.take("lm/0", LaunchBatch)
+    lm.free[batch.placements[0].node] = (0, 0)  # type: ignore[attr-defined]
+    net.post(gm.handle(lm.handle(batch, 0.0)[0].msg, 0.0))  # type: ignore[arg-type, union-attr]
+    assert gm.inconsistencies == 1
+    net.post(gm.submit(job("b", task("b.0")), 0.1))
+    for send in net.inbox:
+        if isinstance(send.msg, LaunchBatch):
+            started += [p.task.task_id for p in send.msg.placements]
+    net.run()
+    return net, ends, started
+
+
+def test_retry_matches_a_refused_task_again_at_once_before_newer_tasks() -> None:
+    _net, ends, first = _refused_then_another("retry")
+    assert first == ["a.0"] and ends.completed == ["a.0", "b.0"] and not ends.failed
+
+
+def test_wait_for_free_holds_a_refused_task_until_a_node_frees_without_holding_back_its_shape() -> None:
+    net, ends, first = _refused_then_another("wait-for-free")
+    # b.0 takes the free node at once; a.0 waits for a node to free up (b.0's, when it ends), then runs.
+    assert first == ["b.0"] and ends.completed == ["b.0", "a.0"] and not ends.failed
+    gm = net.gms[0]
+    assert not gm.queue and not gm.waiting_tasks() and not gm.running
+
+
+def test_a_cancelled_task_waiting_after_an_inconsistency_is_dropped() -> None:
+    spec = cluster([[[[]]]])
+    ends = Ends()
+    net = Net.build(spec, observer=ends, policies=gm_policies(0, spec, inconsistent="wait-for-free"))
+    gm, lm = net.gms[0], net.lms[0]
+    net.post(gm.submit(job("a", task("a.0")), 0.0))
+    batch = net.take("lm/0", LaunchBatch)
+    lm.free[0] = (0, 0)  # type: ignore[attr-defined]
+    net.post(gm.handle(lm.handle(batch, 0.0)[0].msg, 0.0))  # type: ignore[arg-type, union-attr]
+    assert [t.task_id for t in gm.waiting_tasks()] == ["a.0"]
+    gm.cancel(["a.0"], 1.0)
+    assert not gm.waiting_tasks() and gm.cancelled == 1
+
+
+def test_an_unknown_inconsistent_policy_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"unknown inconsistent policy 'later'.*retry.*wait-for-free"):
+        gm_policies(0, cluster([[[[]]]]), inconsistent="later")
+
+
 # ------------------------------------------------------------------ unsatisfiable: reject | drop
 
 
@@ -370,6 +426,7 @@ def test_a_gm_service_runs_the_unplaceable_policy_its_setting_names(tmp_path: Pa
     [
         (["--unplaceable", "later"], "--unplaceable: invalid choice: 'later'"),
         (["--unsatisfiable", "ignore"], "--unsatisfiable: invalid choice: 'ignore'"),
+        (["--inconsistent", "later"], "--inconsistent: invalid choice: 'later'"),
         (["--machine-constraints", "per-rack"], "--machine-constraints: invalid choice: 'per-rack'"),
         (["--seeds", "0"], "--seeds: must be at least 1, got 0"),
     ],
@@ -383,7 +440,13 @@ def test_bad_variant_options_are_usage_errors_naming_them(
 
 
 @pytest.mark.parametrize(
-    "args", [["--unsatisfiable", "drop"], ["--unplaceable", "requeue-back"], ["--lm-order", "scarcity"]]
+    "args",
+    [
+        ["--unsatisfiable", "drop"],
+        ["--unplaceable", "requeue-back"],
+        ["--lm-order", "scarcity"],
+        ["--inconsistent", "wait-for-free"],
+    ],
 )
 def test_the_gm_policies_are_refused_for_a_baseline(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*SMALL, "--no-files", "--scheduler", "sparrow", *args]) == 2

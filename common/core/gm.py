@@ -108,6 +108,8 @@ class GlobalMaster:
         self.parked = ParkedShapes()
         self.waiting = self.parked.tasks
         self.unplaceable = UNPLACEABLE[self.policies.unplaceable](self.parked)
+        # Tasks refused as inconsistent that wait for a freed node (`--inconsistent wait-for-free`; else None).
+        self.refused = self.policies.inconsistent.waiting
         self.preemptor = Preemptor(self)
         self.dependencies = DependencyGate()  # jobs waiting for their parents (`depends_on`) to finish
         self.gangs = GangScheduler(self, seed=seed)  # gang jobs: placed as a unit, prepared and committed at LMs
@@ -268,6 +270,8 @@ class GlobalMaster:
         wanted = set(task_ids)
         drop = lambda t: t.task_id in wanted  # noqa: E731
         dropped = self.queue.remove_if(drop) + self.parked.remove_if(drop)
+        if self.refused is not None:
+            dropped += self.refused.remove_if(drop)
         for task in dropped:
             self.policies.usage.withdrawn(task)
             self.cancelled += 1
@@ -357,7 +361,8 @@ class GlobalMaster:
         queue = self.queue
         waiting = self.waiting
         gangs = self.gangs
-        if view.has_unapplied_states and (queue or waiting or gangs.waiting):
+        refused = self.refused
+        if view.has_unapplied_states and (queue or waiting or gangs.waiting or refused):
             view.sync()
         if gangs.waiting and (gangs.due or view.freed_nodes):
             gangs.place(now)  # gangs first: each placed whole or not at all, before single tasks take the room
@@ -365,7 +370,9 @@ class GlobalMaster:
         if view.freed_nodes:
             freed = view.take_freed()
             if waiting:
-                self._retry_waiting(freed, now, batches)
+                self._retry_waiting(freed, now, batches, self.parked)
+            if refused:
+                self._retry_waiting(freed, now, batches, refused)
         observer = self.observer
         by_user = self.policies.queue_order.shapes_by_user
         blocked = self.unplaceable.blocked
@@ -406,11 +413,12 @@ class GlobalMaster:
         self.unplaceable.end_pass(queue)
         return self._flush(batches, now)
 
-    def _retry_waiting(self, freed: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]]) -> None:
-        """For each node whose free resources grew, retry (in the queue order's service order) the parked shapes
-        it could run, until the node cannot take any parked request any more."""
-        parked_shapes = self.parked
-        waiting = self.waiting
+    def _retry_waiting(
+        self, freed: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]], parked_shapes: ParkedShapes
+    ) -> None:
+        """For each node whose free resources grew, retry (in the queue order's service order) the shapes of
+        `parked_shapes` it could run, until the node cannot take any of their requests any more."""
+        waiting = parked_shapes.tasks
         service_order = self.policies.queue_order.service_order
         for lm, node in freed:
             view, i = self.view.locate[lm][node]
@@ -477,8 +485,10 @@ class GlobalMaster:
         return outputs
 
     def waiting_tasks(self) -> list[TaskSpec]:
-        """Parked tasks, shape by shape, then the tasks of waiting gangs."""
-        return [t for parked in self.waiting.values() for t in parked] + self.gangs.waiting_tasks()
+        """Parked tasks, shape by shape, the tasks refused as inconsistent that wait for a freed node, then the
+        tasks of waiting gangs."""
+        refused = [] if self.refused is None else [t for held in self.refused.tasks.values() for t in held]
+        return [t for parked in self.waiting.values() for t in parked] + refused + self.gangs.waiting_tasks()
 
     # ---------------------------------------------------------- LM answers
 
@@ -510,7 +520,8 @@ class GlobalMaster:
             if refused.task_id in ledger.cancelling:
                 self.cancelled_run(refused, now)
             elif rejection.inconsistency:
-                retry.append(refused)
+                if not self.policies.inconsistent.hold(self.shape(refused), refused):
+                    retry.append(refused)
             else:
                 self.retry.ended(refused)
                 self.observer.task_failed(refused, f"LM {resp.lm}: {rejection.reason}", now)
@@ -609,7 +620,7 @@ class GlobalMaster:
         return {
             "gm": self.gm_id,
             "queued": len(self.queue),
-            "waiting": sum(len(parked) for parked in self.waiting.values()) + len(self.gangs.waiting_tasks()),
+            "waiting": len(self.waiting_tasks()),
             "running": len(self.running),
             "repartitions": self.repartitions,
             "inconsistencies": self.inconsistencies,

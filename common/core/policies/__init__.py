@@ -10,6 +10,7 @@
 | LM order | `round-robin` | `first-fit`, `scarcity` | `placement.search`, `placement.scarcity` |
 | unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
+| task refused as inconsistent | `retry` | `wait-for-free` | `inconsistent` |
 
 A new queue order is one new module here defining a class with the `QueueOrder` methods (or a `KeyedOrder`
 subclass with a `key`), plus one line in `QUEUE_ORDERS`.
@@ -29,6 +30,7 @@ from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
 from megha.common.core.placement.scarcity import ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
 from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
+from megha.common.core.policies.inconsistent import InconsistentPolicy, RetryAtOnce, WaitForFree
 from megha.common.core.policies.preemption import NoPreemption, PreemptionPolicy
 from megha.common.core.policies.priority import (
     ClassBook,
@@ -70,6 +72,12 @@ UNSATISFIABLE: dict[str, Callable[[], UnsatisfiablePolicy]] = {
 }
 """What a GM does at submission with a task no node could ever run, by name (`megha replay --unsatisfiable`)."""
 
+INCONSISTENT: dict[str, Callable[[], InconsistentPolicy]] = {
+    RetryAtOnce.name: RetryAtOnce,
+    WaitForFree.name: WaitForFree,
+}
+"""What a GM does with a task an LM refused as inconsistent, by name (`megha replay --inconsistent`)."""
+
 
 @dataclass
 class GmPolicies:
@@ -83,6 +91,7 @@ class GmPolicies:
     unplaceable: str = "park"  # an UNPLACEABLE name: the GM builds it over its parked shapes
     unsatisfiable: UnsatisfiablePolicy = field(default_factory=RejectJob)
     class_reports: ClassReports = field(default_factory=NoClassReports)
+    inconsistent: InconsistentPolicy = field(default_factory=RetryAtOnce)
 
 
 def gm_policies(
@@ -95,21 +104,27 @@ def gm_policies(
     unplaceable: str = "park",
     unsatisfiable: str = "reject",
     priority_classes: bool = False,
+    inconsistent: str = "retry",
 ) -> GmPolicies:
     """GM `gm`'s policies: with `fairness`, its user queues, fair share preemption and share book (the queue order
-    is then `fair`); without, the named queue order and no preemption. LM order, unplaceable and unsatisfiable
-    tasks as named. With `priority_classes`, higher classes are served first over that order and may preempt lower
-    ones before any other preemption is tried (`policies/priority.py`)."""
+    is then `fair`); without, the named queue order and no preemption. LM order, unplaceable, unsatisfiable and
+    inconsistent tasks as named. With `priority_classes`, higher classes are served first over that order and may
+    preempt lower ones before any other preemption is tried (`policies/priority.py`)."""
     for kind, name, known in (
         ("LM order", lm_order, LM_ORDERS),
         ("unplaceable policy", unplaceable, UNPLACEABLE),
         ("unsatisfiable policy", unsatisfiable, UNSATISFIABLE),
+        ("inconsistent policy", inconsistent, INCONSISTENT),
     ):
         if name not in known:
             raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(known)}")
     chosen = choice or RandomChoice()
     plain = GmPolicies(
-        choice=chosen, lm_order=lm_order, unplaceable=unplaceable, unsatisfiable=UNSATISFIABLE[unsatisfiable]()
+        choice=chosen,
+        lm_order=lm_order,
+        unplaceable=unplaceable,
+        unsatisfiable=UNSATISFIABLE[unsatisfiable](),
+        inconsistent=INCONSISTENT[inconsistent](),
     )
     if fairness is None:
         if queue_order not in QUEUE_ORDERS:
