@@ -520,7 +520,7 @@ class GlobalMaster:
             if refused.task_id in ledger.cancelling:
                 self.cancelled_run(refused, now)
             elif rejection.inconsistency:
-                if not self.policies.inconsistent.hold(self.shape(refused), refused):
+                if self.refused is None or not self.policies.inconsistent.hold(self.shape(refused), refused):
                     retry.append(refused)
             else:
                 self.retry.ended(refused)
