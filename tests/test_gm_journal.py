@@ -141,11 +141,12 @@ class _Life:
             if isinstance(out.msg, Completions):
                 core.handle(out.msg, time.time())
 
-    async def submit(self, job_id: str, tasks: int = 1) -> None:
+    async def submit(self, job_id: str, tasks: int = 1, user: str = "default") -> None:
+        """Submit as the GM's route does: the body validated, then named with `job_id` (an id the GM may have
+        made, which no client could submit)."""
         task = {"duration": 60.0, "cpu_millicores": 500, "memory_mb": 256}
-        await self.service.submit(
-            JobSubmission.model_validate({"job_id": job_id, "tasks": [task] * tasks}), time.time()
-        )
+        sub = JobSubmission.model_validate({"user": user, "tasks": [task] * tasks})
+        await self.service.submit(sub.model_copy(update={"job_id": job_id}), time.time())
 
 
 def _ends(path: Path) -> list[str]:
@@ -171,6 +172,31 @@ def test_a_submission_written_before_its_gm_was_fenced_is_accepted_and_recovered
         assert "late" in gm.service.jobs.jobs
 
     asyncio.run(life())
+
+
+def test_a_gm_restarting_from_a_journal_with_a_job_a_user_named_recovers_it(tmp_path: Path) -> None:
+    """A job a user named gets the id `<user>~<name>~<made>` from its GM, and the journal keeps that id. A GM
+    restarting from such a journal recovers the job and runs it. Before the fix its recovery refused the id (a
+    client may not submit one with two scopes) and the GM could not start again, ever."""
+    lm = LocalMaster(0, SPEC.partitions[0])
+    named = "alice~prep~g0-mx15y5cq-0"
+
+    async def lives() -> None:
+        first = _Life(tmp_path, 10, lm)
+        await first.service.recover()
+        await first.submit(named, user="alice")
+        assert first.service.journal is not None
+        first.service.journal.close()  # the crash: the launch never reached the LM
+
+        second = _Life(tmp_path, 10, lm)
+        await second.service.recover()
+        job = second.service.jobs.status(named)
+        assert job is not None and job.user == "alice"
+        assert [p.task.task_id for b in second.batches() for p in b.placements] == [f"{named}.0"]
+        assert second.service.journal is not None
+        second.service.journal.close()
+
+    asyncio.run(lives())
 
 
 def test_a_record_not_written_says_so(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
 from pydantic_core import to_json
 
 from megha.common.core.gm import Unschedulable
@@ -71,8 +72,14 @@ class Restart:
             if replayed.damaged:
                 log.warning("journal %s: %d damaged lines skipped", gm.journal_path(), replayed.damaged)
             for record, arrived in replayed.jobs:
-                sub = JobSubmission.model_validate(record)
-                job_id = sub.job_id or ""
+                # The record's id is the one the GM made (`<user>~<name>~<made>` for a name a user chose), which no
+                # client may submit: validate the rest as the submission it was.
+                job_id = record.get("job_id", "")
+                try:
+                    sub = JobSubmission.model_validate({k: v for k, v in record.items() if k != "job_id"})
+                except ValidationError as exc:  # written by another version: the GM starts without it, loudly
+                    log.error("journal %s: job %s cannot be read, skipped: %s", gm.journal_path(), job_id, exc)
+                    continue
                 try:
                     priority = gm.priority(sub.priority_class)
                 except Unschedulable:  # accepted under classes since changed: it runs, in the default class
