@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 import time
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from megha.common.models import (
 )
 from megha.common.settings import GMSettings
 from megha.loadgen.events import EventRecorder
-from megha.services.gm.journal import End, Journal, NotWritten
+from megha.services.gm.journal import End, Journal, NotWritten, merge_lines
+from megha.services.gm.peers import ReplicaStore
 from megha.services.gm.service import GMService
 
 
@@ -73,6 +75,29 @@ def test_a_rewrite_keeps_only_the_records_given_and_appends_after_them(tmp_path:
     journal.close()
     replayed = Journal.replay(path)
     assert [r["job_id"] for r, _ in replayed.jobs] == ["kept"] and replayed.ends == {"kept.0": End("finished", "")}
+
+
+def test_journals_and_their_copies_are_private_to_the_gm_s_user(tmp_path: Path) -> None:
+    """A journal holds every user's commands and task environments: an exec task on the GM's host (another uid)
+    may read none of it. Made, rewritten, merged into and copied at a peer, each file is 0600 and the folder made
+    for it 0700; a journal an older version left readable to all is made private when it is opened."""
+    folder = tmp_path / "journal"
+    old = tmp_path / "old.journal"
+    old.write_text('{"end": "x.0", "state": "finished", "reason": ""}\n')
+    old.chmod(0o644)
+    journal = Journal(folder / "run.gm-0.journal")
+    journal.append({"end": "a.0", "state": "finished", "reason": ""})
+    journal.rewrite([{"job": {"job_id": "kept"}, "at": 5.0}])
+    journal.close()
+    merge_lines(folder / "run.gm-1.journal", ['{"end": "b.0", "state": "finished", "reason": ""}'])
+    store = ReplicaStore(folder, "run")
+    asyncio.run(store.write(2, True, ['{"end": "c.0", "state": "finished", "reason": ""}']))
+    asyncio.run(store.write(3, False, ['{"end": "d.0", "state": "finished", "reason": ""}']))
+    Journal(old).close()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    files = [*folder.iterdir(), old]
+    assert len(files) == 5 and {f.name for f in files} >= {"run.gm-2.copy.journal", "run.gm-3.copy.journal"}
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == {f.name: 0o600 for f in files}
 
 
 def test_a_missing_journal_replays_as_empty(tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ tasks were stopped stops them then.
 Job records are made durable in groups: submissions that arrive while an fsync runs share the next one. End
 records are only written through to the operating system (they survive a process crash, not a machine crash):
 an end a GM did not record is learnt again from its LMs, which remember the runs they ended recently.
+
+Journals and their copies are private to the GM's user (files 0600, a folder made here 0700): they hold every
+user's submissions, commands and task environments, and an exec task on the same host runs as another user.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, Literal, NamedTuple
 
 log = logging.getLogger("megha.gm")
 
@@ -61,13 +64,22 @@ class NotWritten(RuntimeError):
     """A record could not be written to the journal at all (closed, or the write failed)."""
 
 
+def open_private(path: Path, mode: Literal["ab", "wb"]) -> BinaryIO:
+    """Open journal file `path` to append to ("ab") or replace ("wb"), readable by this service's user only (0600,
+    also a file an older version made; its folder, when made here, 0700)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
+
+
 class Journal:
     """An append-only journal file with group commit."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("ab")
+        self._file = open_private(path, "ab")
         self._waiting: list[asyncio.Future[None]] = []
         self._syncer: asyncio.Task[None] | None = None
 
@@ -131,13 +143,13 @@ class Journal:
         """Replace the journal by `records` (what is still worth keeping), atomically."""
         self._file.close()
         tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as out:
+        with open_private(tmp, "wb") as out:
             for record in records:
                 out.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(self.path)
-        self._file = self.path.open("ab")
+        self._file = open_private(self.path, "ab")
 
     def close(self) -> None:
         self._file.close()
@@ -175,9 +187,8 @@ def merge_lines(path: Path, lines: list[str]) -> int:
             continue
         added.append(line)
     if added:
-        path.parent.mkdir(parents=True, exist_ok=True)
         torn = path.exists() and path.stat().st_size > 0 and path.read_bytes()[-1:] != b"\n"
-        with path.open("ab") as out:  # after a line a crash cut short, start a new one
+        with open_private(path, "ab") as out:  # after a line a crash cut short, start a new one
             out.write(b"\n" * torn + "".join(line + "\n" for line in added).encode())
             out.flush()
             os.fsync(out.fileno())

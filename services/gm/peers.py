@@ -18,7 +18,7 @@ from pydantic_core import to_json
 
 from megha.services.background import wait_event
 from megha.services.client import CallError, ServiceClient
-from megha.services.gm.journal import journal_lines
+from megha.services.gm.journal import journal_lines, open_private
 
 log = logging.getLogger("megha.gm")
 
@@ -143,9 +143,8 @@ class ReplicaStore:
 
     @staticmethod
     def _write(path: Path, reset: bool, lines: list[str]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         target = path.with_suffix(".tmp") if reset else path
-        with target.open("wb" if reset else "ab") as out:
+        with open_private(target, "wb" if reset else "ab") as out:
             out.write("".join(line + "\n" for line in lines).encode())
             out.flush()
             os.fsync(out.fileno())
