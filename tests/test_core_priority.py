@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from megha.common.core.fairness.config import FairnessConfig, QueueSpec
@@ -297,37 +297,76 @@ def contention(draw: st.DrawFn) -> tuple[FairnessConfig, list[tuple[int, JobSpec
     return FairnessConfig(queues), jobs
 
 
+THIRDS = FairnessConfig(tuple(QueueSpec(f"u{k}", 1 / 3, gm) for k, gm in enumerate((0, 1, 0))))
+PREEMPTED_BACK = (  # found by hypothesis: j3.0 preempts j1.1 at 1.001 s; by 3.001 s the rest of j1 ended and j3
+    # started two more tasks, so u0 holds nothing and u2 three of four nodes: j1.1 preempts j3.0 back, by the rules
+    THIRDS,
+    [
+        (1, JobSpec("j0", (t("j0.0", HIGH, "u1", 1.0),), 1.0)),
+        (0, JobSpec("j1", tuple(t(f"j1.{i}", HIGH, "u0", 1.0) for i in range(4)), 0.0)),
+        (0, JobSpec("j2", (t("j2.0", LOW, "u0", 1.0),), 0.0)),
+        (0, JobSpec("j3", tuple(t(f"j3.{i}", HIGH, "u2", 2.0) for i in range(3)), 1.0)),
+    ],
+)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(contention())
+@example(PREEMPTED_BACK)
 def test_priority_and_fair_share_preemptions_never_loop(case: tuple[FairnessConfig, list[tuple[int, JobSpec]]]) -> None:
     """Every preemption either strictly lowers the victims' class below the preemptor's (priority) or keeps to one
     class or below, from users over their share (verified before) to a user under it, leaving the victim at or over
-    its share (fair share): so a victim never preempts its preemptor back, nothing is preempted twice by the same
-    task, and every task completes exactly once."""
+    its share (fair share): so a victim never preempts its preemptor back unless some other task started or ended
+    in between (the preemption cannot cause it on its own: docs/priority.md), nothing is preempted twice by the
+    same task, and every task completes exactly once."""
     fairness, jobs = case
+    shares = fairness.shares()
     sys_, rec = system(2, fairness, gms=2)
     lm = sys_.lms[0]
     handle = lm.handle
+    local = lm.shares
+    assert isinstance(local, LocalShares)
     problems: list[str] = []
-    preempted_by: dict[str, set[str]] = {}
+    preempted_by: dict[str, dict[str, int]] = {}  # victim -> its preemptors -> len(changes) when it preempted
+    changes: list[str] = []  # the task of every start and end at the LM, in order
+    started, ended = local.started, local.ended
+
+    def start(task: TaskSpec, node: int) -> None:
+        changes.append(task.task_id)
+        started(task, node)
+
+    def end(task: TaskSpec, node: int) -> None:
+        changes.append(task.task_id)
+        ended(task, node)
+
+    local.started, local.ended = start, end  # type: ignore[method-assign]
 
     def checked(msg: object, now: float):  # type: ignore[no-untyped-def]
         if not isinstance(msg, PreemptRequest):
             return handle(msg, now)
         task = msg.task
-        shares = lm.shares
-        before = {u: shares.policy.consumption(tuple(v), msg.total) for u, v in shares._usage.items()}  # type: ignore[union-attr]
+        usage = {u: list(v) for u, v in local._usage.items()}
+        before = {u: local.policy.consumption(tuple(v), msg.total) for u, v in usage.items()}
         out = handle(msg, now)
+        for victim_id in out[0].msg.preempted:
+            victim = lm.preempting[victim_id].placement.task
+            usage[victim.user] = [a - b for a, b in zip(usage[victim.user], victim.request, strict=True)]
         for victim_id in out[0].msg.preempted:
             victim = lm.preempting[victim_id].placement.task
             if victim.priority > task.priority:
                 problems.append(f"{task.task_id} ({task.priority}) preempted higher {victim_id} ({victim.priority})")
-            same_class = victim.priority == task.priority
-            if same_class and (victim.user == task.user or before[victim.user] <= fairness.shares()[victim.user]):
-                problems.append(f"{task.task_id} preempted {victim_id} of its class, not over its share")
-            if victim_id in preempted_by.get(task.task_id, set()):
-                problems.append(f"{victim_id} preempted {task.task_id}, which had preempted it: a loop")
-            preempted_by.setdefault(victim_id, set()).add(task.task_id)
+            if victim.priority == task.priority:
+                after = local.policy.consumption(tuple(usage[victim.user]), msg.total)
+                if victim.user == task.user or before[victim.user] <= shares[victim.user]:
+                    problems.append(f"{task.task_id} preempted {victim_id} of its class, not over its share")
+                elif after < shares[victim.user]:
+                    problems.append(f"{task.task_id} took {victim.user} below its share ({after:.3f})")
+                elif before.get(task.user, 0.0) >= shares[task.user]:
+                    problems.append(f"{task.task_id} preempted {victim_id} of its class, its user not under its share")
+            back = preempted_by.get(task.task_id, {}).get(victim_id)
+            if back is not None and not set(changes[back:]) - {task.task_id, victim_id}:
+                problems.append(f"{task.task_id} preempted {victim_id} back with nothing else changed: a loop")
+            preempted_by.setdefault(victim_id, {})[task.task_id] = len(changes)
         return out
 
     sys_.loop._endpoints["lm/0"] = checked
