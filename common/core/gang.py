@@ -142,7 +142,9 @@ class GangScheduler:
     ) -> None:
         """After a GM restart: gang `job_id`'s unfinished tasks, those its LMs run (`running`, held in the GM's ledger
         already) and the others (`queued`). All running: the gang runs on, as a whole. None running: it waits. Some
-        running and some not (the GM died between commits): what runs is stopped, and the gang waits again whole."""
+        running and some not (the GM died between commits): what runs is stopped, and the gang waits again whole.
+        In a gang with a retry rule, `running` also holds the members whose end the GM then replays
+        (`Recovery.replayed`): a finished one is held again, as if the GM had not restarted."""
         tasks = (*(p.task for p in running), *queued)
         gang = Gang(job_id, tasks, timeout)
         for task in tasks:

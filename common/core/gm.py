@@ -213,11 +213,13 @@ class GlobalMaster:
         queued: Iterable[TaskSpec],
         now: float,
         gangs: Mapping[str, float] | None = None,
+        replayed: Iterable[Completions] = (),
     ) -> list[Output]:
         """A GM restarted after a crash: adopt each LM's full state (`states`, one per LM, whose `applied_through`
         this GM's batch numbering continues from), take `running` (the runs the LMs hold for this GM) as running,
-        queue `queued` (its accepted tasks that are neither running nor ended), and schedule. The tasks of the jobs
-        in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`)."""
+        queue `queued` (its accepted tasks that are neither running nor ended), apply the ends `replayed`
+        (`Recovery.replayed`: runs of `running` that ended, of jobs with a retry rule), and schedule. The tasks of
+        the jobs in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`)."""
         for delta in states:
             self.ledger.continue_from(delta.lm, delta.applied_through)
             self.apply_delta(delta)
@@ -237,6 +239,8 @@ class GlobalMaster:
                     self.gangs.recover(job_id, timeout, mine, waiting, now)
             queued = [t for t in queued if t.job_id not in gangs]
         self.queue.extend(queued)
+        for msg in replayed:
+            self._on_completions(msg, now)
         return self._drain(now)
 
     def handle(self, msg: object, now: float) -> list[Output]:
