@@ -398,6 +398,13 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         description="the order the GM serves its queue without fair scheduling: a name registered in "
         "megha.common.core.policies.QUEUE_ORDERS (fair scheduling serves its user queues instead)",
     )
+    gang_reserve_after: float | None = Field(
+        None,
+        gt=0,
+        description="seconds the gang that has waited longest at this GM waits before the GM holds LMs for it: it "
+        "places no other task of the same or a lower priority on them until the gang is placed, so that wide gangs "
+        "do not starve behind streams of small jobs (docs/gang.md, Starvation); empty: never",
+    )
 
     @field_validator("queue_order")
     @classmethod

@@ -292,11 +292,13 @@ class Outages:
         system.retire(system.gms[g])
         core = system.gms[g] = system.new_gm(g)
         journal = self.journals[g]
-        plan = plan_recovery(g, journal.accepted_tasks(), journal.ended, reports, self.gm_inbox[g])
+        ruled = {job.job_id for job in journal.ruled}
+        plan = plan_recovery(g, journal.accepted_tasks(), journal.ended, reports, self.gm_inbox[g], ruled)
         journal.ended.update(plan.ended)
         journal.restore_rules(core)
         self.gm_state[g] = "up"
-        return core.recover(plan.deltas, plan.running, plan.queued, now, journal.gangs) + self._deliver_gm(g, now)
+        outputs = core.recover(plan.deltas, plan.running, plan.queued, now, journal.gangs, plan.replayed)
+        return outputs + self._deliver_gm(g, now)
 
     def _deliver_gm(self, g: int, now: float) -> list[Output]:
         """Hand what waited for GM `g` to it, in arrival order."""

@@ -56,6 +56,7 @@ class EmbeddedConfig:
     fail_exit_code: int = 1
     priority_classes: bool = False
     inconsistent: str = "retry"
+    gang_reserve_after: float | None = None  # seconds a gang waits before its GM holds LMs for it (None: never)
 
 
 class EmbeddedSystem(SimulatedSystem):
@@ -108,6 +109,7 @@ class EmbeddedSystem(SimulatedSystem):
             config.unsatisfiable,
             config.priority_classes,
             config.inconsistent,
+            config.gang_reserve_after,
         )
         return GlobalMaster(
             g,

@@ -75,6 +75,7 @@ class ReplayConfig:
     job_classes: str = ""  # each job's class drawn as "name:fraction,..." (loadgen/priority.py)
     gangs: float = 0.0  # fraction of jobs that are gangs (docs/gang.md), drawn with `seed`
     gang_sizes: tuple[int, int] = (1, 1 << 30)  # only jobs of this many tasks (least, most) may be gangs
+    gang_reserve_after: float | None = None  # seconds a gang waits before its GM holds LMs for it (None: never)
     queueable: float = 0.0  # the fraction of tasks made queueable (chosen with the seed; docs/queueable.md)
 
     def classes(self) -> PriorityClasses | None:
@@ -148,7 +149,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         ("unsatisfiable", config.unsatisfiable),
         ("inconsistent", config.inconsistent),
     )
-    for what, name in (*gm_policies, ("lm-order", config.lm_order)):
+    for what, name in (*gm_policies, ("lm-order", config.lm_order), ("gang-reserve-after", config.gang_reserve_after)):
         if name != getattr(DEFAULTS, what.replace("-", "_")) and config.scheduler not in ("megha", "centralized"):
             raise ValueError(f"--{what} {name} is a policy of Megha's GMs (megha, centralized), not {config.scheduler}")
     rule = parse_rule(config.retry) if config.retry else None
@@ -189,6 +190,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             fail_exit_code=config.fail_exit_code,
             priority_classes=classes is not None,
             inconsistent=config.inconsistent,
+            gang_reserve_after=config.gang_reserve_after,
         ),
         recorder,
     )

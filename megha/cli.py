@@ -251,6 +251,7 @@ def megha() -> None:
     help="fraction of jobs (drawn with --seed) that are gangs: every task of the job starts or none does "
     "(docs/gang.md)",
 )
+@setting(GMSettings, "gang_reserve_after", default=REPLAY.gang_reserve_after, group=SCHEDULER)
 @option(
     "--queueable",
     type=click.FloatRange(0.0, 1.0),
@@ -600,6 +601,7 @@ def _replay(args: SimpleNamespace) -> int:
         priority_classes=args.priority_classes,
         job_classes=args.job_classes,
         gangs=args.gangs,
+        gang_reserve_after=args.gang_reserve_after,
         queueable=args.queueable,
     )
     runs, statuses = [], []

@@ -321,13 +321,15 @@ def _assert_whole(seen: Seen, sizes: dict[str, int]) -> None:
         max_size=10,
     ),
     hop=st.sampled_from([0.0005, 0.05]),
+    reserve=st.none() | st.floats(0.1, 3.0),
 )
 def test_no_gang_ever_runs_partly_and_every_task_ends_once(
-    jobs: list[tuple[bool, int, int, float, float, int]], hop: float
+    jobs: list[tuple[bool, int, int, float, float, int]], hop: float, reserve: float | None
 ) -> None:
+    """Also with GMs holding LMs for a gang that waited `reserve` seconds (docs/gang.md, "Starvation")."""
     spec = cluster([[[[], []], [[]]], [[[]], [[], []]]])
     seen = Seen()
-    system = EmbeddedSystem(spec, EmbeddedConfig(hop_delay=hop), seen)
+    system = EmbeddedSystem(spec, EmbeddedConfig(hop_delay=hop, gang_reserve_after=reserve), seen)
     sizes: dict[str, int] = {}
     expected: list[str] = []
     for j, (is_gang, n, cpu, at, duration, g) in enumerate(jobs):
@@ -341,6 +343,7 @@ def test_no_gang_ever_runs_partly_and_every_task_ends_once(
     assert sorted(seen.completed) == sorted(expected) and not seen.failed
     assert Counter(seen.completed).most_common(1)[0][1] == 1
     assert all(lm.free == lm.capacity and not lm.gangs.held for lm in system.lms)
+    assert all(gm.gangs.reservation is None or gm.gangs.reservation.gang is None for gm in system.gms)  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------- as a whole: cancel, preempt, timeout

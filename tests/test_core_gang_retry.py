@@ -14,10 +14,14 @@ from hypothesis import strategies as st
 from test_core_gang import Seen as GangSeen
 from test_core_gang import _assert_whole, drive_shuffled
 
-from megha.common.core.messages import GangRetry, Output, Placement, Wake
+from megha.common.core.gm import GlobalMaster
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import Completions, GangRetry, Output, Placement, Wake
 from megha.common.core.observer import CoreObserver
+from megha.common.core.recovery import lm_report, plan_recovery
 from megha.common.core.retry import RetryRule, SimulatedFailures
 from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.core.worker import SimulatedExecution
 from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
 
 from corekit import CAP, Net, cluster, task
@@ -61,9 +65,9 @@ def ruled_gang(rule: RetryRule | None, durations: Sequence[float] = (10.0, 60.0,
     return JobSpec("g", tasks, 0.0, gang=math.inf, retry=rule)
 
 
-def scripted(net: Net, plan: dict[tuple[str, int], int]) -> None:
-    """The simulated workers fail the runs `plan` names (task, attempt) with its exit code; the others finish."""
-    for worker in net.workers:
+def scripted(workers: Sequence[SimulatedExecution], plan: dict[tuple[str, int], int]) -> None:
+    """The simulated `workers` fail the runs `plan` names (task, attempt) with its exit code; the others finish."""
+    for worker in workers:
         start: Callable[[list[Placement], float], list[Output]] = worker._start
 
         def scripted_start(launches: list[Placement], now: float, start=start, worker=worker) -> list[Output]:  # type: ignore[no-untyped-def]
@@ -79,7 +83,7 @@ def _net(plan: dict[tuple[str, int], int], lms: int = 1) -> tuple[Net, Seen]:
     net = Net.build(cluster([[[[], [], []]] for _ in range(lms)]), observer=seen)
     for lm in net.lms:
         lm.observer = seen
-    scripted(net, plan)
+    scripted(net.workers, plan)
     return net, seen
 
 
@@ -185,6 +189,100 @@ def test_a_gang_without_a_rule_still_lets_a_failed_member_fail_alone() -> None:
     assert not any(isinstance(w.msg, GangRetry) for w in net.timers if isinstance(w, Wake))
 
 
+def _crashing_gm(plan: dict[tuple[str, int], int], at: float) -> tuple[EmbeddedSystem, Seen]:
+    """One GM over one LM of three nodes; GM 0 crashes at `at` and is back a second later (its journal and the LM's
+    memory of ended runs rebuild it, embedded/outages.py); the workers fail the runs `plan` names."""
+    from megha.embedded.faults import Fault, Faults
+
+    seen = Seen()
+    faults = Faults(at=(Fault("gm", at, 0, down=1.0),))
+    system = EmbeddedSystem(cluster([[[[], [], []]]]), EmbeddedConfig(faults=faults), seen)
+    scripted(system.workers, plan)
+    return system, seen
+
+
+def test_a_member_finished_and_held_when_its_gm_crashed_runs_again_when_another_fails_after_the_restart() -> None:
+    # g.0 finishes at 1 s and is held; the GM crashes at 2 s and is back at 3 s; g.1 fails (exit 3) at 5 s.
+    system, seen = _crashing_gm({("g.1", 1): 3}, at=2.0)
+    system.submit(0, ruled_gang(RetryRule(3, 1.0, frozenset({3})), (1.0, 5.0, 5.0)))
+    system.run()
+    assert system.counters()["gm_crashes"] == 1
+    assert sorted(t for t, a in seen.runs if a == 2) == ["g.0", "g.1", "g.2"]  # the whole gang, g.0 too
+    assert sorted(t for t, *_ in seen.retries) == ["g.0", "g.1", "g.2"]
+    assert seen.ends == {t: ("finished", "") for t in ("g.0", "g.1", "g.2")}
+    assert seen.end_count == {"g.0": 1, "g.1": 1, "g.2": 1}
+    assert all(not gm.gangs.members and not gm.retry.rules for gm in system.gms)  # type: ignore[attr-defined]
+
+
+def test_members_finished_and_held_when_their_gm_crashed_end_finished_once_with_the_last() -> None:
+    # g.0 and g.1 finish (held) before the crash at 2 s; g.2 finishes at 4 s, after the restart.
+    system, seen = _crashing_gm({}, at=2.0)
+    system.submit(0, ruled_gang(RetryRule(3, 1.0), (1.0, 1.5, 4.0)))
+    system.run()
+    assert system.counters()["gm_crashes"] == 1
+    assert all(a == 1 for _, a in seen.runs) and not seen.retries
+    assert seen.ends == {t: ("finished", "") for t in ("g.0", "g.1", "g.2")}
+    assert seen.end_count == {"g.0": 1, "g.1": 1, "g.2": 1}
+
+
+def _until(net: Net, end: float, backlog: list[Completions] | None = None) -> None:
+    """Deliver what `net` holds and fire the timers due by `end`. With `backlog`, GM 0 is down: completions for it
+    wait there (its broker queue), and anything else for it is lost with it."""
+    while True:
+        if net.inbox:
+            sent = net.inbox.pop(0)
+            if backlog is None or sent.dest != "gm/0":
+                net.post(net.endpoint(sent.dest).handle(sent.msg, net.now))
+            elif isinstance(sent.msg, Completions):
+                backlog.append(sent.msg)
+            continue
+        due = [w for w in net.timers if w.at <= end]
+        if not due:
+            break
+        wake = min(due, key=lambda w: w.at)
+        net.timers.remove(wake)
+        net.now = max(net.now, wake.at)
+        if backlog is None or wake.dest != "gm/0":
+            net.post(net.endpoint(wake.dest).handle(wake.msg, net.now))
+    net.now = end
+
+
+def test_a_gm_recovered_as_the_services_do_holds_a_finished_member_again_and_reruns_the_gang_for_a_failure() -> None:
+    """As the GM service recovers (services/gm/recovery.py), with the completions that waited in its broker queue
+    handled only after it recovered: the LMs' memory of ended runs alone says that g.0 finished (held before the
+    crash) and that g.1 failed with exit code 3 while the GM was down. Both ends are replayed through the core: g.0
+    is held again and g.1's failure reruns the whole gang; the waiting completion then changes nothing."""
+    seen = Seen()
+    spec = cluster([[[[], [], []]]])
+    net = Net.build(spec, observer=seen)
+    net.lms[0] = LocalMaster(0, spec.partitions[0], observer=seen, ended_runs_kept=10)
+    scripted(net.workers, {("g.1", 1): 3})
+    job = ruled_gang(RetryRule(3, 1.0, frozenset({3})), (1.0, 2.0, 10.0))
+    net.post(net.gms[0].submit(job, 0.0))
+    _until(net, 1.5)  # g.0 finished at 1 s: held
+    assert not seen.ends and "g.0" in net.gms[0].gangs.members["g.0"].held
+    backlog: list[Completions] = []
+    _until(net, 3.0, backlog)  # GM 0 is down; g.1 fails at 2 s
+    assert [c.task_id for msg in backlog for c in msg.items] == ["g.1"]
+    restarted = net.gms[0] = GlobalMaster(0, spec, observer=seen)
+    restarted.retry.restore(job, 3, {})  # the journal: the job, its rule, no end, no retry
+    plan = plan_recovery(0, job.tasks, set(), [lm_report(net.lms[0], 0)], ruled={"g"})
+    assert plan.ended == {} and plan.queued == []
+    assert [(c.task_id, c.error != "", c.exit_code) for msg in plan.replayed for c in msg.items] == [
+        ("g.0", False, None),
+        ("g.1", True, 3),
+    ]
+    net.post(restarted.recover(plan.deltas, plan.running, plan.queued, net.now, {"g": math.inf}, plan.replayed))
+    for msg in backlog:
+        net.post(restarted.handle(msg, net.now))
+    net.run()
+    assert sorted(t for t, a in seen.runs if a == 2) == ["g.0", "g.1", "g.2"]  # the whole gang, g.0 too
+    assert seen.ends == {t: ("finished", "") for t in ("g.0", "g.1", "g.2")}
+    assert seen.end_count == {"g.0": 1, "g.1": 1, "g.2": 1}
+    assert restarted.failures_retried == 1 and not restarted.gangs.members and not restarted.retry.rules
+    assert net.lms[0].free == [CAP, CAP, CAP] and not net.lms[0].running
+
+
 def test_a_replay_with_gangs_failures_and_retries_ends_every_task_exactly_once() -> None:
     from megha.loadgen.replay import ReplayConfig, replay
 
@@ -218,7 +316,7 @@ class Whole(GangSeen):
         self.retried.append(task.task_id)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     jobs=st.lists(
         st.tuples(
@@ -234,18 +332,26 @@ class Whole(GangSeen):
     ),
     fail=st.sampled_from([0.1, 0.3]),
     seed=st.integers(0, 3),
+    crash=st.none() | st.tuples(st.floats(0.0, 6.0), st.integers(0, 1)),
 )
 def test_gangs_with_a_rule_rerun_whole_and_end_whole_whatever_fails(
-    jobs: list[tuple[bool, int, int, float, float, int]], fail: float, seed: int
+    jobs: list[tuple[bool, int, int, float, float, int]], fail: float, seed: int, crash: tuple[float, int] | None
 ) -> None:
+    """Random gang and single jobs with a rule, runs failing at random, and (`crash`) a GM crashing at a random time
+    and back a second later, recovered from its journal and the LMs' memory of ended runs."""
+    from megha.embedded.faults import Fault, Faults
+
     spec = cluster([[[[], []], [[]]], [[[]], [[], []]]])
     seen = Whole()
-    system = EmbeddedSystem(spec, EmbeddedConfig(hop_delay=0.0005, fail_fraction=fail, seed=seed), seen)
+    faults = None if crash is None else Faults(at=(Fault("gm", crash[0], crash[1], down=1.0),))
+    config = EmbeddedConfig(hop_delay=0.0005, fail_fraction=fail, seed=seed, faults=faults)
+    system = EmbeddedSystem(spec, config, seen)
     sizes: dict[str, int] = {}
     expected: list[str] = []
     rule = RetryRule(3, 0.5)
     for j, (is_gang, n, cpu, at, duration, g) in enumerate(jobs):
-        tasks = tuple(task(f"j{j}.{k}", request=(cpu, 1024), duration=duration) for k in range(n))
+        # Members of unequal lengths: a gang's first members finish (and are held) while the others run.
+        tasks = tuple(task(f"j{j}.{k}", request=(cpu, 1024), duration=duration * (1 + k / 2)) for k in range(n))
         system.submit(g, JobSpec(f"j{j}", tasks, at, gang=math.inf if is_gang else None, retry=rule))
         if is_gang:
             sizes[f"j{j}"] = n

@@ -11,6 +11,7 @@ from megha.common.core.messages import (
     Completion,
     Completions,
     Delta,
+    EndedRun,
     FinishedTask,
     LaunchBatch,
     Placement,
@@ -44,13 +45,30 @@ def test_a_plan_runs_what_lms_run_queues_the_rest_and_leaves_ended_tasks_alone()
     report = LMReport(
         Delta(0, 0, 7, [node_state((0, CAP, 1))]),
         [Placement(a, 0, 0, False, 0), Placement(task("other.0"), 0, 1, False, 0)],
-        [("j.2", 1, ""), ("j.3", 1, "exit 1")],
+        [EndedRun("j.2", 1, 2), EndedRun("j.3", 1, 3, "exit 1")],
     )
     plan = plan_recovery(0, [a, b, c, d, e], {"j.3", "j.4"}, [report])
     assert [p.task.task_id for p in plan.running] == ["j.0"]  # a run of a task the GM never accepted is ignored
     assert [t.task_id for t in plan.queued] == ["j.1"]
     assert plan.ended == {"j.2": ""}  # j.3's end is already recorded
     assert plan.deltas == [report.delta]
+
+
+def test_a_remembered_end_of_a_job_with_a_retry_rule_is_replayed_through_the_gm_not_recorded() -> None:
+    """The GM's records cannot say whether such an end was decided (a gang's finished member may have been held,
+    a failure not yet retried): its run counts as running and its completion is replayed, exit code and all;
+    a waiting completion of the same run wins, and other jobs' remembered ends are recorded as before."""
+    a, b, c, d = task("r.0"), task("r.1"), task("r.2"), task("j.0")
+    ended = [EndedRun("r.0", 1, 2), EndedRun("r.1", 1, 3, "exit 3", 3), EndedRun("r.2", 1, 1), EndedRun("j.0", 1, 0)]
+    backlog = [Completions(0, 0, 0, [Completion("r.2", node_state((1, CAP, 9)))])]
+    plan = plan_recovery(0, [a, b, c, d], set(), [LMReport(Delta(0, 0, 5), [], ended)], backlog, ruled={"r"})
+    assert plan.ended == {"j.0": ""} and plan.queued == []
+    assert [(p.task.task_id, p.lm, p.node) for p in plan.running] == [("r.2", 0, 1), ("r.0", 0, 2), ("r.1", 0, 3)]
+    (replayed,) = plan.replayed
+    assert [(c.task_id, c.state.node, c.state.version, c.error, c.exit_code) for c in replayed.items] == [
+        ("r.0", 2, 0, "", None),
+        ("r.1", 3, 0, "exit 3", 3),
+    ]
 
 
 def test_a_completion_that_waited_for_the_gm_makes_its_run_count_as_running() -> None:
@@ -60,7 +78,7 @@ def test_a_completion_that_waited_for_the_gm_makes_its_run_count_as_running() ->
         Delta(1, 0, 0),
         Completions(1, 0, 0, [Completion("j.0", state, lost=True, attempt=2), Completion("j.1", state)]),
     ]
-    remembered = LMReport(Delta(1, 0, 0), [], [("j.1", 1, "")])
+    remembered = LMReport(Delta(1, 0, 0), [], [EndedRun("j.1", 1, 3)])
     plan = plan_recovery(0, [a, b], set(), [remembered], backlog)
     assert [(p.task.task_id, p.task.attempt, p.lm, p.node) for p in plan.running] == [
         ("j.0", 2, 1, 3),

@@ -14,6 +14,7 @@ from megha.common.core.lifecycle import Event, Lifecycle, State
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
     Completions,
+    EndedRun,
     FinishedTask,
     LaunchBatch,
     Output,
@@ -267,7 +268,7 @@ def test_a_gm_restarted_during_a_backoff_runs_the_task_again_and_keeps_its_failu
     # The GM dies in the backoff. Its durable records hold the job and that j.0 runs again as attempt 2 after one
     # failure (the services' journal `retry` record); the LM remembers the failed run of attempt 1.
     lm = net.lms[0]
-    assert [(t, a) for t, a, _ in lm.ended_runs(0)] == [("j.0", 1)]
+    assert [(r.task_id, r.attempt) for r in lm.ended_runs(0)] == [("j.0", 1)]
     seen = Seen()
     restarted = GlobalMaster(0, spec, observer=seen)
     accepted = [replace(t, attempt=2) for t in job.tasks]
@@ -285,10 +286,35 @@ def test_a_gm_restarted_during_a_backoff_runs_the_task_again_and_keeps_its_failu
     assert "failure 3 of at most 3" in seen.ends[0][1]
 
 
+def test_a_failure_its_gm_never_saw_before_a_restart_is_retried_from_the_lms_memory() -> None:
+    """As the GM service recovers: the completion waits in the GM's broker queue until after the recovery, so the
+    LM's memory of the failed run (with its exit code) is what the restarted GM's rule decides on."""
+    spec = cluster([[[[]]]])
+    net = Net.build(spec)
+    net.lms[0] = LocalMaster(0, spec.partitions[0], ended_runs_kept=10)
+    job = ruled("j", RetryRule(3, 30.0))
+    net.post(net.gms[0].submit(job, 0.0))
+    (launch,) = launches(net)
+    (p,) = launch.launches
+    report = WorkerReport(0, [FinishedTask("j.0", p.node, error="exited with code 1", exit_code=1)])
+    (waiting,) = [o.msg for o in net.lms[0].handle(report, 1.0) if isinstance(o.msg, Completions)]
+    seen = Seen()
+    restarted = net.gms[0] = GlobalMaster(0, spec, observer=seen)
+    restarted.retry.restore(job, 1, {})
+    plan = plan_recovery(0, job.tasks, set(), [lm_report(net.lms[0], 0)], ruled={"j"})
+    assert plan.ended == {} and plan.queued == []
+    (wake,) = wakes(restarted.recover(plan.deltas, plan.running, plan.queued, 2.0, replayed=plan.replayed))
+    assert wake.msg == RetryDue("j.0", 2) and [(t, a) for t, a, *_ in seen.retries] == [("j.0", 1)]
+    assert restarted.handle(waiting, 2.1) == [] and not seen.ends  # the waiting completion changes nothing
+    net.post(restarted.handle(wake.msg, wake.at))
+    (launch,) = launches(net)
+    assert launch.launches[0].task.attempt == 2 and restarted.failures_retried == 1
+
+
 def test_without_its_record_a_remembered_failed_run_would_end_the_task() -> None:
     """The stale-end filter is what keeps a task in backoff alive across a restart."""
     t = task("j.0")
-    report = LMReport(lm_report(Net.build(cluster([[[[]]]])).lms[0], 0).delta, [], [("j.0", 1, "exit 1")])
+    report = LMReport(lm_report(Net.build(cluster([[[[]]]])).lms[0], 0).delta, [], [EndedRun("j.0", 1, 0, "exit 1")])
     assert plan_recovery(0, [t], set(), [report]).ended == {"j.0": "exit 1"}
     assert plan_recovery(0, [replace(t, attempt=2)], set(), [report]).ended == {}
 

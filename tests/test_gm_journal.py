@@ -134,7 +134,7 @@ class _Life:
                     incarnation=0,
                     delta=DeltaModel.plain(report.delta),
                     running=[PlacementModel.plain(p) for p in report.running],
-                    ended=[EndedRun(task_id=t, attempt=a, error=e) for t, a, e in report.ended],
+                    ended=[EndedRun.plain(run) for run in report.ended],
                 )
             ]
 

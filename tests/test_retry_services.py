@@ -126,9 +126,9 @@ def test_a_gang_whose_member_fails_with_a_matching_code_runs_again_whole(
 def test_a_gm_killed_while_a_task_waits_out_its_backoff_comes_back_and_stops_at_the_rules_limit(
     deployment: LocalDeployment,
 ) -> None:
-    """Last in the module: it kills and restarts the GM. The LM remembers the failed run, but the GM's journal says
-    the task runs again as attempt 2 after one failure: it is queued again, not ended, and still fails for good on
-    its third failure."""
+    """Last in the module but one (both kill and restart the GM). The LM remembers the failed run, but the GM's
+    journal says the task runs again as attempt 2 after one failure: it is queued again, not ended, and still fails
+    for good on its third failure."""
     gm = deployment.gm_urls[0]
     body = {"job_id": "restarted", "retry": {"max_attempts": 3, "backoff_s": 1.5}, "tasks": [exec_task("exit 5")]}
     r = api.post(f"{gm}/v1/jobs", json=body, timeout=10.0)
@@ -149,6 +149,54 @@ def test_a_gm_killed_while_a_task_waits_out_its_backoff_comes_back_and_stops_at_
     (task,) = status(gm, job_id)["tasks"]
     assert task["state"] == "failed" and task["failures_retried"] == 2, task
     assert "exit code 5; failure 3 of at most 3" in task["failed_reason"], task
+
+
+@needs_rabbitmq
+def test_a_gang_member_that_finished_before_its_gm_was_killed_runs_again_when_another_fails_after_the_restart(
+    deployment: LocalDeployment,
+) -> None:
+    """Last in the module: it kills and restarts the GM. Member 0 of a gang with a rule finishes at once (each run
+    leaves a file): its end is held, not reported, when the GM is killed. After the restart member 1, which
+    waited for the test's go, exits 3: the restarted GM learnt member 0's end from the LM's memory of ended runs and
+    held it again (docs/gang.md), so the whole gang runs again, member 0 too, and finishes."""
+    gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
+    shared = Path(tempfile.mkdtemp(prefix="megha-gang-restart-"))  # the agent may run tasks as another user
+    shared.chmod(0o777)
+    go, failed = shared / "go", shared / "failed-once"
+    first = exec_task(f"mktemp {shared}/run-of-0.XXXXXX")  # a file of its own: each run may be another user
+    second = exec_task(
+        f"test -f {failed} && exit 0; for i in $(seq 600); do test -f {go} && touch {failed} && exit 3; sleep 0.1; done"
+    )
+    rule = {"max_attempts": 2, "backoff_s": 0.05, "on_exit_codes": [3]}
+    body = {"job_id": "held-ranks", "gang": True, "retry": rule, "tasks": [first, second]}
+    r = api.post(f"{gm}/v1/jobs", json=body, timeout=10.0)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["job_id"]
+
+    def ended_at_lm() -> list[str]:
+        return [run["task_id"] for run in api.get(f"{lm}/v1/gms/0/state", timeout=5.0).json()["ended"]]
+
+    wait_until(lambda: f"{job_id}.0" in ended_at_lm(), 30.0, ended_at_lm)
+    assert status(gm, job_id)["tasks"][0]["state"] not in ENDED  # held
+    deployment.kill("gm-0")
+    deployment.restart("gm-0")
+
+    def held() -> dict[str, Any] | None:
+        try:
+            r = api.get(f"{gm}/v1/jobs/{job_id}", timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        return r.json() if r.status_code == 200 else None  # type: ignore[no-any-return]
+
+    wait_until(lambda: held() is not None, 60.0, held)
+    go.touch()
+    wait_until(lambda: (job := held()) is not None and job["state"] in ENDED, 60.0, held)
+    job = status(gm, job_id)
+    assert job["state"] == "finished", [(t["state"], t.get("failed_reason")) for t in job["tasks"]]
+    for task in job["tasks"]:
+        assert task["state"] == "finished" and task["failures_retried"] == 1, task
+    assert len(list(shared.glob("run-of-0.*"))) == 2  # member 0 ran again with the gang
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_the_journal_keeps_each_tasks_latest_retry_and_a_peers_copy_merges_newer_ones(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from megha.common.core.messages import (
     lm_address,
 )
 from megha.common.core.placement.feasibility import driver_feasible_nodes
+from megha.common.core.policies.reservation import GangReservation
 from megha.common.core.retry import GangRetryDecision
 from megha.common.core.task import JobSpec, TaskSpec
 
@@ -58,6 +59,7 @@ class Gang:
     state: str = WAITING
     wait: int = 0  # numbers the gang's waits, so a GangTimeout of an earlier wait is ignored
     deadline: float = math.inf  # when the current wait times out
+    since: float = 0.0  # when the current wait began (a refused attempt does not restart it)
     not_before: float = 0.0  # after a refused attempt: not tried again before (jittered backoff)
     refusals: int = 0  # attempts refused in a row (the backoff grows with them)
     # The current attempt: its placements per LM, the LMs in ascending order, the prepare seq sent to each, the
@@ -105,7 +107,10 @@ class GangScheduler:
         backoff_s: float = 0.05,
         max_backoff_s: float = 5.0,
         seed: int = 0,
+        reserve_after: float | None = None,
     ) -> None:
+        """`reserve_after`: seconds the oldest waiting gang waits before LMs are held for it (`GangReservation`;
+        None: never)."""
         self.gm = gm
         self.lease_s = lease_s  # how long an LM holds a prepared part for its commit
         self.backoff_s = backoff_s  # first backoff after a refused attempt
@@ -115,6 +120,8 @@ class GangScheduler:
         self.members: dict[str, Gang] = {}  # task id -> its gang, while the gang is held here
         self.due = False  # a gang became ready to try (new, or its backoff ended): try it at the next drain
         self._by_seq: dict[tuple[int, int], Gang] = {}  # (LM, prepare seq) -> gang of the attempt in flight
+        # LMs held for the gang that has waited longest, once it waited `reserve_after` (None: never held).
+        self.reservation = None if reserve_after is None else GangReservation(gm, self.waiting, reserve_after)
         self.started = 0  # gangs whose every task was launched
         self.refused = 0  # attempts refused (a prepare or commit failed, or they took too long)
 
@@ -142,7 +149,9 @@ class GangScheduler:
     ) -> None:
         """After a GM restart: gang `job_id`'s unfinished tasks, those its LMs run (`running`, held in the GM's ledger
         already) and the others (`queued`). All running: the gang runs on, as a whole. None running: it waits. Some
-        running and some not (the GM died between commits): what runs is stopped, and the gang waits again whole."""
+        running and some not (the GM died between commits): what runs is stopped, and the gang waits again whole.
+        In a gang with a retry rule, `running` also holds the members whose end the GM then replays
+        (`Recovery.replayed`): a finished one is held again, as if the GM had not restarted."""
         tasks = (*(p.task for p in running), *queued)
         gang = Gang(job_id, tasks, timeout)
         for task in tasks:
@@ -324,6 +333,8 @@ class GangScheduler:
                 for task in gang.tasks:
                     self.gm.observer.attempt(task, now)
                 self._prepare(gang, parts, now)
+        if self.reservation is not None:
+            self.reservation.update(now)  # the gang placed: the rest of this pass may use its LMs
 
     def _fit(self, tasks: Sequence[TaskSpec]) -> dict[int, list[Placement]] | None:
         """Every task placed in the view (deducted), on one LM if any can take them all (its internal partition,
@@ -339,8 +350,11 @@ class GangScheduler:
                 return None
             for p in spanning:
                 self._undo(p, freed=False)
+        reservation = self.reservation
         for k in range(num_lms):
             lm = (gm.gm_id + k) % num_lms
+            if reservation is not None and reservation.holds(tasks[0], lm):
+                continue
             placed = self._fit_with(tasks, lambda task, lm=lm: self._match_on(lm, task))  # type: ignore[misc]
             if placed is not None:
                 return {lm: placed}
@@ -612,7 +626,7 @@ class GangScheduler:
         gang.state = WAITING
         gang.wait += 1
         start = now if not_before is None else max(now, not_before)
-        gang.not_before = start
+        gang.not_before = gang.since = start
         gang.deadline = start + gang.timeout
         self.waiting[gang.job_id] = gang
         if start > now:

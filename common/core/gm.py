@@ -112,7 +112,8 @@ class GlobalMaster:
         self.refused = self.policies.inconsistent.waiting
         self.preemptor = Preemptor(self)
         self.dependencies = DependencyGate()  # jobs waiting for their parents (`depends_on`) to finish
-        self.gangs = GangScheduler(self, seed=seed)  # gang jobs: placed as a unit, prepared and committed at LMs
+        # Gang jobs: placed as a unit, prepared and committed at LMs; LMs held for a gang that waited too long.
+        self.gangs = GangScheduler(self, seed=seed, reserve_after=self.policies.gang_reserve_after)
         self._sends_to_flush: list[Output] = []  # stop and preemption requests, sent with the next launch batches
         self.cancelled = 0
         self.dropped = 0  # tasks failed at submission because no node could ever run them (`drop`)
@@ -213,11 +214,13 @@ class GlobalMaster:
         queued: Iterable[TaskSpec],
         now: float,
         gangs: Mapping[str, float] | None = None,
+        replayed: Iterable[Completions] = (),
     ) -> list[Output]:
         """A GM restarted after a crash: adopt each LM's full state (`states`, one per LM, whose `applied_through`
         this GM's batch numbering continues from), take `running` (the runs the LMs hold for this GM) as running,
-        queue `queued` (its accepted tasks that are neither running nor ended), and schedule. The tasks of the jobs
-        in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`)."""
+        queue `queued` (its accepted tasks that are neither running nor ended), apply the ends `replayed`
+        (`Recovery.replayed`: runs of `running` that ended, of jobs with a retry rule), and schedule. The tasks of
+        the jobs in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`)."""
         for delta in states:
             self.ledger.continue_from(delta.lm, delta.applied_through)
             self.apply_delta(delta)
@@ -237,6 +240,8 @@ class GlobalMaster:
                     self.gangs.recover(job_id, timeout, mine, waiting, now)
             queued = [t for t in queued if t.job_id not in gangs]
         self.queue.extend(queued)
+        for msg in replayed:
+            self._on_completions(msg, now)
         return self._drain(now)
 
     def handle(self, msg: object, now: float) -> list[Output]:
@@ -364,6 +369,8 @@ class GlobalMaster:
         refused = self.refused
         if view.has_unapplied_states and (queue or waiting or gangs.waiting or refused):
             view.sync()
+        if gangs.reservation is not None:
+            gangs.reservation.update(now)  # LMs held for a gang that waited too long, or released
         if gangs.waiting and (gangs.due or view.freed_nodes):
             gangs.place(now)  # gangs first: each placed whole or not at all, before single tasks take the room
         batches: dict[int, list[Placement]] = {}
@@ -467,7 +474,8 @@ class GlobalMaster:
         """Send queueable `task`, which fits nowhere in the view, to wait at a node's queue (not deducted from the
         view); False when every feasible node's queue is at its bound."""
         placement = self.opportunistic.place(task, now)
-        if placement is None:
+        reservation = self.gangs.reservation
+        if placement is None or (reservation is not None and reservation.holds(task, placement.lm)):
             return False
         self.policies.usage.placed(task, placement.lm)
         self.opportunistic.placed(placement)

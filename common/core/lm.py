@@ -20,6 +20,7 @@ from megha.common.core.messages import (
     Completions,
     Delta,
     DeltaTick,
+    EndedRun,
     FinishedTask,
     LaunchBatch,
     LaunchResponse,
@@ -387,7 +388,7 @@ class LocalMaster:
                     continue  # a stale copy's report: each run frees its resources once
             n = alloc.placement.node
             if ended is not None and not (item.preempted or item.lost):
-                ended.add(item.task_id, item.attempt, alloc.gm, item.error)
+                ended.add(alloc.gm, EndedRun(item.task_id, item.attempt, n, item.error, item.exit_code))
             completion = Completion(
                 item.task_id,
                 state_of(n),
@@ -406,8 +407,8 @@ class LocalMaster:
         self._arm_tick(now, out)
         return out
 
-    def ended_runs(self, gm: int) -> list[tuple[str, int, str]]:
-        """GM `gm`'s runs that ended here recently, oldest first: (task id, attempt, error)."""
+    def ended_runs(self, gm: int) -> list[EndedRun]:
+        """GM `gm`'s runs that ended here recently, oldest first."""
         return self.ended.of_gm(gm)
 
     # ------------------------------------------------------- node failures

@@ -188,6 +188,18 @@ class Completion:
     started_at: float | None = None  # when the run started on its worker, as it measured it (None: not known)
 
 
+@dataclass(frozen=True, slots=True)
+class EndedRun:
+    """LM -> a restarting GM (`recovery.LMReport`): run `attempt` of `task_id` ended on `node`, finished (`error`
+    "") or failed, with the exit code a job's retry rule matches (None: it has none)."""
+
+    task_id: str
+    attempt: int
+    node: int
+    error: str = ""
+    exit_code: int | None = None
+
+
 @dataclass(slots=True)
 class Completions:
     """LM -> GM: the GM's own tasks that finished. Resources they free reach the GM here, not in deltas

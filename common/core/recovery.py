@@ -8,7 +8,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from megha.common.core.lm import LocalMaster
-from megha.common.core.messages import Completion, Completions, Delta, Placement, node_state
+from megha.common.core.messages import Completion, Completions, Delta, EndedRun, Placement, node_state
 from megha.common.core.task import TaskSpec
 
 
@@ -16,11 +16,11 @@ from megha.common.core.task import TaskSpec
 class LMReport:
     """What an LM tells a (re)starting GM: every node's state (`delta`, which also gives the highest launch batch
     of that GM it applied), the GM's runs it holds (running, or being preempted: their worker's report is still
-    to come), and the GM's runs that ended there recently, as (task id, attempt, error)."""
+    to come), and the GM's runs that ended there recently."""
 
     delta: Delta
     running: list[Placement]
-    ended: list[tuple[str, int, str]]
+    ended: list[EndedRun]
 
 
 def lm_report(lm: LocalMaster, gm: int) -> LMReport:
@@ -36,12 +36,16 @@ def lm_report(lm: LocalMaster, gm: int) -> LMReport:
 class Recovery:
     """How a GM rebuilds (the arguments of `GlobalMaster.recover`), and `ended`: task id -> error ("" when it
     finished) for the accepted tasks whose end the GM's own records lack but an LM remembers; the driver records
-    those ends (they were announced when they happened)."""
+    those ends (they were announced when they happened). `replayed`: the ends LMs remember of tasks whose job has a
+    retry rule, as the completions that reported them (their runs are in `running`); the GM applies them as it
+    recovers, so that the rule decides again and a gang's finished member is held again until its whole attempt
+    finished (docs/gang.md)."""
 
     deltas: list[Delta]
     running: list[Placement]
     queued: list[TaskSpec]
     ended: dict[str, str]
+    replayed: list[Completions]
 
 
 def plan_recovery(
@@ -50,15 +54,18 @@ def plan_recovery(
     ended: Container[str],
     reports: Sequence[LMReport],
     backlog: Iterable[object] = (),
+    ruled: Container[str] = (),
 ) -> Recovery:
     """Split GM `gm`'s `accepted` tasks (its durable intake, in arrival order) given the ids its records show
-    `ended`, every LM's report, and `backlog`: the messages that waited for the GM while it was down (its broker
-    queue), to be handled, in order, once it has recovered.
+    `ended`, every LM's report, `backlog`: the messages that waited for the GM while it was down (its broker
+    queue), to be handled, in order, once it has recovered, and `ruled`: the ids of the jobs with a retry rule.
 
     A task an LM runs for the GM is running; one whose run a waiting completion reports is running too, on that
     LM, so that the completion then ends it through the GM's usual path (finished, lost and run again, or
-    preempted and queued again); one neither running nor ended is queued. Nothing running or finished is launched
-    again, and no waiting completion is applied to a task launched again."""
+    preempted and queued again); so is one of a job in `ruled` whose run an LM remembers ended, its end replayed
+    (a finished run of a gang member may have been held, not reported: the GM's records do not say); one neither
+    running nor ended is queued. Nothing running or finished is launched again, and no waiting completion is
+    applied to a task launched again."""
     tasks = {t.task_id: t for t in accepted}
     open_ids = {tid for tid in tasks if tid not in ended}
     running: dict[str, Placement] = {}
@@ -66,13 +73,16 @@ def plan_recovery(
         for p in report.running:
             if p.task.task_id in open_ids:
                 running[p.task.task_id] = p
-    # An end of an earlier attempt than the task's is stale: a failed run its job's retry rule runs again.
-    remembered = {
-        tid: error
-        for report in reports
-        for tid, attempt, error in report.ended
-        if tid in open_ids and attempt >= tasks[tid].attempt
-    }
+    # Each task's latest run an LM remembers ended, with its LM. An end of an earlier attempt than the task's is
+    # stale: a failed run its job's retry rule runs again.
+    remembered: dict[str, tuple[int, EndedRun]] = {}
+    for report in reports:
+        for run in report.ended:
+            tid = run.task_id
+            if tid in open_ids and run.attempt >= tasks[tid].attempt:
+                known = remembered.get(tid)
+                if known is None or known[1].attempt <= run.attempt:
+                    remembered[tid] = (report.delta.lm, run)
     waiting: dict[str, Placement] = {}
     for msg in backlog:
         if not isinstance(msg, Completions):
@@ -86,9 +96,24 @@ def plan_recovery(
                 task = replace(tasks[tid], attempt=item.attempt)
                 waiting[tid] = Placement(task, msg.lm, item.state.node, False, gm)
     running.update(waiting)
-    new_ends = {tid: error for tid, error in remembered.items() if tid not in running}
+    new_ends: dict[str, str] = {}
+    replayed: dict[int, list[Completion]] = {}
+    for tid, (lm, run) in remembered.items():
+        if tid in running:
+            continue
+        task = tasks[tid]
+        if task.job_id not in ruled:
+            new_ends[tid] = run.error
+            continue
+        if task.attempt != run.attempt:
+            task = replace(task, attempt=run.attempt)
+        running[tid] = Placement(task, lm, run.node, False, gm)
+        # Version 0: the GM's view keeps the LM's own, newer state of the node.
+        end = Completion(tid, node_state((run.node, (), 0)), run.error, attempt=run.attempt, exit_code=run.exit_code)
+        replayed.setdefault(lm, []).append(end)
     queued = [t for tid, t in tasks.items() if tid in open_ids and tid not in running and tid not in new_ends]
-    return Recovery([r.delta for r in reports], list(running.values()), queued, new_ends)
+    completions = [Completions(lm, gm, 0, items) for lm, items in sorted(replayed.items())]
+    return Recovery([r.delta for r in reports], list(running.values()), queued, new_ends, completions)
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+from megha.common.core import messages
 from megha.common.core.resources import Resources
 from megha.common.core.task import DRIVERS
 from megha.common.wire.core import DeltaModel, PlacementModel
@@ -26,6 +27,7 @@ from megha.common.wire.fields import (
     WireModel,
     distinct,
 )
+from megha.common.wire.mirror import CoreMirror
 
 
 class WorkerNode(WireModel):
@@ -71,12 +73,8 @@ class WorkerRegistered(WireModel):
     report_key: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", repr=False)
 
 
-class EndedRun(WireModel):
-    """A run an LM saw end (finished, or failed with `error`), remembered for a GM that restarts."""
-
-    task_id: Name
-    attempt: Annotated[int, Field(ge=1)] = 1
-    error: str = ""
+class EndedRun(CoreMirror, core=messages.EndedRun):
+    """Mirror of `EndedRun`: a run an LM saw end, remembered for a GM that restarts."""
 
 
 class GMRecovery(WireModel):

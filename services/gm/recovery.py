@@ -106,12 +106,12 @@ class Restart:
             for task_id, end in replayed.ends.items():
                 self._restore_end(task_id, end.state, end.reason, end.at)
         reports = [
-            LMReport(
-                s.delta.to_core(), [p.to_core() for p in s.running], [(r.task_id, r.attempt, r.error) for r in s.ended]
-            )
+            LMReport(s.delta.to_core(), [p.to_core() for p in s.running], [r.to_core() for r in s.ended])
             for s in states
         ]
-        plan = plan_recovery(gm.settings.gm_id, tasks, ended, reports)
+        # Completions that waited in the GM's broker queue are handled after this, as they come: a job's end that an
+        # LM remembers is replayed now if the job has a retry rule (the rule decides again; a gang holds it again).
+        plan = plan_recovery(gm.settings.gm_id, tasks, ended, reports, ruled={job.job_id for job in ruled})
         for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM: first seen now
             self._restore_end(task_id, "failed" if reason else "finished", reason, now)
         gm.observer.decided(plan.running, now)
@@ -144,7 +144,7 @@ class Restart:
             for job in waiting:
                 gm.core.wait_for_parents(job, now)
             ready_gangs = {job_id: gang for job_id, gang in gangs.items() if job_id not in waiting_ids}
-            outputs = gm.core.recover(plan.deltas, plan.running, queued, now, ready_gangs)
+            outputs = gm.core.recover(plan.deltas, plan.running, queued, now, ready_gangs, plan.replayed)
             for job_id in cancels:  # their runs the LMs still hold are stopped now
                 if job_id in gm.jobs.jobs:  # a job whose last tasks were just cancelled may be forgotten already
                     outputs += gm.cancel_open(job_id)

@@ -167,6 +167,7 @@ class GMService:
                 settings.lm_order,
                 settings.unplaceable,
                 priority_classes=True,
+                gang_reserve_after=settings.gang_reserve_after,
             ),
         )
         log.info("view of %d nodes on %d LMs x %d partitions", cluster.num_nodes, cluster.num_lms, cluster.num_gms)

@@ -40,6 +40,7 @@ from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.models import (
     BrokerMessage,
     DeltaModel,
+    EndedRun,
     PlacementModel,
     WorkerRegistered,
     WorkerRegistration,
@@ -364,7 +365,7 @@ class LMService:
             "incarnation": self.incarnation,
             "delta": DeltaModel.plain(report.delta),
             "running": [PlacementModel.plain(p) for p in report.running],
-            "ended": [{"task_id": t, "attempt": a, "error": e} for t, a, e in report.ended],
+            "ended": [EndedRun.plain(run) for run in report.ended],
             "term": self.terms.terms[gm],
         }
 

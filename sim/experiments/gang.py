@@ -5,6 +5,7 @@ peers, and utilization (docs/gang.md).
 
     python -m megha.sim.experiments.gang                      # 3 seeds, gang fractions 0, 0.5, 1
     python -m megha.sim.experiments.gang --seeds 0 --jobs 2000 --load 0.8
+    python -m megha.sim.experiments.gang --reserve-after 120 --name gang-reserve   # GMs hold LMs for starving gangs
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class GangRun:
 
     gangs: float
     seed: int
+    reserve_after: float | None  # seconds a gang waits before its GM holds LMs for it (None: never)
     jobs: int
     tasks: int
     completed: int
@@ -46,6 +48,8 @@ class GangRun:
     multi_wait_median: float  # arrival to the last task's start
     multi_wait_p99: float
     multi_skew_mean: float  # first to last task start
+    widest_wait_mean: float  # arrival to the last task's start, of the jobs of the widest size (SIZES[-1] ranks)
+    widest_wait_max: float  # the longest of those waits
     idle_fraction: float  # rank time between a rank's start and its last peer's start, of all busy rank time
     utilization: float
     inconsistencies: int
@@ -67,7 +71,9 @@ def write_trace(path: Path, jobs: int, nodes: int, load: float, seed: int) -> No
             out.write(f"{at:.3f} {size} {duration:.3f} " + " ".join([f"{duration:.3f}"] * size) + "\n")
 
 
-def run(trace: Path, gangs: float, seed: int, centre: tuple[int, int, int]) -> GangRun:
+def run(
+    trace: Path, gangs: float, seed: int, centre: tuple[int, int, int], reserve_after: float | None = None
+) -> GangRun:
     lms, gms, wpp = centre
     config = ReplayConfig(
         trace=str(trace),
@@ -78,6 +84,7 @@ def run(trace: Path, gangs: float, seed: int, centre: tuple[int, int, int]) -> G
         seed=seed,
         gangs=gangs,
         gang_sizes=(2, max(SIZES)),
+        gang_reserve_after=reserve_after,
     )
     result = replay(config)
     m = result.metrics
@@ -89,7 +96,7 @@ def run(trace: Path, gangs: float, seed: int, centre: tuple[int, int, int]) -> G
     rows: defaultdict[str, list[int]] = defaultdict(list)
     for row, job in enumerate(job_of):
         rows[job].append(row)
-    waits, skews = [], []
+    waits, skews, widest = [], [], []
     idle = 0.0
     for members in rows.values():
         if len(members) < 2:
@@ -99,10 +106,13 @@ def run(trace: Path, gangs: float, seed: int, centre: tuple[int, int, int]) -> G
         waits.append(last - float(arrival[members[0]]))
         skews.append(last - float(np.min(starts)))
         idle += float(np.sum(last - starts))
+        if len(members) == max(SIZES):
+            widest.append(waits[-1])
     busy = float(np.nansum(finished - started))
     return GangRun(
         gangs=gangs,
         seed=seed,
+        reserve_after=reserve_after,
         jobs=len(rows),
         tasks=m.tasks,
         completed=m.tasks_completed,
@@ -111,6 +121,8 @@ def run(trace: Path, gangs: float, seed: int, centre: tuple[int, int, int]) -> G
         multi_wait_median=float(np.median(waits)),
         multi_wait_p99=float(np.percentile(waits, 99)),
         multi_skew_mean=float(np.mean(skews)),
+        widest_wait_mean=float(np.mean(widest)) if widest else math.nan,
+        widest_wait_max=max(widest, default=math.nan),
         idle_fraction=idle / busy if busy else math.nan,
         utilization=next(iter(m.utilization.mean.values())),
         inconsistencies=m.inconsistencies,
@@ -148,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--load", type=float, default=0.7, help="offered load, of the nodes (default: %(default)s)")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.5, 1.0], help="gang fractions")
     p.add_argument("--centre", default="4x2x32", help="LMs x GMs x workers per partition (default: %(default)s)")
+    p.add_argument(
+        "--reserve-after",
+        type=float,
+        default=None,
+        help="seconds a gang waits before its GM holds LMs for it (megha replay --gang-reserve-after; default: never)",
+    )
     args = p.parse_args(argv)
     lms, gms, wpp = (int(x) for x in args.centre.split("x"))
     start = time.perf_counter()
@@ -157,10 +175,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             trace = Path(tmp) / f"mpi-{seed}.tr"
             write_trace(trace, args.jobs, lms * gms * wpp, args.load, seed)
             for fraction in args.fractions:
-                r = run(trace, fraction, seed, (lms, gms, wpp))
+                r = run(trace, fraction, seed, (lms, gms, wpp), args.reserve_after)
                 progress(
                     f"seed {seed} gangs {fraction}: wait p50 {seconds(r.multi_wait_median)} p99 "
-                    f"{seconds(r.multi_wait_p99)}, skew {seconds(r.multi_skew_mean)}, idle {r.idle_fraction:.1%}, "
+                    f"{seconds(r.multi_wait_p99)}, widest mean {seconds(r.widest_wait_mean)} max "
+                    f"{seconds(r.widest_wait_max)}, skew {seconds(r.multi_skew_mean)}, idle {r.idle_fraction:.1%}, "
                     f"util {r.utilization:.1%}, {r.completed}/{r.tasks} done, {r.wall_seconds:.1f} s wall"
                 )
                 runs.append(r)
@@ -177,18 +196,38 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{', '.join(map(str, args.seeds))}. `gangs` is the fraction of multi-task jobs submitted as gangs; 0 places "
         "the same tasks independently. Wait: from a job's arrival to its last rank's start. Spread: first to last "
         "rank start. Idle: rank time between a rank's start and its last peer's start (what an MPI job's early "
-        "ranks spend blocked in MPI_Init; the simulator runs them anyway), as a share of all busy rank time.",
+        "ranks spend blocked in MPI_Init; the simulator runs them anyway), as a share of all busy rank time. "
+        f"Widest: the wait of the jobs of {max(SIZES)} ranks. "
+        + (
+            "GMs never hold LMs for a gang."
+            if args.reserve_after is None
+            else f"A gang that has waited {args.reserve_after:g} s has its GM hold LMs for it (--reserve-after)."
+        ),
         "",
-        "![gangs against independent placement](gang.png)",
+        f"![gangs against independent placement]({args.name}.png)",
         "",
         *table(
-            ["gangs", "seed", "wait p50", "wait p99", "spread (mean)", "idle", "utilization", "JRT delay p99", "done"],
+            [
+                "gangs",
+                "seed",
+                "wait p50",
+                "wait p99",
+                "widest wait mean",
+                "widest wait max",
+                "spread (mean)",
+                "idle",
+                "utilization",
+                "JRT delay p99",
+                "done",
+            ],
             [
                 (
                     r.gangs,
                     r.seed,
                     seconds(r.multi_wait_median),
                     seconds(r.multi_wait_p99),
+                    seconds(r.widest_wait_mean),
+                    seconds(r.widest_wait_max),
                     seconds(r.multi_skew_mean),
                     f"{r.idle_fraction:.1%}",
                     f"{r.utilization:.1%}",

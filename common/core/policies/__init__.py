@@ -11,6 +11,7 @@
 | unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
 | task refused as inconsistent | `retry` | `wait-for-free` | `inconsistent` |
+| gang reservation (anti-starvation) | none | LMs held for a gang that waited `gang_reserve_after` s | `reservation` |
 
 A new queue order is one new module here defining a class with the `QueueOrder` methods (or a `KeyedOrder`
 subclass with a `key`), plus one line in `QUEUE_ORDERS`.
@@ -92,6 +93,7 @@ class GmPolicies:
     unsatisfiable: UnsatisfiablePolicy = field(default_factory=RejectJob)
     class_reports: ClassReports = field(default_factory=NoClassReports)
     inconsistent: InconsistentPolicy = field(default_factory=RetryAtOnce)
+    gang_reserve_after: float | None = None  # seconds a gang waits before LMs are held for it (None: never)
 
 
 def gm_policies(
@@ -105,11 +107,15 @@ def gm_policies(
     unsatisfiable: str = "reject",
     priority_classes: bool = False,
     inconsistent: str = "retry",
+    gang_reserve_after: float | None = None,
 ) -> GmPolicies:
     """GM `gm`'s policies: with `fairness`, its user queues, fair share preemption and share book (the queue order
     is then `fair`); without, the named queue order and no preemption. LM order, unplaceable, unsatisfiable and
     inconsistent tasks as named. With `priority_classes`, higher classes are served first over that order and may
-    preempt lower ones before any other preemption is tried (`policies/priority.py`)."""
+    preempt lower ones before any other preemption is tried (`policies/priority.py`). A gang that waited
+    `gang_reserve_after` seconds has LMs held for it (`policies.reservation.GangReservation`; None: never)."""
+    if gang_reserve_after is not None and not gang_reserve_after > 0:
+        raise ValueError(f"gang reservation after {gang_reserve_after} s: give a number of seconds above 0")
     for kind, name, known in (
         ("LM order", lm_order, LM_ORDERS),
         ("unplaceable policy", unplaceable, UNPLACEABLE),
@@ -125,6 +131,7 @@ def gm_policies(
         unplaceable=unplaceable,
         unsatisfiable=UNSATISFIABLE[unsatisfiable](),
         inconsistent=INCONSISTENT[inconsistent](),
+        gang_reserve_after=gang_reserve_after,
     )
     if fairness is None:
         if queue_order not in QUEUE_ORDERS:
