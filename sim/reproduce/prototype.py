@@ -195,12 +195,13 @@ class CpuWatch:
 @dataclass(frozen=True, slots=True)
 class PrototypeRun:
     """What one replay through the real services measured: every started task's allocation time, every finished
-    task's execution delay and duration, the run's metrics, and the machine's CPU from the deployment's start to
-    its stop."""
+    task's execution delay and duration, the CPU held while each task ran, the run's metrics, and the machine's CPU
+    from the deployment's start to its stop."""
 
     allocation: np.ndarray
     delays: np.ndarray
     durations: np.ndarray
+    held: np.ndarray  # `cpu_held_during_runs`
     metrics: RunMetrics
     cpu: CpuShare
 
@@ -248,7 +249,8 @@ def run_prototype(exp: Experiment, sample: Sample, seed: int) -> PrototypeRun:
     shutil.rmtree(folder, ignore_errors=True)
     allocation = allocation_columns(run.tasks)["allocation_time"]
     delays, durations = execution_delays(run)
-    return PrototypeRun(allocation[~np.isnan(allocation)], delays, durations, metrics, cpu)
+    held = cpu_held_during_runs(run, exp.node_cpu * c.workers)
+    return PrototypeRun(allocation[~np.isnan(allocation)], delays, durations, held, metrics, cpu)
 
 
 def execution_delays(run: ServicesRun) -> tuple[np.ndarray, np.ndarray]:
@@ -261,6 +263,17 @@ def execution_delays(run: ServicesRun) -> tuple[np.ndarray, np.ndarray]:
             delays.append(finished[-1].execution_delay)
             durations.append(run.tasks[task_id].duration)
     return np.array(delays, dtype=np.float64), np.array(durations, dtype=np.float64)
+
+
+def cpu_held_during_runs(run: ServicesRun, capacity: int) -> np.ndarray:
+    """For each task that started and finished, the CPU that running tasks (itself among them) asked for, averaged
+    over its run, as a share of the data centre's `capacity`: how much the scheduler co-located with it."""
+    starts, ends = (run.tasks.array(name, np.float64) for name in ("started_at", "finished_at"))
+    cpu = np.array([request[0] for request in run.tasks.column("request")], dtype=np.float64)
+    ran = ~np.isnan(starts) & ~np.isnan(ends) & (ends > starts)
+    starts, ends, cpu = starts[ran], ends[ran], cpu[ran]
+    overlap = np.clip(np.minimum(ends[:, None], ends[None, :]) - np.maximum(starts[:, None], starts[None, :]), 0, None)
+    return (overlap @ cpu) / (ends - starts) / capacity
 
 
 def simulator_config(exp: Experiment, sample: Sample, seed: int) -> ReplayConfig:
@@ -309,6 +322,7 @@ class Measured:
     delay_median: float
     delay_p90: float
     relative_delay_median: float  # median of execution delay / duration
+    held_median: float  # median over tasks of the data centre's CPU held while the task ran
     cpu: CpuShare
 
     @classmethod
@@ -323,6 +337,7 @@ class Measured:
             float(np.median(run.delays)) if run.delays.size else math.nan,
             float(np.percentile(run.delays, 90)) if run.delays.size else math.nan,
             float(np.median(relative)) if relative.size else math.nan,
+            float(np.median(run.held)) if run.held.size else math.nan,
             run.cpu,
         )
 
@@ -337,6 +352,7 @@ class Measured:
             0.0,
             0.0,
             0.0,
+            math.nan,
             CpuShare(math.nan, math.nan),
         )
 
@@ -387,6 +403,7 @@ def prototype_allocation(setup: Setup) -> Result:
                     m.delay_median,
                     m.delay_p90,
                     m.relative_delay_median,
+                    m.held_median,
                     m.cpu.host,
                     m.cpu.own,
                 ]
@@ -429,14 +446,16 @@ def prototype_allocation(setup: Setup) -> Result:
     columns += [Column("offered CPU load", "number")]
     columns += [Column(f"alloc {name}", "seconds") for name in ("p50", "mean", "p90", "p99", "max")]
     columns += [Column("exec delay p50", "seconds"), Column("exec delay p90", "seconds")]
-    columns += [Column("exec delay / duration p50", "number"), Column("machine CPU busy", "share")]
-    columns += [Column("of it, this run's", "share")]
+    columns += [Column("exec delay / duration p50", "number"), Column("CPU held during a run p50", "share")]
+    columns += [Column("machine CPU busy", "share"), Column("of it, this run's", "share")]
     notes = [
         "Execution delay: the worker's measure, from starting the task's process to its end, minus the duration the "
         "task asked for; the simulator runs each task for exactly its duration (0). Offered CPU load: the CPU the "
         "tasks ask for over the data centre's, from the first arrival to the last end with every task starting on "
-        "arrival. Machine CPU busy: the share of the machine's CPU time that was busy from the deployment's start to "
-        "its stop; of it, this run's: the part its load generator, services and tasks took (the rest is the broker "
-        "and whatever else ran on the machine)."
+        "arrival. CPU held during a run: the CPU the running tasks asked for, averaged over a task's run, as a share "
+        "of the data centre's (the median over tasks): what the scheduler co-located with it. Machine CPU busy: the "
+        "share of the machine's CPU time that was busy from the deployment's start to its stop; of it, this run's: "
+        "the part its load generator, services and tasks took (the rest is the broker and whatever else ran on the "
+        "machine)."
     ]
     return Result(f"{exp.describe()}, {setup.describe()}", columns, rows, ours, draw, notes)
