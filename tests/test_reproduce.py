@@ -184,3 +184,13 @@ def test_conflicts_rise_with_the_arrival_rate_of_the_synthetic_workloads() -> No
     ours = conflicts(Setup.of("tiny")).ours
     assert ours["syn_500 / syn_250 mean conflicts per second"] > 1.5
     assert ours["syn_1000 / syn_500 mean conflicts per second"] > 1.5
+
+
+def test_fair_fig12_s_diagnostics_rank_ties_alike_and_count_starts_on_both_sides() -> None:
+    from megha.sim.reproduce.prototype import rank_correlation, starts_nearby
+
+    assert rank_correlation(np.array([1.0, 2.0, 3.0]), np.array([30.0, 20.0, 10.0])) == pytest.approx(-1.0)
+    tied = rank_correlation(np.array([1.0, 2.0, 3.0, 4.0]), np.array([5.0, 7.0, 7.0, 9.0]))
+    assert tied == pytest.approx(3 / math.sqrt(10))  # ranks 0, 1, 2, 3 against 0, 1.5, 1.5, 3
+    assert math.isnan(rank_correlation(np.array([1.0, 2.0, 3.0]), np.array([4.0, 4.0, 4.0])))
+    assert starts_nearby(np.array([0.0, 0.5, 1.2, 5.0, 5.0])).tolist() == [2, 3, 2, 2, 2]

@@ -200,7 +200,8 @@ class PrototypeRun:
 
     allocation: np.ndarray
     delays: np.ndarray
-    durations: np.ndarray
+    durations: np.ndarray  # of the same tasks, as `starts`
+    starts: np.ndarray
     held: np.ndarray  # `cpu_held_during_runs`
     metrics: RunMetrics
     cpu: CpuShare
@@ -248,21 +249,46 @@ def run_prototype(exp: Experiment, sample: Sample, seed: int) -> PrototypeRun:
         )
     shutil.rmtree(folder, ignore_errors=True)
     allocation = allocation_columns(run.tasks)["allocation_time"]
-    delays, durations = execution_delays(run)
+    delays, durations, starts = execution_delays(run)
     held = cpu_held_during_runs(run, exp.node_cpu * c.workers)
-    return PrototypeRun(allocation[~np.isnan(allocation)], delays, durations, held, metrics, cpu)
+    return PrototypeRun(allocation[~np.isnan(allocation)], delays, durations, starts, held, metrics, cpu)
 
 
-def execution_delays(run: ServicesRun) -> tuple[np.ndarray, np.ndarray]:
-    """Each finished task's execution delay as its worker measured it (its last run's `finished` event), and the
-    duration it asked for."""
-    delays, durations = [], []
+def execution_delays(run: ServicesRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each finished task's execution delay as its worker measured it (its last run's `finished` event), the
+    duration it asked for and its start (seconds since the replay began)."""
+    measured = []
     for task_id, events in run.events.items():
         finished = [e for e in events if e.kind == "finished"]
         if finished:
-            delays.append(finished[-1].execution_delay)
-            durations.append(run.tasks[task_id].duration)
-    return np.array(delays, dtype=np.float64), np.array(durations, dtype=np.float64)
+            task = run.tasks[task_id]
+            measured.append((finished[-1].execution_delay, task.duration, task.started_at))
+    delays, durations, starts = np.array(measured, dtype=np.float64).reshape(-1, 3).T
+    return delays, durations, starts
+
+
+def starts_nearby(starts: np.ndarray, within: float = 1.0) -> np.ndarray:
+    """For each start, how many tasks (itself among them) started no more than `within` seconds before or after."""
+    ordered = np.sort(starts)
+    return np.searchsorted(ordered, starts + within, side="right") - np.searchsorted(ordered, starts - within)
+
+
+def rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation of `x` and `y` (tied values share their mean rank); NaN for fewer than 3 pairs
+    or a constant series."""
+    if x.size < 3:
+        return math.nan
+
+    def ranks(values: np.ndarray) -> np.ndarray:
+        order = np.empty(values.size)
+        order[np.argsort(values, kind="stable")] = np.arange(values.size)
+        _, tie, counts = np.unique(values, return_inverse=True, return_counts=True)
+        return (np.bincount(tie, order) / counts)[tie]
+
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def cpu_held_during_runs(run: ServicesRun, capacity: int) -> np.ndarray:
@@ -322,6 +348,8 @@ class Measured:
     delay_median: float
     delay_p90: float
     relative_delay_median: float  # median of execution delay / duration
+    delay_by_duration: float  # rank correlation of execution delay with duration
+    delay_by_starts: float  # rank correlation of execution delay with the tasks starting within 1 s
     held_median: float  # median over tasks of the data centre's CPU held while the task ran
     cpu: CpuShare
 
@@ -337,6 +365,8 @@ class Measured:
             float(np.median(run.delays)) if run.delays.size else math.nan,
             float(np.percentile(run.delays, 90)) if run.delays.size else math.nan,
             float(np.median(relative)) if relative.size else math.nan,
+            rank_correlation(run.delays, run.durations),
+            rank_correlation(run.delays, starts_nearby(run.starts)),
             float(np.median(run.held)) if run.held.size else math.nan,
             run.cpu,
         )
@@ -352,6 +382,8 @@ class Measured:
             0.0,
             0.0,
             0.0,
+            math.nan,
+            math.nan,
             math.nan,
             CpuShare(math.nan, math.nan),
         )
@@ -403,6 +435,8 @@ def prototype_allocation(setup: Setup) -> Result:
                     m.delay_median,
                     m.delay_p90,
                     m.relative_delay_median,
+                    m.delay_by_duration,
+                    m.delay_by_starts,
                     m.held_median,
                     m.cpu.host,
                     m.cpu.own,
@@ -446,13 +480,16 @@ def prototype_allocation(setup: Setup) -> Result:
     columns += [Column("offered CPU load", "number")]
     columns += [Column(f"alloc {name}", "seconds") for name in ("p50", "mean", "p90", "p99", "max")]
     columns += [Column("exec delay p50", "seconds"), Column("exec delay p90", "seconds")]
-    columns += [Column("exec delay / duration p50", "number"), Column("CPU held during a run p50", "share")]
+    columns += [Column("exec delay / duration p50", "number"), Column("delay ~ duration", "number")]
+    columns += [Column("delay ~ starts within 1 s", "number"), Column("CPU held during a run p50", "share")]
     columns += [Column("machine CPU busy", "share"), Column("of it, this run's", "share")]
     notes = [
         "Execution delay: the worker's measure, from starting the task's process to its end, minus the duration the "
         "task asked for; the simulator runs each task for exactly its duration (0). Offered CPU load: the CPU the "
         "tasks ask for over the data centre's, from the first arrival to the last end with every task starting on "
-        "arrival. CPU held during a run: the CPU the running tasks asked for, averaged over a task's run, as a share "
+        "arrival. Delay ~ duration, delay ~ starts within 1 s: Spearman's rank correlation over the tasks of their "
+        "execution delay with the duration they asked for, and with how many tasks started within a second of "
+        "them. CPU held during a run: the CPU the running tasks asked for, averaged over a task's run, as a share "
         "of the data centre's (the median over tasks): what the scheduler co-located with it. Machine CPU busy: the "
         "share of the machine's CPU time that was busy from the deployment's start to its stop; of it, this run's: "
         "the part its load generator, services and tasks took (the rest is the broker and whatever else ran on the "
