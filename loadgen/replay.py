@@ -48,6 +48,8 @@ class ReplayConfig:
     node_cpu_millicores: int = 64000
     node_memory_mb: int = 16384
     mode: Literal["slot", "scaled"] = "slot"
+    cpu_scale: int = 400  # scaled mode: the drawn CPU request is divided by this (loadgen/workload.py)
+    mem_scale: int = 50  # scaled mode: the drawn memory request is divided by this
     matching: str = "random"
     hop_delay: float = 0.0005
     delta_interval: float = 1.0
@@ -202,6 +204,8 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             system.entry_points,
             config.node_capacity,
             config.users,
+            cpu_scale=config.cpu_scale,
+            mem_scale=config.mem_scale,
             queues=fairness.queues if fairness is not None else (),
             constraints=config.constraints,
         ),

@@ -165,6 +165,8 @@ def megha() -> None:
     epilog=_verbatim(REPLAY_EXAMPLES),
 )
 @_workload(REPLAY.trace, REPLAY.first_jobs, REPLAY.time_scale, REPLAY.mode)
+@setting(LoadgenSettings, "cpu_scale", default=REPLAY.cpu_scale, group=WORKLOAD)
+@setting(LoadgenSettings, "mem_scale", default=REPLAY.mem_scale, group=WORKLOAD)
 @option("--users", type=positive(int), default=REPLAY.users, group=WORKLOAD, help="users jobs are spread over")
 @option(
     "--no-constraints",
@@ -576,6 +578,8 @@ def _replay(args: SimpleNamespace) -> int:
         node_cpu_millicores=args.node_cpu,
         node_memory_mb=args.node_mem,
         mode=args.mode,
+        cpu_scale=args.cpu_scale,
+        mem_scale=args.mem_scale,
         matching=args.matching,
         lm_order=args.lm_order,
         queue_order=args.queue_order,

@@ -1,5 +1,6 @@
-"""`megha reproduce`: the ids of both papers, the papers' numbers, an unknown or unfinished id, and one id run end to
-end at the tiny scale (its PNG, CSV and page written, the paper's numbers printed beside ours)."""
+"""`megha reproduce`: the ids of both papers, the papers' numbers, an unknown id, one id run end to end at the tiny
+scale (its PNG, CSV and page written, the paper's numbers printed beside ours), and fair-fig12 through the real
+services against RabbitMQ, or refused in one line without it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from megha.sim.reproduce.paper import CLAIMS, Claim
 from megha.sim.reproduce.result import compare
 from megha.sim.reproduce.setup import Setup
 
+from servicekit import needs_rabbitmq
+
 PAPER_IDS = (
     [f"fair-fig{n}" for n in range(3, 13)] + [f"constraints-fig{n}" for n in range(2, 11)] + ["constraints-table1"]
 )
@@ -32,14 +35,10 @@ def test_list_names_every_figure_and_table_of_both_papers(capsys: pytest.Capture
     for entry in ENTRIES:
         assert entry.status in out
         assert entry.caption and entry.setup
-    assert "not yet: " in out  # fair-fig12 says why it does not run
 
 
-def test_every_runnable_id_has_a_runner_and_every_claim_an_id() -> None:
+def test_every_id_has_a_runner_and_every_claim_an_id() -> None:
     for entry in ENTRIES:
-        if entry.not_yet:
-            assert not entry.runner, entry.id
-            continue
         module, function = entry.runner.split(".")
         assert callable(getattr(importlib.import_module(f"megha.sim.reproduce.{module}"), function)), entry.id
         assert entry.quick, entry.id
@@ -55,11 +54,47 @@ def test_unknown_id_exits_2_naming_the_known_ids(capsys: pytest.CaptureFixture[s
     assert all(figure in err for figure in PAPER_IDS)
 
 
-def test_an_id_not_reproduced_yet_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["reproduce", "fair-fig12", "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "fair-fig12" in err and "not reproduced yet" in err and BY_ID["fair-fig12"].not_yet in err
+def test_fair_fig12_without_a_broker_fails_at_once_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEGHA_AMQP_URL", "amqp://guest:secret@127.0.0.1:1/")  # a port nothing listens on
+    assert main(["reproduce", "fair-fig12", "--scale", "tiny", "--out", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith("megha reproduce: error: fair-fig12 runs the real services and needs RabbitMQ")
+    assert "amqp://guest@127.0.0.1:1/" in captured.err and "secret" not in captured.err
     assert not list(tmp_path.iterdir())
+
+
+@needs_rabbitmq
+def test_fair_fig12_runs_the_real_services_beside_the_simulator_at_the_tiny_scale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["reproduce", "fair-fig12", "--scale", "tiny", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fair-fig12: allocation time of the prototype" in out and "ours / paper" in out
+    assert (tmp_path / "fair-fig12.png").stat().st_size > 10_000
+    with (tmp_path / "fair-fig12.csv").open() as handle:
+        rows = {(row["workload"], row["system"]): row for row in csv.DictReader(handle)}
+    assert set(rows) == {(w, s) for w in ("heavier, GOOG[:2]", "lighter, GOOG[:1]") for s in ("prototype", "simulator")}
+    for (workload, system), row in rows.items():
+        tasks = 53 if workload.startswith("heavier") else 45  # the Google sub-trace's first jobs: 45 tasks, then 8
+        assert int(row["tasks"]) == tasks, row
+        assert row["offered CPU load"] == rows[(workload, "prototype")]["offered CPU load"]  # the same task set
+        assert 0 <= float(row["alloc p50"]) <= float(row["alloc p99"]) <= float(row["alloc max"]), row
+        delay, held = float(row["exec delay p50"]), float(row["CPU held during a run p50"])
+        if system == "simulator":
+            assert delay == 0 and math.isnan(held), row  # no interference, nothing measured on real nodes
+        else:
+            assert math.isfinite(delay) and delay >= 0 and held > 0, row
+    with (tmp_path / "fair-fig12-vs-paper.csv").open() as handle:
+        compared = list(csv.DictReader(handle))
+    assert len(compared) == 3 * 2 + 2 + 1  # allocation ratios (p50, mean, p99) per workload; two medians; their ratio
+    assert all(row["ours"] != "nan" for row in compared), compared
+    page = (tmp_path / "fair-fig12.md").read_text()
+    assert f"`megha reproduce fair-fig12 --scale tiny --out {tmp_path}` at commit " in page
+    assert "| median execution delay, google_19 (heavier, GOOG[:2]) | 3.320 s |" in page
 
 
 def test_quick_and_another_scale_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,3 +184,13 @@ def test_conflicts_rise_with_the_arrival_rate_of_the_synthetic_workloads() -> No
     ours = conflicts(Setup.of("tiny")).ours
     assert ours["syn_500 / syn_250 mean conflicts per second"] > 1.5
     assert ours["syn_1000 / syn_500 mean conflicts per second"] > 1.5
+
+
+def test_fair_fig12_s_diagnostics_rank_ties_alike_and_count_starts_on_both_sides() -> None:
+    from megha.sim.reproduce.prototype import rank_correlation, starts_nearby
+
+    assert rank_correlation(np.array([1.0, 2.0, 3.0]), np.array([30.0, 20.0, 10.0])) == pytest.approx(-1.0)
+    tied = rank_correlation(np.array([1.0, 2.0, 3.0, 4.0]), np.array([5.0, 7.0, 7.0, 9.0]))
+    assert tied == pytest.approx(3 / math.sqrt(10))  # ranks 0, 1, 2, 3 against 0, 1.5, 1.5, 3
+    assert math.isnan(rank_correlation(np.array([1.0, 2.0, 3.0]), np.array([4.0, 4.0, 4.0])))
+    assert starts_nearby(np.array([0.0, 0.5, 1.2, 5.0, 5.0])).tolist() == [2, 3, 2, 2, 2]

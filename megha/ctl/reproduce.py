@@ -1,5 +1,6 @@
-"""`megha reproduce`: a figure or table of the two Megha papers, run on the simulator with the paper's set-up as
-closely as the shared data allow, written under docs/results/<id>.* and compared with the paper's numbers.
+"""`megha reproduce`: a figure or table of the two Megha papers, run on the simulator (fair-fig12: the real services
+on this machine beside it) with the paper's set-up as closely as the shared data allow, written under
+docs/results/<id>.* and compared with the paper's numbers.
 
 The ids, their set-ups and the papers' numbers live in megha.sim.reproduce (imported when an id runs).
 docs/reproduce.md describes the command, the quick scale and how long each id takes.
@@ -16,10 +17,10 @@ from megha.sim.reproduce.setup import SCALES, Setup
 
 EPILOG = """\b
 examples:
-  megha reproduce list                      # every id, its set-up and whether it runs yet
+  megha reproduce list                      # every id, its set-up and how it differs from the paper's
   megha reproduce fair-fig3 --quick         # one id at the reduced scale (each under 5 minutes)
   megha reproduce constraints-fig6 --seeds 3 --out /tmp/repro
-  megha reproduce all --quick               # every id that runs, in turn
+  megha reproduce all --quick               # every id, in turn
 
 \b
 output:
@@ -28,13 +29,13 @@ output:
   progress on stderr.
 
 \b
-exit status: 0 done; 2 bad usage, an unknown id (the known ids are named) or an id that does not run yet (the
-  reason is named)
+exit status: 0 done; 1 fair-fig12 (the real services) did not run: RabbitMQ did not answer at MEGHA_AMQP_URL
+  (one line says where and why); 2 bad usage or an unknown id (the known ids are named)
 """
 
 
 def listing() -> str:
-    """Every id: the paper's caption, the set-up we run, what --quick cuts, and whether it runs yet."""
+    """Every id: the paper's caption, the set-up we run, what --quick cuts, and how it differs from the paper."""
     lines = []
     for entry in ENTRIES:
         lines += [f"{entry.id} ({entry.label}): {entry.caption}", f"    set-up: {entry.setup}"]
@@ -63,7 +64,7 @@ def listing() -> str:
 )
 def reproduce(what: str, quick: bool, scale: str | None, seeds: int | None, out: Path | None) -> int:
     """Run ID (e.g. fair-fig3, constraints-table1) as the paper set it up, as closely as the shared traces and
-    data allow, and print the paper's numbers beside ours; `list` names every id, `all` runs each id that runs."""
+    data allow, and print the paper's numbers beside ours; `list` names every id, `all` runs each in turn."""
     if what == "list":
         click.echo(listing())
         return 0
@@ -72,9 +73,10 @@ def reproduce(what: str, quick: bool, scale: str | None, seeds: int | None, out:
     if quick and scale not in (None, "quick"):
         return _error(f"--quick and --scale {scale} disagree; give one")
     setup = Setup.of("quick" if quick else scale or "full", seeds)
+    from megha.common.transport.rabbit import BrokerUnavailable
     from megha.sim.experiments.harness import RESULTS
-    from megha.sim.reproduce.runner import NotYet, reproduce_all
     from megha.sim.reproduce.runner import reproduce as run
+    from megha.sim.reproduce.runner import reproduce_all
 
     command = " ".join(
         ["megha reproduce", what]
@@ -84,15 +86,14 @@ def reproduce(what: str, quick: bool, scale: str | None, seeds: int | None, out:
     )
     folder = RESULTS if out is None else out
     if what == "all":
-        reproduce_all(setup, folder, command)
-        return 0
+        return 1 if reproduce_all(setup, folder, command) else 0
     try:
         run(what, setup, folder, command)
-    except NotYet as exc:
-        return _error(str(exc))
+    except BrokerUnavailable as exc:
+        return _error(str(exc), 1)
     return 0
 
 
-def _error(message: str) -> int:
+def _error(message: str, status: int = 2) -> int:
     click.echo(f"megha reproduce: error: {message}", err=True)
-    return 2
+    return status
