@@ -150,7 +150,7 @@ class FinishedTask:
     lost: bool = False  # set by the LM itself when the task's worker is lost (never by a worker)
     gm: int = -1  # the GM that placed the run, as the worker knows it (-1: not said)
     cpu_seconds: float = 0.0  # CPU time the run burnt
-    execution_delay: float = 0.0  # from the worker receiving the launch to the run starting
+    execution_delay: float = 0.0  # burn runs: wall time minus duration (fair paper VI-F); else 0
     started_at: float | None = None  # unix seconds; None when the run never started
     finished_at: float | None = None  # unix seconds
     # The run's exit code for retry rules (common/core/retry.py): exec and container runs only, 128 + n when a
