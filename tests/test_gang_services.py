@@ -1,7 +1,8 @@
 """Gang jobs through the real services (separate GM, LM and agent processes, a real RabbitMQ): a gang spanning two
 LMs starts every task (prepare, commit); a gang too big for the free capacity waits and none of its tasks starts
 until capacity frees, or fails once its gang_timeout passes; the job status echoes `gang` and `gang_timeout`; bad
-gang fields get a 422 naming them."""
+gang fields get a 422 naming them; a gang starving behind a stream of small jobs runs once its GM holds LMs for
+it (MEGHA_GANG_RESERVE_AFTER)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,32 @@ def test_only_the_gm_itself_may_prepare_commit_or_abort_a_gang_at_an_lm(two_lms:
     term = httpx.get(f"{lm}/v1/gms/0/state", headers=gm0, timeout=5).json()["term"]
     r = httpx.post(f"{lm}/v1/gangs/abort?term={term}", json=calls[2][1], headers=gm0, timeout=5)
     assert r.status_code == 200 and r.json() == {"gang": "f"}, r.text  # an abort of nothing is nothing
+
+
+@needs_rabbitmq
+def test_a_gang_starving_behind_a_stream_of_small_jobs_runs_once_its_gm_holds_lms_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MEGHA_GANG_RESERVE_AFTER through the real services: a gang of the whole data centre (four 1-core nodes on two
+    LMs) behind small jobs that keep every node taken. Without the reservation it waits as long as the stream
+    lasts (over 40 s when tried by hand); with it, its GM stops placing the small jobs on the LMs it holds once the
+    gang waited 2 s, and the gang runs while the stream goes on."""
+    monkeypatch.setenv("MEGHA_GANG_RESERVE_AFTER", "2")
+    deployment = small_deployment(
+        tmp_path / "logs", lms=2, workers_per_lm=2, node_cpu_millicores=1000, node_memory_mb=256
+    )
+    with deployment:
+        api.use(deployment)
+        small = {"tasks": [{**CORE, "duration": 1.5}]}
+        smalls = [submit(deployment, small) for _ in range(4)]  # every node taken
+        gang = submit(deployment, {"gang": True, "tasks": [{**CORE, "duration": 0.5}] * 4})
+
+        def gang_started() -> bool:
+            smalls.append(submit(deployment, small))  # the stream: a small job each poll
+            return status(deployment, gang)["state"] in ("running", "finished")
+
+        wait_until(gang_started, 30, every=0.4)
+        done = wait_until(lambda: ended(deployment, gang), 30)
+        assert [t["state"] for t in done["tasks"]] == ["finished"] * 4
+        for job in smalls:  # the held-back small jobs run once the gang is placed: nothing is lost
+            assert wait_until(lambda job=job: ended(deployment, job), 60)["state"] == "finished"
