@@ -43,6 +43,15 @@ def status(gm: str, job_id: str) -> dict[str, Any]:
     return r.json()  # type: ignore[no-any-return]
 
 
+def answered(gm: str, job_id: str) -> dict[str, Any] | None:
+    """The job's status once its GM answers (None while it is restarting)."""
+    try:
+        r = api.get(f"{gm}/v1/jobs/{job_id}", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None  # type: ignore[no-any-return]
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     """One GM, one LM and one agent offering burn and exec."""
@@ -139,11 +148,7 @@ def test_a_gm_killed_while_a_task_waits_out_its_backoff_comes_back_and_stops_at_
     deployment.restart("gm-0")
 
     def held() -> dict[str, Any] | None:
-        try:
-            r = api.get(f"{gm}/v1/jobs/{job_id}", timeout=5.0)
-        except httpx.HTTPError:
-            return None
-        return r.json() if r.status_code == 200 else None  # type: ignore[no-any-return]
+        return answered(gm, job_id)
 
     wait_until(lambda: (job := held()) is not None and job["state"] in ENDED, 60.0, held)
     (task,) = status(gm, job_id)["tasks"]
@@ -182,11 +187,7 @@ def test_a_gang_member_that_finished_before_its_gm_was_killed_runs_again_when_an
     deployment.restart("gm-0")
 
     def held() -> dict[str, Any] | None:
-        try:
-            r = api.get(f"{gm}/v1/jobs/{job_id}", timeout=5.0)
-        except httpx.HTTPError:
-            return None
-        return r.json() if r.status_code == 200 else None  # type: ignore[no-any-return]
+        return answered(gm, job_id)
 
     wait_until(lambda: held() is not None, 60.0, held)
     go.touch()
