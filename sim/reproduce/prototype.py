@@ -35,6 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import numpy as np
@@ -225,14 +226,8 @@ def run_prototype(exp: Experiment, sample: Sample, seed: int) -> PrototypeRun:
     )
     settings = LoadgenSettings(
         auth="off",  # the deployment's operator token replaces it (`LocalDeployment.loadgen`)
-        trace=str(demo_trace_path()),
-        first_jobs=sample.first_jobs,
-        time_scale=exp.time_scale,
-        mode="scaled",
-        cpu_scale=CPU_SCALE,
-        mem_scale=MEM_SCALE,
-        seed=seed,
         out=str(folder),
+        **task_set(exp, sample, seed),
     )
     watch = CpuWatch()
     with deployment:
@@ -302,18 +297,26 @@ def cpu_held_during_runs(run: ServicesRun, capacity: int) -> np.ndarray:
     return (overlap @ cpu) / (ends - starts) / capacity
 
 
+def task_set(exp: Experiment, sample: Sample, seed: int) -> dict[str, Any]:
+    """The fields that give the prototype's load generator and the simulator the same tasks: `sample` of the Google
+    sub-trace, time-scaled, with scaled-mode requests drawn with `seed`."""
+    return {
+        "trace": str(demo_trace_path()),
+        "first_jobs": sample.first_jobs,
+        "time_scale": exp.time_scale,
+        "mode": "scaled",
+        "cpu_scale": CPU_SCALE,
+        "mem_scale": MEM_SCALE,
+        "seed": seed,
+    }
+
+
 def simulator_config(exp: Experiment, sample: Sample, seed: int) -> ReplayConfig:
     """The simulator's replay of `sample`: the prototype's data centre, task set and heartbeat."""
     return ReplayConfig(
-        trace=str(demo_trace_path()),
-        first_jobs=sample.first_jobs,
-        time_scale=exp.time_scale,
-        mode="scaled",
-        cpu_scale=CPU_SCALE,
-        mem_scale=MEM_SCALE,
+        **task_set(exp, sample, seed),
         node_cpu_millicores=exp.node_cpu,
         node_memory_mb=exp.node_memory,
-        seed=seed,
         constraints=False,
         delta_interval=HEARTBEAT,
         decision_costs=COSTS,
