@@ -36,6 +36,7 @@ class EventLog(Mapping[str, list[TaskEvent]]):
         self.at = array("d")  # unix seconds, as published
         self.cpu_seconds = array("d")
         self.execution_delay = array("d")
+        self.process_overhead = array("d")
         self.errors: dict[int, str] = {}  # event -> its error, for the events that have one
         self._earlier = array("i")  # each event's task's event before it (_NONE: its first)
         self._latest = array("i")  # each task's latest event, by row (_NONE: none yet)
@@ -62,6 +63,7 @@ class EventLog(Mapping[str, list[TaskEvent]]):
             (self.at, event.at),
             (self.cpu_seconds, event.cpu_seconds),
             (self.execution_delay, event.execution_delay),
+            (self.process_overhead, event.process_overhead),
             (self._earlier, latest[row]),
         ):
             column.append(value)
@@ -83,6 +85,7 @@ class EventLog(Mapping[str, list[TaskEvent]]):
             at=self.at[number],
             cpu_seconds=self.cpu_seconds[number],
             execution_delay=self.execution_delay[number],
+            process_overhead=self.process_overhead[number],
             error=self.errors.get(number, ""),
             attempt=self.attempt[number],
         )

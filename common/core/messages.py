@@ -151,6 +151,9 @@ class FinishedTask:
     gm: int = -1  # the GM that placed the run, as the worker knows it (-1: not said)
     cpu_seconds: float = 0.0  # CPU time the run burnt
     execution_delay: float = 0.0  # burn runs: wall time minus duration (fair paper VI-F); else 0
+    # burn runs: the part of execution_delay outside the task's own process clock (its interpreter starting, its
+    # exit and reaping); the rest is the process running past its duration (short of CPU). Else 0
+    process_overhead: float = 0.0
     started_at: float | None = None  # unix seconds; None when the run never started
     finished_at: float | None = None  # unix seconds
     # The run's exit code for retry rules (common/core/retry.py): exec and container runs only, 128 + n when a
@@ -283,6 +286,7 @@ class RunEvent:
     at: float
     cpu_seconds: float = 0.0  # as in FinishedTask
     execution_delay: float = 0.0  # as in FinishedTask
+    process_overhead: float = 0.0  # as in FinishedTask
     error: str = ""  # why it failed ("" otherwise)
     attempt: int = 1
     exit_code: int | None = None  # a failed run's exit code, as in FinishedTask: its job's retry rule may run it again

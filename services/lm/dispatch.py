@@ -175,6 +175,7 @@ class LMDispatch:
                         at=m.finished_at if m is not None and m.finished_at is not None else now,
                         cpu_seconds=m.cpu_seconds if m is not None else 0.0,
                         execution_delay=m.execution_delay if m is not None else 0.0,
+                        process_overhead=m.process_overhead if m is not None else 0.0,
                         error=c.error,
                         attempt=p.task.attempt,
                         exit_code=c.exit_code,

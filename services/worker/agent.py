@@ -396,6 +396,7 @@ class WorkerAgent:
                 gm=placement.gm,
                 cpu_seconds=result.cpu_seconds,
                 execution_delay=max(0.0, result.execution_delay),
+                process_overhead=min(result.process_overhead, max(0.0, result.execution_delay)),
                 started_at=result.started_at,
                 finished_at=result.finished_at,
                 exit_code=result.task_exit_code,

@@ -47,6 +47,9 @@ class ExecutionResult:
     # The exit code a job's retry rule matches (docs/retry.md): a driver's run only (exec, container), 128 + n for
     # a signal n, 137 for a memory-limit kill; None for burn, a duration limit, a run that never started.
     task_exit_code: int | None = None
+    # Of execution_delay, the seconds outside the task's own process clock: starting its interpreter, its exit and
+    # reaping (burn runs that reported; else 0). The rest is the process running past its duration.
+    process_overhead: float = 0.0
 
     @property
     def succeeded(self) -> bool:
@@ -72,6 +75,7 @@ class Outcome:
     peak_rss_mb: float = 0.0
     error: str = ""
     task_exit_code: int | None = None  # as in ExecutionResult
+    process_seconds: float | None = None  # a burn process's wall time by its own clock, as it reported it
 
 
 @dataclass
@@ -193,6 +197,8 @@ class Executor(ABC):
             outcome = Outcome(exit_code=-1, error=f"executor failed: {exc!r}")
         wall = time.monotonic() - task.started_monotonic
         preempted = task.killed and outcome.exit_code != 0
+        own = outcome.process_seconds
+        overhead = max(0.0, wall - own) if task.run is None and own is not None else 0.0
         result = ExecutionResult(
             task_id=task.task_id,
             started_at=task.started_at,
@@ -206,6 +212,7 @@ class Executor(ABC):
             preempted=preempted,
             error="" if preempted else outcome.error,
             task_exit_code=None if preempted else outcome.task_exit_code,
+            process_overhead=overhead,
         )
         del self._tasks[task.task_id]
         self._results[task.task_id] = result

@@ -163,6 +163,7 @@ class TaskExecutor(Executor):
             memory_mb_touched=int(report.get("memory_mb_touched", 0)),
             peak_rss_mb=float(report.get("peak_rss_mb", 0.0)),
             error=error,
+            process_seconds=float(report["wall_seconds"]) if "wall_seconds" in report else None,
         )
 
     def _terminate(self, task_id: str) -> None:

@@ -201,6 +201,7 @@ class PrototypeRun:
 
     allocation: np.ndarray
     delays: np.ndarray
+    overheads: np.ndarray  # of each delay, the part outside the task's own process (its start, exit and reaping)
     durations: np.ndarray  # of the same tasks, as `starts`
     starts: np.ndarray
     held: np.ndarray  # `cpu_held_during_runs`
@@ -244,22 +245,24 @@ def run_prototype(exp: Experiment, sample: Sample, seed: int) -> PrototypeRun:
         )
     shutil.rmtree(folder, ignore_errors=True)
     allocation = allocation_columns(run.tasks)["allocation_time"]
-    delays, durations, starts = execution_delays(run)
+    delays, overheads, durations, starts = execution_delays(run)
     held = cpu_held_during_runs(run, exp.node_cpu * c.workers)
-    return PrototypeRun(allocation[~np.isnan(allocation)], delays, durations, starts, held, metrics, cpu)
+    return PrototypeRun(allocation[~np.isnan(allocation)], delays, overheads, durations, starts, held, metrics, cpu)
 
 
-def execution_delays(run: ServicesRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each finished task's execution delay as its worker measured it (its last run's `finished` event), the
-    duration it asked for and its start (seconds since the replay began)."""
+def execution_delays(run: ServicesRun) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each finished task's execution delay as its worker measured it (its last run's `finished` event), the part
+    of it outside the task's own process (`process_overhead`), the duration it asked for and its start (seconds
+    since the replay began)."""
     measured = []
     for task_id, events in run.events.items():
         finished = [e for e in events if e.kind == "finished"]
         if finished:
             task = run.tasks[task_id]
-            measured.append((finished[-1].execution_delay, task.duration, task.started_at))
-    delays, durations, starts = np.array(measured, dtype=np.float64).reshape(-1, 3).T
-    return delays, durations, starts
+            end = finished[-1]
+            measured.append((end.execution_delay, end.process_overhead, task.duration, task.started_at))
+    delays, overheads, durations, starts = np.array(measured, dtype=np.float64).reshape(-1, 4).T
+    return delays, overheads, durations, starts
 
 
 def starts_nearby(starts: np.ndarray, within: float = 1.0) -> np.ndarray:
@@ -353,6 +356,9 @@ class Measured:
     relative_delay_median: float  # median of execution delay / duration
     delay_by_duration: float  # rank correlation of execution delay with duration
     delay_by_starts: float  # rank correlation of execution delay with the tasks starting within 1 s
+    overhead_median: float  # median of the delay's part outside the task's process (start, exit, reaping)
+    overhead_share: float  # that part's share of all the execution delay (summed over tasks)
+    overhead_by_starts: float  # rank correlation of that part with the tasks starting within 1 s
     held_median: float  # median over tasks of the data centre's CPU held while the task ran
     cpu: CpuShare
 
@@ -360,6 +366,7 @@ class Measured:
     def of_prototype(cls, run: PrototypeRun) -> Measured:
         a = run.metrics.allocation_time
         relative = run.delays / np.maximum(run.durations, 1e-9)
+        total = float(run.delays.sum())
         return cls(
             run.metrics.tasks,
             _quantiles(run.allocation),
@@ -370,6 +377,9 @@ class Measured:
             float(np.median(relative)) if relative.size else math.nan,
             rank_correlation(run.delays, run.durations),
             rank_correlation(run.delays, starts_nearby(run.starts)),
+            float(np.median(run.overheads)) if run.overheads.size else math.nan,
+            float(run.overheads.sum()) / total if total > 0 else math.nan,
+            rank_correlation(run.overheads, starts_nearby(run.starts)),
             float(np.median(run.held)) if run.held.size else math.nan,
             run.cpu,
         )
@@ -384,6 +394,9 @@ class Measured:
             np.zeros(CDF_PERCENTS.size),
             0.0,
             0.0,
+            0.0,
+            math.nan,
+            math.nan,
             0.0,
             math.nan,
             math.nan,
@@ -440,6 +453,9 @@ def prototype_allocation(setup: Setup) -> Result:
                     m.relative_delay_median,
                     m.delay_by_duration,
                     m.delay_by_starts,
+                    m.overhead_median,
+                    m.overhead_share,
+                    m.overhead_by_starts,
                     m.held_median,
                     m.cpu.host,
                     m.cpu.own,
@@ -484,7 +500,9 @@ def prototype_allocation(setup: Setup) -> Result:
     columns += [Column(f"alloc {name}", "seconds") for name in ("p50", "mean", "p90", "p99", "max")]
     columns += [Column("exec delay p50", "seconds"), Column("exec delay p90", "seconds")]
     columns += [Column("exec delay / duration p50", "number"), Column("delay ~ duration", "number")]
-    columns += [Column("delay ~ starts within 1 s", "number"), Column("CPU held during a run p50", "share")]
+    columns += [Column("delay ~ starts within 1 s", "number"), Column("process start/end p50", "seconds")]
+    columns += [Column("process start/end / delay", "share"), Column("start/end ~ starts within 1 s", "number")]
+    columns += [Column("CPU held during a run p50", "share")]
     columns += [Column("machine CPU busy", "share"), Column("of it, this run's", "share")]
     notes = [
         "Execution delay: the worker's measure, from starting the task's process to its end, minus the duration the "
@@ -492,8 +510,13 @@ def prototype_allocation(setup: Setup) -> Result:
         "tasks ask for over the data centre's, from the first arrival to the last end with every task starting on "
         "arrival. Delay ~ duration, delay ~ starts within 1 s: Spearman's rank correlation over the tasks of their "
         "execution delay with the duration they asked for, and with how many tasks started within a second of "
-        "them. CPU held during a run: the CPU the running tasks asked for, averaged over a task's run, as a share "
-        "of the data centre's (the median over tasks): what the scheduler co-located with it. Machine CPU busy: the "
+        "them. Process start/end: the part of a task's execution delay outside its own process's clock (its "
+        "interpreter starting, its exit and reaping; `process_overhead` of its `finished` event), the median over "
+        "tasks and, summed over tasks, its share of all the delay; the rest of the delay is the process running "
+        "past its duration, short of CPU (the paper's mechanism); start/end ~ starts within 1 s: the rank "
+        "correlation of the part outside with how many tasks started within a second. CPU held during a run: the "
+        "CPU the running tasks asked for, averaged over a task's run, as a share of the data centre's (the median "
+        "over tasks): what the scheduler co-located with it. Machine CPU busy: the "
         "share of the machine's CPU time that was busy from the deployment's start to its stop; of it, this run's: "
         "the part its load generator, services and tasks took (the rest is the broker and whatever else ran on the "
         "machine)."
