@@ -45,7 +45,14 @@ async def test_the_lm_publishes_what_the_agent_measured_of_a_run_it_placed() -> 
     async with service._lock:  # the run is placed, without calling the (unreachable) agent
         service.core.handle(LaunchBatch(0, 0, 1, [Placement(task, 0, 1, False)]), time.time())
     measured = FinishedTask(
-        "a.0", 1, cpu_seconds=2.5, execution_delay=0.125, process_overhead=0.05, started_at=1000.0, finished_at=1005.0, error="exit 3"
+        "a.0",
+        1,
+        cpu_seconds=2.5,
+        execution_delay=0.125,
+        process_overhead=0.05,
+        started_at=1000.0,
+        finished_at=1005.0,
+        error="exit 3",
     )
     report = BrokerMessage.core_json(WorkerReport(0, [measured]))
     assert BrokerMessage.model_validate_json(report).worker_report is not None  # what the agent sends validates
