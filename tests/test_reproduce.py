@@ -5,8 +5,10 @@ services against RabbitMQ, or refused in one line without it."""
 from __future__ import annotations
 
 import csv
+import functools
 import importlib
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +66,26 @@ def test_fair_fig12_without_a_broker_fails_at_once_with_one_line(
     assert captured.err.count("\n") == 1, captured.err
     assert captured.err.startswith("megha reproduce: error: fair-fig12 runs the real services and needs RabbitMQ")
     assert "amqp://guest@127.0.0.1:1/" in captured.err and "secret" not in captured.err
+    assert not list(tmp_path.iterdir())
+
+
+@needs_rabbitmq
+def test_fair_fig12_whose_services_fail_to_start_says_why_in_one_line_and_keeps_their_logs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from megha.sim.reproduce import prototype
+
+    # An LM that refuses its settings at start-up, as a misconfigured deployment would.
+    monkeypatch.setattr(prototype, "LocalDeployment", functools.partial(prototype.LocalDeployment, worker_timeout=-1.0))
+    assert main(["reproduce", "fair-fig12", "--scale", "tiny", "--out", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err, captured.err
+    last = captured.err.splitlines()[-1]  # after the progress lines: the error, one line
+    said = last.removeprefix("megha reproduce: error: the real services did not run ")
+    assert said != last and "exited with" in said and "worker_timeout" in said.lower(), captured.err
+    logs = Path(said.rsplit("the services' logs are in ", 1)[1].strip())
+    assert any("worker_timeout" in log.read_text().lower() for log in logs.glob("lm-*.log")), logs
+    shutil.rmtree(logs.parent, ignore_errors=True)
     assert not list(tmp_path.iterdir())
 
 

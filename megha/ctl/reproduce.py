@@ -29,8 +29,9 @@ output:
   progress on stderr.
 
 \b
-exit status: 0 done; 1 fair-fig12 (the real services) did not run: RabbitMQ did not answer at MEGHA_AMQP_URL
-  (one line says where and why); 2 bad usage or an unknown id (the known ids are named)
+exit status: 0 done; 1 fair-fig12 (the real services) did not run: RabbitMQ did not answer at MEGHA_AMQP_URL,
+  a service did not start, or tasks were not completed exactly once (one line says where and why, and where the
+  services' logs are kept); 2 bad usage or an unknown id (the known ids are named)
 """
 
 
@@ -87,9 +88,11 @@ def reproduce(what: str, quick: bool, scale: str | None, seeds: int | None, out:
     folder = RESULTS if out is None else out
     if what == "all":
         return 1 if reproduce_all(setup, folder, command) else 0
+    from megha.sim.reproduce.prototype import PrototypeFailed
+
     try:
         run(what, setup, folder, command)
-    except BrokerUnavailable as exc:
+    except (BrokerUnavailable, PrototypeFailed) as exc:
         return _error(str(exc), 1)
     return 0
 

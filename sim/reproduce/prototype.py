@@ -126,6 +126,18 @@ def broker_url() -> str:
     return LoadgenSettings(auth="off").amqp_url
 
 
+class PrototypeFailed(RuntimeError):
+    """The real services did not run a sample to the end: a service did not start, or tasks were not completed
+    exactly once. The message is one line: what failed, the failing service's own last log line when there is one,
+    and the folder where the services' logs are kept."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """`exc`'s first line and, when it goes on (a service's log tail), its last non-empty line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+
+
 def require_broker() -> None:
     """Return when RabbitMQ answers at `broker_url()`; else raise BrokerUnavailable, one line saying where and why."""
     url = broker_url()
@@ -231,15 +243,23 @@ def run_prototype(exp: Experiment, sample: Sample, seed: int) -> PrototypeRun:
         **task_set(exp, sample, seed),
     )
     watch = CpuWatch()
-    with deployment:
-        run = asyncio.run(replay_services(deployment.loadgen(settings), Progress.on_terminal()))
+    try:
+        with deployment:
+            run = asyncio.run(replay_services(deployment.loadgen(settings), Progress.on_terminal()))
+    except BrokerUnavailable:
+        raise
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        raise PrototypeFailed(
+            f"the real services did not run {sample.name} (seed {seed}): {_one_line(exc)}; the services' logs are "
+            f"in {folder / 'logs'}"
+        ) from exc
     cpu = watch.stop()
     metrics = run.metrics
     assert metrics is not None
     incomplete = len(metrics.not_exactly_once) + metrics.tasks_failed  # tasks given up on (timed out) failed
     if incomplete:
         reasons = "; ".join(f"{reason} ({n})" for reason, n in metrics.failure_reasons[:3])
-        raise RuntimeError(
+        raise PrototypeFailed(
             f"the prototype run of {sample.name} (seed {seed}) left {incomplete} tasks not completed exactly once "
             f"({reasons or 'no reason recorded'}); the services' logs are in {folder / 'logs'}"
         )

@@ -45,15 +45,16 @@ def reproduce(figure: str, setup: Setup, out: Path, command: str) -> list[Compar
 
 def reproduce_all(setup: Setup, out: Path, command: str) -> list[str]:
     """Every id, in catalogue order (replays shared by several ids run once); returns the ids of the real services
-    that did not run because RabbitMQ did not answer (each said so on stderr)."""
+    that did not run, because RabbitMQ did not answer or the services failed (each said so on stderr)."""
     from megha.common.transport.rabbit import BrokerUnavailable
+    from megha.sim.reproduce.prototype import PrototypeFailed
 
     start = time.perf_counter()
     missed = []
     for item in ENTRIES:
         try:
             reproduce(item.id, setup, out, command)
-        except BrokerUnavailable as exc:
+        except (BrokerUnavailable, PrototypeFailed) as exc:
             harness.progress(f"{item.id}: not run: {exc}")
             missed.append(item.id)
             continue
