@@ -72,14 +72,13 @@ class OrderRun:
     room in its GM's view and waited for the next delta."""
 
     order: str  # the GMs' LM order
-    matching: str  # the GMs' node choice
-    run: Run  # its figures
+    run: Run  # its figures (with the GMs' node choice, `matching`)
     late_jobs: int  # jobs whose JRT delay is at least half the delta interval
 
     @property
     def policy(self) -> str:
         """The order, and the node choice after a slash unless it is random: `first-fit/scarcity`."""
-        return policy(self.order, self.matching)
+        return policy(self.order, self.run.matching)
 
 
 def policy(order: str, matching: str) -> str:
@@ -108,7 +107,7 @@ def run_all(
                         )
                         run, result = harness.run_replay(config, workload.name)
                         late = late_jobs(result.recorder.jobs.values(), config.delta_interval)
-                        runs.append(OrderRun(order, matching, run, late))
+                        runs.append(OrderRun(order, run, late))
     return runs
 
 
@@ -120,8 +119,8 @@ def late_jobs(jobs: Iterable[JobRecord], delta_interval: float) -> int:
 def write_csv(path: Path, runs: Sequence[OrderRun]) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["lm_order", "matching", *(f.name for f in fields(Run)), "late_jobs"])
-        writer.writerows([r.order, r.matching, *astuple(r.run), r.late_jobs] for r in runs)
+        writer.writerow(["lm_order", *(f.name for f in fields(Run)), "late_jobs"])
+        writer.writerows([r.order, *astuple(r.run), r.late_jobs] for r in runs)
 
 
 def markdown(runs: Sequence[OrderRun], seeds: Sequence[int], candidate: str = CANDIDATE) -> list[str]:
