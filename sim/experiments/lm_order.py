@@ -1,16 +1,20 @@
 """The GM's LM order at the tail: round-robin (the fair paper), first-fit (the authors' simulator) and scarcity (the
 constraint-aware order, `common/core/placement/scarcity.py`) on slices of the synthetic, Google and Yahoo traces,
 over several seeds: p50 and p99 JRT delay, mean and range over seeds, and the late jobs that make a small trace's tail.
+`--matchings` runs every order with each node choice too (`first-fit/scarcity`: first-fit with the scarcity node
+choice), and `--candidate` names the policy the verdict holds against round-robin and first-fit with random choice.
 
 A workload is a trace with an optional slice of its jobs and data centre: `Yahoo[:1000]` (the first 1,000 jobs),
 `GOOG[3000:3600]@reference` (jobs 3,000 to 3,599, re-based to arrive from 0, on the reference cluster). Without
 `@`, the constraint-aware paper's data centre for the trace (the Google sub-trace on 20,000 generated workers,
 the others on the 10,000-node reference cluster). The default `--workloads` are the ones the order was designed
 on (`TUNED_ON`); `--held-out` adds slices, data centres and a trace size it was not tuned on. Slot mode, Sharma et al.
-constraints, random node choice, 5 GMs, 1 s deltas, 0.5 ms per hop.
+constraints, random node choice unless `--matchings` says otherwise, 5 GMs, 1 s deltas, 0.5 ms per hop.
 
     python -m megha.sim.experiments.lm_order       # the full experiment: writes docs/results/lm-order.csv and .md
     python -m megha.sim.experiments.lm_order --workloads 'syn_250[:100]' --held-out --seeds 0 --out /tmp/lm
+    python -m megha.sim.experiments.lm_order --orders first-fit round-robin --matchings random scarcity \
+        --candidate first-fit/scarcity --name lm-order-choice   # the node choice against the two baselines
 """
 
 from __future__ import annotations
@@ -263,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--candidate",
         default=CANDIDATE,
-        help="the policy the verdict compares with all the others, ORDER or ORDER/CHOICE (default: %(default)s)",
+        help="the policy the verdict holds against round-robin and first-fit (random choice): ORDER or ORDER/CHOICE "
+        "(default: %(default)s)",
     )
     args = parser.parse_args(argv)
     held_out = HELD_OUT if args.held_out else []
