@@ -95,9 +95,10 @@ class ScarcityChoice:
     each step kept only when some node is left; uniformly at random among what remains.
 
     A task that needs a constraint has it on every candidate, so narrowing by it leaves none and is skipped: the
-    choice needs no more of the task than its candidates. Minimum-Constraints spares every constraint alike and
-    picks among the few nodes of the fewest, so GMs with one stale view often pick the same node; this spares only
-    the constraints in short supply and leaves the pick as random as it can.
+    narrowing needs no more of the task than its candidates (the task only feeds the demand estimate).
+    Minimum-Constraints spares every constraint alike and picks among the few nodes of the fewest, so GMs with one
+    stale view are likelier to pick the same node; this spares only the constraints in short supply and leaves the
+    pick as random as it can.
 
     The pressures are those of the scarcity LM order, learnt from the tasks this policy placed, against the share of
     the partition's own nodes with each constraint (a partition poor in a constraint protects it more)."""

@@ -14,7 +14,8 @@ partition p takes, on average, a share |A ∩ C_k| / |A| of a hot constraint k's
 feasible free nodes in p and C_k the nodes with k. For a task that does not need k that share is waste. The
 search yields the partitions where the task has room in ascending order of that waste, weighted by pressure;
 ties (no hot constraint, or a task needing every hot one) keep the LM order of first-fit, which packs. Internal
-partitions first, then external ones, as in the other orders.
+partitions first, then external ones, as in the other orders. The `scarcity` node choice (`placement.choice`) uses
+the same pressures to spare those nodes inside the partition (docs/lm-order.md).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ MAX_HOT = 2
 
 
 class ConstraintDemand:
-    """How often the tasks a GM has placed or tried to place carry each constraint, and when to re-estimate."""
+    """How often the tasks counted (by the scarcity order: every try; by the scarcity node choice: every placement)
+    carry each constraint, and when to re-estimate the pressures."""
 
     __slots__ = ("counts", "seen")
 
