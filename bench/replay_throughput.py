@@ -8,6 +8,7 @@ workload, run, metrics), simulated tasks per wall second of the event loop (medi
     python bench/replay_throughput.py --scenario syn250 --repeat 5
     python bench/replay_throughput.py --scenario syn250 --decision-costs calibrated
     python bench/replay_throughput.py --scenario syn250 --repeat 1 --lm-order scarcity   # interleave with first-fit
+    python bench/replay_throughput.py --scenario syn250 --repeat 1 --lm-order first-fit --matching scarcity
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--decision-costs", default="zero", help="zero or calibrated (docs/decision-time.md)")
     parser.add_argument("--lm-order", default="round-robin", help="the GMs' LM order (an LM_ORDERS name)")
+    parser.add_argument("--matching", default="random", help="the GMs' node choice (a CHOICE_POLICIES name)")
     args = parser.parse_args()
     names = args.scenario or sorted(SCENARIOS, reverse=True)
     missing = [n for n in names if not Path(str(SCENARIOS[n]["trace"])).exists()]
@@ -70,7 +72,8 @@ def main() -> int:
     for name in names:
         runs = []
         for i in range(args.repeat):
-            runs.append(run_once({**SCENARIOS[name], "decision_costs": args.decision_costs, "lm_order": args.lm_order}))
+            policies = {"decision_costs": args.decision_costs, "lm_order": args.lm_order, "matching": args.matching}
+            runs.append(run_once({**SCENARIOS[name], **policies}))
             print(f"  {name} run {i + 1}: {runs[-1]['loop_seconds']:.2f} s", file=sys.stderr)
         loops = [r["loop_seconds"] for r in runs]
         tasks = runs[0]["tasks"]

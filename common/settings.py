@@ -379,8 +379,10 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         default_factory=lambda: ["http://127.0.0.1:8100"],
         description="every LM's URL, in LM-id order (JSON list or comma-separated)",
     )
-    matching: Literal["random", "min-constraints", "first-fit"] = Field(
-        "random", description="how the GM picks a worker among those that meet a task's constraints"
+    matching: Literal["random", "min-constraints", "first-fit", "scarcity"] = Field(
+        "random",
+        description="how the GM picks a worker among those that meet a task's constraints; scarcity: one without the "
+        "constraints in short supply the task does not need, at random among those (docs/lm-order.md)",
     )
     lm_order: Literal["round-robin", "first-fit", "scarcity"] = Field(
         "round-robin",

@@ -53,10 +53,11 @@ def test_fit_cache_follows_every_change_of_free_resources() -> None:
 def test_minimum_constraints_picks_the_least_versatile_suitable_node() -> None:
     spec = cluster([[[[1, 2, 3, 4], [1, 2], [1, 2, 5], [7]]]])
     view = PartitionView(spec.partitions[0][0], 0)
-    candidates = feasible_nodes(view, task("a.0", [1, 2]))
+    t = task("a.0", [1, 2])
+    candidates = feasible_nodes(view, t)
     rng = random.Random(0)
-    assert {MinimumConstraintsChoice().choose(view, candidates, rng) for _ in range(50)} == {1}
-    assert {RandomChoice().choose(view, candidates, rng) for _ in range(200)} == {0, 1, 2}
+    assert {MinimumConstraintsChoice().choose(view, candidates, rng, t) for _ in range(50)} == {1}
+    assert {RandomChoice().choose(view, candidates, rng, t) for _ in range(200)} == {0, 1, 2}
 
 
 def test_unknown_matching_approach_is_named_in_the_error() -> None:

@@ -141,8 +141,9 @@ def test_the_gm_explains_a_task_no_node_could_run_with_the_filters_that_match() 
 def test_first_fit_choice_takes_the_lowest_feasible_node() -> None:
     spec = cluster([[[[1], [], [1], [1]]]])
     view = GlobalMaster(0, spec).views[0][0]
-    assert FirstFitChoice().choose(view, 0b1100, random.Random(0)) == 2
-    assert make_choice("first-fit").choose(view, 0b1000, random.Random(0)) == 3
+    t = task("a.0", [1])
+    assert FirstFitChoice().choose(view, 0b1100, random.Random(0), t) == 2
+    assert make_choice("first-fit").choose(view, 0b1000, random.Random(0), t) == 3
 
 
 def test_first_fit_lm_order_starts_at_lm_0_for_every_task_and_round_robin_rotates() -> None:

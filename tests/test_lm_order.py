@@ -1,10 +1,12 @@
 """The scarcity LM order: tasks that do not need a constraint in short supply go first where they take none of its
-nodes, so the tasks that need it still find room; its pressure estimate; the option that selects it; and the
-experiment that compares the LM orders (reduced) and its count of late jobs."""
+nodes, so the tasks that need it still find room; its pressure estimate; the option that selects it; the scarcity
+node choice, which spares those nodes within a partition; and the experiment that compares the LM orders and node
+choices (reduced) and its count of late jobs."""
 
 from __future__ import annotations
 
 import csv
+import random
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,12 @@ from pydantic import ValidationError
 from megha import cli
 from megha.common.core.gm import GlobalMaster
 from megha.common.core.messages import LaunchBatch, Output
+from megha.common.core.placement.choice import ChoicePolicy, RandomChoice, ScarcityChoice, make_choice
 from megha.common.core.placement.scarcity import FIRST_ESTIMATE, ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch
 from megha.common.core.policies import LM_ORDERS, gm_policies
 from megha.common.core.task import TaskSpec
+from megha.common.core.view import PartitionView
 from megha.common.settings import GMSettings
 from megha.loadgen.records import JobRecord
 from megha.loadgen.replay import ReplayConfig, replay
@@ -149,3 +153,101 @@ def test_a_late_job_is_one_delayed_half_a_delta_interval_or_more() -> None:
     jobs = [job_delayed(d) for d in (0.0025, 0.4999, 0.5, 1.003, None)]
     assert lm_order.late_jobs(jobs, delta_interval=1.0) == 2  # 0.5 s and 1.003 s; an unfinished job is not late
     assert lm_order.late_jobs(jobs, delta_interval=0.1) == 3
+
+
+# -------------------------------------------------------------------------------------------- scarcity node choice
+
+HOT_TOO = 6
+# One GM, one LM: a node with 5 and 6, one with 5, one with 6, two plain ones.
+MIXED = [[[[SCARCE, HOT_TOO], [SCARCE], [HOT_TOO], [], []]]]
+
+
+def _warm_choice(view: PartitionView, needs: list[list[int]]) -> ScarcityChoice:
+    """A scarcity choice that has placed FIRST_ESTIMATE tasks on `view`, cycling through the constraint lists
+    `needs`: its pressures are then estimated."""
+    choice = ScarcityChoice()
+    rng = random.Random(0)
+    for i in range(FIRST_ESTIMATE):
+        t = task(f"seen.{i}", needs[i % len(needs)])
+        choice.choose(view, view.feasible(t), rng, t)
+    return choice
+
+
+def _picks(choice: ChoicePolicy, view: PartitionView, constraints: list[int], draws: int = 200) -> set[int]:
+    """The nodes `choice` picks for a task with `constraints` over `draws` draws, every node of `view` free."""
+    rng = random.Random(1)
+    picks = set()
+    for i in range(draws):
+        t = task(f"probe.{i}", constraints)
+        picks.add(choice.choose(view, view.feasible(t), rng, t))
+    return picks
+
+
+def test_scarcity_choice_spares_hot_constraints_a_task_does_not_need_hottest_first_and_picks_at_random() -> None:
+    view = GlobalMaster(0, cluster(MIXED)).views[0][0]
+    # 5 on two nodes of five and asked for by 5 tasks of 8 (pressure 1.56); 6 on two and asked for by 3 of 8 (0.94).
+    needs = [[SCARCE]] * 5 + [[HOT_TOO]] * 3
+    assert _picks(_warm_choice(view, needs), view, []) == {3, 4}  # neither 5 nor 6; both plain nodes, at random
+    assert _picks(_warm_choice(view, needs), view, [SCARCE]) == {1}  # needs 5: the 5-node without 6
+    assert _picks(_warm_choice(view, needs), view, [HOT_TOO]) == {2}  # needs 6: the 6-node without 5
+    assert _picks(_warm_choice(view, needs), view, [SCARCE, HOT_TOO]) == {0}
+    # With only 5-nodes free a plain task takes one without 6: the hotter constraint is spared first, then the next.
+    choice, rng = _warm_choice(view, needs), random.Random(2)
+    assert {choice.choose(view, 0b011, rng, task(f"p.{i}")) for i in range(50)} == {1}
+    assert {choice.choose(view, 0b101, rng, task(f"q.{i}")) for i in range(50)} == {2}
+
+
+def test_scarcity_choice_is_random_before_its_first_estimate_and_when_nothing_is_hot() -> None:
+    view = GlobalMaster(0, cluster(MIXED)).views[0][0]
+    assert _picks(ScarcityChoice(), view, [], draws=FIRST_ESTIMATE - 1) == {0, 1, 2, 3, 4}
+    # Tasks asking for nothing: no constraint is under pressure, every node stays a candidate.
+    assert _picks(_warm_choice(view, [[]]), view, []) == {0, 1, 2, 3, 4}
+
+
+def _gm_with_choice(choice: ChoicePolicy, seed: int) -> GlobalMaster:
+    spec = cluster([[[[SCARCE], [], []]]])  # one LM, one GM: the only node with 5 and two plain ones
+    return GlobalMaster(0, spec, seed=seed, policies=gm_policies(0, spec, choice=choice))
+
+
+def test_scarcity_choice_keeps_the_only_scarce_node_for_the_task_that_needs_it_where_random_gives_it_away() -> None:
+    for seed in range(10):
+        gm = _gm_with_choice(
+            _warm_choice(GlobalMaster(0, cluster([[[[SCARCE], [], []]]])).views[0][0], [[SCARCE]]), seed
+        )
+        assert sorted(_placed(gm.submit(job("plain", task("plain.0"), task("plain.1")), 0.0))) == [(0, 1), (0, 2)]
+        assert _placed(gm.submit(job("needs5", task("needs5.0", [SCARCE])), 0.1)) == [(0, 0)]
+        assert not gm.waiting
+    gave_away = 0
+    for seed in range(10):
+        gm = _gm_with_choice(RandomChoice(), seed)
+        if (0, 0) in _placed(gm.submit(job("plain", task("plain.0"), task("plain.1")), 0.0)):
+            assert _placed(gm.submit(job("needs5", task("needs5.0", [SCARCE])), 0.1)) == []
+            assert len(gm.waiting) == 1
+            gave_away += 1
+    assert gave_away >= 3  # two of three nodes are taken at random: the scarce one two times in three
+
+
+def test_scarcity_is_a_node_choice_a_setting_and_a_replay_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = make_choice("scarcity"), make_choice("scarcity")
+    assert isinstance(first, ScarcityChoice) and first is not second  # one per GM: each learns from its own tasks
+    monkeypatch.setenv("MEGHA_MATCHING", "scarcity")
+    assert GMSettings().matching == "scarcity"
+    done = replay(ReplayConfig(trace="syn:40:30", lms=2, gms=3, workers_per_partition=30, matching="scarcity"))
+    choices = [gm.placer.choice for gm in done.system.gms]
+    assert all(isinstance(c, ScarcityChoice) for c in choices) and len(set(map(id, choices))) == 3
+    accepted = [rec for rec in done.recorder.tasks.values() if not rec.failed_reason]
+    assert len(accepted) >= 200 and all(rec.completions == 1 for rec in accepted)
+
+
+def test_reduced_experiment_runs_node_choices_with_every_order_and_judges_the_candidate(tmp_path: Path) -> None:
+    argv = ["--workloads", "demo[:4]@2x2x20", "--orders", "first-fit", "round-robin", "--matchings", "random"]
+    argv += ["scarcity", "--candidate", "first-fit/scarcity", "--seeds", "0", "--out", str(tmp_path)]
+    assert lm_order.main(argv) == 0
+    with (tmp_path / "lm-order.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["lm_order"], r["matching"]) for r in rows] == [
+        (o, m) for o in ("first-fit", "round-robin") for m in ("random", "scarcity")
+    ]
+    page = (tmp_path / "lm-order.md").read_text()
+    assert "| first-fit/scarcity |" in page and "| round-robin/scarcity |" in page
+    assert "## first-fit/scarcity against the others at the tail" in page

@@ -270,7 +270,7 @@ class OpportunisticPlacer:
         for view, ever in feasible:
             idle = ever & ~busy.get(view, 0)
             if idle:
-                i = self.choice.choose(view, idle, self.rng)
+                i = self.choice.choose(view, idle, self.rng, task)
                 return Placement(task, view.lm, view.start + i, view.gm != self.gm, self.gm)
         best: tuple[int, int, int, PartitionView] | None = None
         locate, counts, avoided = self.view.locate, self.counts, self._avoid_until

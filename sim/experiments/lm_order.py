@@ -1,16 +1,20 @@
 """The GM's LM order at the tail: round-robin (the fair paper), first-fit (the authors' simulator) and scarcity (the
 constraint-aware order, `common/core/placement/scarcity.py`) on slices of the synthetic, Google and Yahoo traces,
 over several seeds: p50 and p99 JRT delay, mean and range over seeds, and the late jobs that make a small trace's tail.
+`--matchings` runs every order with each node choice too (`first-fit/scarcity`: first-fit with the scarcity node
+choice), and `--candidate` names the policy the verdict holds against round-robin and first-fit with random choice.
 
 A workload is a trace with an optional slice of its jobs and data centre: `Yahoo[:1000]` (the first 1,000 jobs),
 `GOOG[3000:3600]@reference` (jobs 3,000 to 3,599, re-based to arrive from 0, on the reference cluster). Without
 `@`, the constraint-aware paper's data centre for the trace (the Google sub-trace on 20,000 generated workers,
 the others on the 10,000-node reference cluster). The default `--workloads` are the ones the order was designed
 on (`TUNED_ON`); `--held-out` adds slices, data centres and a trace size it was not tuned on. Slot mode, Sharma et al.
-constraints, random node choice, 5 GMs, 1 s deltas, 0.5 ms per hop.
+constraints, random node choice unless `--matchings` says otherwise, 5 GMs, 1 s deltas, 0.5 ms per hop.
 
     python -m megha.sim.experiments.lm_order       # the full experiment: writes docs/results/lm-order.csv and .md
     python -m megha.sim.experiments.lm_order --workloads 'syn_250[:100]' --held-out --seeds 0 --out /tmp/lm
+    python -m megha.sim.experiments.lm_order --orders first-fit round-robin --matchings random scarcity \
+        --candidate first-fit/scarcity --name lm-order-choice   # the node choice against the two baselines
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
+from megha.common.core.placement.choice import CHOICE_POLICIES
 from megha.common.core.policies import LM_ORDERS
 from megha.loadgen.records import JobRecord
 from megha.loadgen.replay import ReplayConfig
@@ -40,6 +45,8 @@ HELD_OUT = ["syn_1000[:150]", "GOOG[3000:3600]@reference", "Yahoo[2000:2910]"]
 #: The workloads the scarcity order's design was tried on (its seeds 0 - 17 for GOOG, 0 - 5 for the others).
 TUNED_ON = [*DEFAULT_WORKLOADS, "syn_500[:200]"]
 CANDIDATE = "scarcity"
+#: The orders the issue names to beat, with random node choice.
+BASELINES = ("round-robin", "first-fit")
 #: A p99 within this share of another's is a tie, not a win (the p99 of a few hundred jobs interpolates between them).
 TIE = 0.01
 SLICE = re.compile(r"^(?P<trace>[^\[@]+)(\[(?P<start>\d*):(?P<end>\d*)\])?(?P<centre>@.+)?$")
@@ -69,28 +76,42 @@ class OrderRun:
     room in its GM's view and waited for the next delta."""
 
     order: str  # the GMs' LM order
-    run: Run  # its figures
+    run: Run  # its figures (with the GMs' node choice, `matching`)
     late_jobs: int  # jobs whose JRT delay is at least half the delta interval
 
+    @property
+    def policy(self) -> str:
+        """The order, and the node choice after a slash unless it is random: `first-fit/scarcity`."""
+        return policy(self.order, self.run.matching)
 
-def run_all(specs: Sequence[str], orders: Sequence[str], seeds: Sequence[int]) -> list[OrderRun]:
-    """A run of every workload, order and seed, in that order. Every spec is checked before any run."""
+
+def policy(order: str, matching: str) -> str:
+    """How tables name an LM order with a node choice: the order alone for random choice, else ORDER/CHOICE."""
+    return order if matching == "random" else f"{order}/{matching}"
+
+
+def run_all(
+    specs: Sequence[str], orders: Sequence[str], seeds: Sequence[int], matchings: Sequence[str] = ("random",)
+) -> list[OrderRun]:
+    """A run of every workload, order, node choice and seed, in that order. Every spec is checked before any run."""
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         workloads = [sliced(spec, Path(tmp)) for spec in specs]
         for workload, first_jobs in workloads:
             for order in orders:
-                for seed in seeds:
-                    config = ReplayConfig(
-                        trace=workload.trace,
-                        first_jobs=first_jobs,
-                        seed=seed,
-                        lm_order=order,
-                        **workload.centre.replay_fields(),
-                    )
-                    run, result = harness.run_replay(config, workload.name)
-                    late = late_jobs(result.recorder.jobs.values(), config.delta_interval)
-                    runs.append(OrderRun(order, run, late))
+                for matching in matchings:
+                    for seed in seeds:
+                        config = ReplayConfig(
+                            trace=workload.trace,
+                            first_jobs=first_jobs,
+                            seed=seed,
+                            lm_order=order,
+                            matching=matching,
+                            **workload.centre.replay_fields(),
+                        )
+                        run, result = harness.run_replay(config, workload.name)
+                        late = late_jobs(result.recorder.jobs.values(), config.delta_interval)
+                        runs.append(OrderRun(order, run, late))
     return runs
 
 
@@ -106,12 +127,12 @@ def write_csv(path: Path, runs: Sequence[OrderRun]) -> None:
         writer.writerows([r.order, *astuple(r.run), r.late_jobs] for r in runs)
 
 
-def markdown(runs: Sequence[OrderRun], seeds: Sequence[int]) -> list[str]:
+def markdown(runs: Sequence[OrderRun], seeds: Sequence[int], candidate: str = CANDIDATE) -> list[str]:
     by_workload: dict[str, dict[str, list[Run]]] = {}
     late: dict[tuple[str, str], int] = {}
     for r in runs:
-        by_workload.setdefault(r.run.workload, {}).setdefault(r.order, []).append(r.run)
-        late[r.run.workload, r.order] = late.get((r.run.workload, r.order), 0) + r.late_jobs
+        by_workload.setdefault(r.run.workload, {}).setdefault(r.policy, []).append(r.run)
+        late[r.run.workload, r.policy] = late.get((r.run.workload, r.policy), 0) + r.late_jobs
     rows, verdicts = [], []
     for workload, by_order in by_workload.items():
         for order, rs in by_order.items():
@@ -133,13 +154,14 @@ def markdown(runs: Sequence[OrderRun], seeds: Sequence[int]) -> list[str]:
                     f"{sum(r.wall_seconds for r in rs) / len(rs):,.1f}",
                 ]
             )
-        verdicts.append(_verdict(workload, by_order))
+        verdicts.append(_verdict(workload, by_order, candidate))
     won = [v for v in verdicts if v[-1] == "yes"]
     return [
         f"Each workload replayed with every LM order for seeds {', '.join(map(str, seeds))} (a seed draws the task "
         "constraints, the random choices and, for generated data centres, the nodes' constraints). Slot mode (one "
-        "task holds one worker), task constraints from Sharma et al., random node choice, 5 GMs x 5 LMs, 1 s delta "
-        "interval, 0.5 ms per network hop. `TRACE[START:END]` replays jobs START to END - 1 of the trace; without "
+        "task holds one worker), task constraints from Sharma et al., 5 GMs x 5 LMs, 1 s delta "
+        "interval, 0.5 ms per network hop. An LM order alone has random node choice; `ORDER/CHOICE` names "
+        "another node choice (`--matching`). `TRACE[START:END]` replays jobs START to END - 1 of the trace; without "
         "`@`, the syn_* and Yahoo traces run on the published 10,000-node reference cluster and the Google "
         "sub-trace on a generated 20,000-worker data centre (5 x 5 x 800). Figures are the mean over seeds with the "
         "range (min - max) in brackets when seeds differ; JRT delay = actual JRT - the job's longest task. The "
@@ -153,7 +175,7 @@ def markdown(runs: Sequence[OrderRun], seeds: Sequence[int]) -> list[str]:
             [
                 "workload",
                 "workers",
-                "LM order",
+                "LM order / node choice",
                 "JRT delay p50",
                 "JRT delay p99",
                 "p99 per seed",
@@ -169,11 +191,11 @@ def markdown(runs: Sequence[OrderRun], seeds: Sequence[int]) -> list[str]:
             rows,
         ),
         "",
-        f"## {CANDIDATE} against the others at the tail",
+        f"## {candidate} against the others at the tail",
         "",
-        f"p99 JRT delay, mean over seeds, and `{CANDIDATE}`'s as a share of the others'; it wins a workload when "
-        "its mean is more than 1% below every other order's (closer is a tie); 'seeds below the others': the seeds "
-        "where its own p99 is more than 1% below every other order's.",
+        f"p99 JRT delay, mean over seeds, and `{candidate}`'s as a share of the baselines' (round-robin and "
+        "first-fit, random node choice); it wins a workload when its mean is more than 1% below both (closer is a "
+        "tie); 'seeds below the others': the seeds where its own p99 is more than 1% below both.",
         "",
         *harness.table(
             [
@@ -181,7 +203,7 @@ def markdown(runs: Sequence[OrderRun], seeds: Sequence[int]) -> list[str]:
                 "held out",
                 "round-robin p99",
                 "first-fit p99",
-                f"{CANDIDATE} p99",
+                f"{candidate} p99",
                 "/ round-robin",
                 "/ first-fit",
                 "seeds below the others",
@@ -190,26 +212,26 @@ def markdown(runs: Sequence[OrderRun], seeds: Sequence[int]) -> list[str]:
             verdicts,
         ),
         "",
-        f"`{CANDIDATE}` wins {len(won)} of {len(verdicts)} workloads at the tail.",
+        f"`{candidate}` wins {len(won)} of {len(verdicts)} workloads at the tail.",
     ]
 
 
-def _verdict(workload: str, by_order: dict[str, list[Run]]) -> list[str]:
+def _verdict(workload: str, by_order: dict[str, list[Run]], candidate: str) -> list[str]:
     def p99(order: str) -> float:
         return spread(by_order.get(order, []), "jrt_p99").mean
 
-    others = [o for o in by_order if o != CANDIDATE]
-    mine = by_order.get(CANDIDATE, [])
+    others = [o for o in BASELINES if o in by_order and o != candidate]
+    mine = by_order.get(candidate, [])
     below = sum(all(run.jrt_p99 < (1 - TIE) * by_order[o][i].jrt_p99 for o in others) for i, run in enumerate(mine))
-    wins = bool(mine) and all(p99(CANDIDATE) < (1 - TIE) * p99(o) for o in others)
+    wins = bool(mine) and all(p99(candidate) < (1 - TIE) * p99(o) for o in others)
     return [
         workload,
         "no" if workload in TUNED_ON else "yes",
         harness.seconds(p99("round-robin")),
         harness.seconds(p99("first-fit")),
-        harness.seconds(p99(CANDIDATE)),
-        _share(p99(CANDIDATE), p99("round-robin")),
-        _share(p99(CANDIDATE), p99("first-fit")),
+        harness.seconds(p99(candidate)),
+        _share(p99(candidate), p99("round-robin")),
+        _share(p99(candidate), p99("first-fit")),
         f"{below} of {len(mine)}",
         "yes" if wins else "no",
     ]
@@ -235,16 +257,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--orders", nargs="+", choices=sorted(LM_ORDERS), default=sorted(LM_ORDERS), help="(default: all)"
     )
+    parser.add_argument(
+        "--matchings",
+        nargs="+",
+        choices=sorted(CHOICE_POLICIES),
+        default=["random"],
+        help="node choices, each run with every order (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--candidate",
+        default=CANDIDATE,
+        help="the policy the verdict holds against round-robin and first-fit (random choice): ORDER or ORDER/CHOICE "
+        "(default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     held_out = HELD_OUT if args.held_out else []
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        runs = run_all([*args.workloads, *held_out], args.orders, args.seeds)
+        runs = run_all([*args.workloads, *held_out], args.orders, args.seeds, args.matchings)
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
     write_csv(args.out / f"{args.name}.csv", runs)
-    body = markdown(runs, args.seeds)
+    body = markdown(runs, args.seeds, args.candidate)
     harness.write_page(args, MODULE, argv, "LM orders at the tail: JRT delay over seeds", start, body, ".csv")
     return 0
 

@@ -396,7 +396,7 @@ class Master:
             launches.append(self._place_on(task, i))
 
     def _place(self, task: TaskSpec, candidates: int) -> Placement:
-        return self._place_on(task, self.choice.choose(self.view, candidates, self.rng))
+        return self._place_on(task, self.choice.choose(self.view, candidates, self.rng, task))
 
     def _place_on(self, task: TaskSpec, i: int) -> Placement:
         view = self.view

@@ -1,20 +1,22 @@
-"""Choice: which of the feasible nodes gets the task: Random (default), Minimum-Constraints or First-Fit."""
+"""Choice: which of the feasible nodes gets the task: Random (default), Minimum-Constraints, First-Fit or Scarcity."""
 
 from __future__ import annotations
 
 import random
 from typing import Protocol
 
-from megha.common.core.constraints import select_bit
+from megha.common.core.constraints import NUM_CONSTRAINTS, select_bit
+from megha.common.core.placement.scarcity import ConstraintDemand
+from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
 
 
 class ChoicePolicy(Protocol):
-    """Picks one node (partition-local index) out of a non-empty bitset of feasible nodes."""
+    """Picks one node (partition-local index) out of a non-empty bitset of `task`'s feasible nodes."""
 
     name: str
 
-    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int: ...
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int: ...
 
 
 REJECTION_TRIES = 4
@@ -57,7 +59,7 @@ class RandomChoice:
 
     name = "random"
 
-    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int:
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
         return uniform_bit(candidates, rng)
 
 
@@ -68,7 +70,7 @@ class MinimumConstraintsChoice:
 
     name = "min-constraints"
 
-    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int:
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
         for bits in view.count_bits:
             fewest = candidates & bits
             if fewest:
@@ -83,19 +85,59 @@ class FirstFitChoice:
 
     name = "first-fit"
 
-    def choose(self, view: PartitionView, candidates: int, rng: random.Random) -> int:
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
         return (candidates & -candidates).bit_length() - 1
 
 
-CHOICE_POLICIES: dict[str, type[RandomChoice] | type[MinimumConstraintsChoice] | type[FirstFitChoice]] = {
+class ScarcityChoice:
+    """A feasible node without the hot constraints (`placement.scarcity`) the task does not need, where there is
+    one: the task's nodes are narrowed to those without the hottest constraint, then to those without the next,
+    each step kept only when some node is left; uniformly at random among what remains.
+
+    A task that needs a constraint has it on every candidate, so narrowing by it leaves none and is skipped: the
+    narrowing needs no more of the task than its candidates (the task only feeds the demand estimate).
+    Minimum-Constraints spares every constraint alike and picks among the few nodes of the fewest, so GMs with one
+    stale view are likelier to pick the same node; this spares only the constraints in short supply and leaves the
+    pick as random as it can.
+
+    The pressures are those of the scarcity LM order, learnt from the tasks this policy placed, against the share of
+    the partition's own nodes with each constraint (a partition poor in a constraint protects it more)."""
+
+    name = "scarcity"
+
+    __slots__ = ("_demand", "_hot")
+
+    def __init__(self) -> None:
+        self._demand = ConstraintDemand()
+        self._hot: dict[PartitionView, tuple[int, ...]] = {}  # per partition, its hot constraints, hottest first
+
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
+        if self._demand.count(task.constraints):
+            self._hot.clear()
+        hot = self._hot.get(view)
+        if hot is None:
+            supply = [view.constraint_bits[k].bit_count() / view.size for k in range(NUM_CONSTRAINTS)]
+            hot = self._hot[view] = tuple(k for k, _ in self._demand.hot(supply))
+        bits = view.constraint_bits
+        for k in hot:
+            spared = candidates & ~bits[k]
+            if spared:
+                candidates = spared
+        return uniform_bit(candidates, rng)
+
+
+CHOICE_POLICIES: dict[
+    str, type[RandomChoice] | type[MinimumConstraintsChoice] | type[FirstFitChoice] | type[ScarcityChoice]
+] = {
     RandomChoice.name: RandomChoice,
     MinimumConstraintsChoice.name: MinimumConstraintsChoice,
     FirstFitChoice.name: FirstFitChoice,
+    ScarcityChoice.name: ScarcityChoice,
 }
 
 
 def make_choice(name: str) -> ChoicePolicy:
-    """The choice policy called `name` ("random" or "min-constraints")."""
+    """A new choice policy called `name` (a `CHOICE_POLICIES` name; one per GM: `scarcity` learns from its tasks)."""
     try:
         return CHOICE_POLICIES[name]()
     except KeyError:

@@ -47,11 +47,11 @@ class Placer:
         for view in self.search.internal(task):
             candidates = feasible(view, task)
             if candidates:
-                return Placement(task, view.lm, view.start + choose(view, candidates, self.rng), False, self.gm)
+                return Placement(task, view.lm, view.start + choose(view, candidates, self.rng, task), False, self.gm)
         for view in self.search.external(task):
             candidates = feasible(view, task)
             if candidates:
-                return Placement(task, view.lm, view.start + choose(view, candidates, self.rng), True, self.gm)
+                return Placement(task, view.lm, view.start + choose(view, candidates, self.rng, task), True, self.gm)
         return None
 
     def unschedulable(self, task: TaskSpec) -> tuple[str, str] | None:

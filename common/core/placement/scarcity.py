@@ -14,7 +14,8 @@ partition p takes, on average, a share |A ∩ C_k| / |A| of a hot constraint k's
 feasible free nodes in p and C_k the nodes with k. For a task that does not need k that share is waste. The
 search yields the partitions where the task has room in ascending order of that waste, weighted by pressure;
 ties (no hot constraint, or a task needing every hot one) keep the LM order of first-fit, which packs. Internal
-partitions first, then external ones, as in the other orders.
+partitions first, then external ones, as in the other orders. The `scarcity` node choice (`placement.choice`) uses
+the same pressures to spare those nodes inside the partition (docs/lm-order.md).
 """
 
 from __future__ import annotations
@@ -36,11 +37,44 @@ HOT_PRESSURE = 0.5
 MAX_HOT = 2
 
 
+class ConstraintDemand:
+    """How often the tasks counted (by the scarcity order: every try; by the scarcity node choice: every placement)
+    carry each constraint, and when to re-estimate the pressures."""
+
+    __slots__ = ("counts", "seen")
+
+    def __init__(self) -> None:
+        self.counts = [0] * NUM_CONSTRAINTS  # tasks seen that carry each constraint
+        self.seen = 0  # tasks seen
+
+    def count(self, mask: int) -> bool:
+        """Count one task's constraints; True when the pressures are due for an estimate (the FIRST_ESTIMATE-th
+        task, then every RELEARN-th)."""
+        counts = self.counts
+        while mask:
+            low = mask & -mask
+            counts[low.bit_length() - 1] += 1
+            mask ^= low
+        self.seen += 1
+        return self.seen == FIRST_ESTIMATE or self.seen % RELEARN == 0
+
+    def hot(self, supply: list[float]) -> tuple[tuple[int, float], ...]:
+        """(constraint, pressure) of the hot constraints, hottest first, against nodes with the given `supply` (the
+        share of the nodes with each constraint); none before FIRST_ESTIMATE tasks."""
+        seen = self.seen
+        if seen < FIRST_ESTIMATE:
+            return ()
+        pressures = sorted(
+            ((self.counts[k] / seen / share, k) for k, share in enumerate(supply) if 0 < share < 1), reverse=True
+        )
+        return tuple((k, p) for p, k in pressures[:MAX_HOT] if p >= HOT_PRESSURE)
+
+
 class ScarcitySearch(PartitionSearch):
     """Partitions in ascending order of the pressure-weighted share of hot constraints the task does not need among
     its feasible free nodes; first-fit order among equals."""
 
-    __slots__ = ("_demand", "_external", "_hot", "_internal", "_seen", "_supply")
+    __slots__ = ("_demand", "_external", "_hot", "_internal", "_supply")
 
     def __init__(self, gm: int, views: list[list[PartitionView]]) -> None:
         super().__init__(gm, views)
@@ -49,8 +83,7 @@ class ScarcitySearch(PartitionSearch):
         self._supply = [
             sum(v.constraint_bits[k].bit_count() for row in views for v in row) / nodes for k in range(NUM_CONSTRAINTS)
         ]
-        self._demand = [0] * NUM_CONSTRAINTS  # tasks seen that carry each constraint
-        self._seen = 0  # tasks seen
+        self._demand = ConstraintDemand()
         self._hot: tuple[tuple[int, float], ...] = ()  # (constraint, pressure) of the hot constraints
         self._internal = [row[gm] for row in views]  # this GM's partitions, in first-fit (LM) order
         self._external = [v for row in views for v in row if v.gm != gm]  # the others', in first-fit order
@@ -61,30 +94,12 @@ class ScarcitySearch(PartitionSearch):
         return self._hot
 
     def internal(self, task: TaskSpec) -> Iterator[PartitionView]:
-        self._count(task.constraints)
+        if self._demand.count(task.constraints):
+            self._hot = self._demand.hot(self._supply)
         return self._ranked(self._internal, task)
 
     def external(self, task: TaskSpec) -> Iterator[PartitionView]:
         return self._ranked(self._external, task)
-
-    def _count(self, mask: int) -> None:
-        """Count the task's constraints into the demand; estimate the pressures when due."""
-        demand = self._demand
-        while mask:
-            low = mask & -mask
-            demand[low.bit_length() - 1] += 1
-            mask ^= low
-        self._seen += 1
-        if self._seen == FIRST_ESTIMATE or self._seen % RELEARN == 0:
-            self._estimate()
-
-    def _estimate(self) -> None:
-        seen = self._seen
-        pressures = sorted(
-            ((self._demand[k] / seen / supply, k) for k, supply in enumerate(self._supply) if 0 < supply < 1),
-            reverse=True,
-        )
-        self._hot = tuple((k, p) for p, k in pressures[:MAX_HOT] if p >= HOT_PRESSURE)
 
     def _ranked(self, views: list[PartitionView], task: TaskSpec) -> Iterator[PartitionView]:
         """The views where `task` has room, least waste first, in the given (first-fit) order among equals. Lazily:
