@@ -330,6 +330,17 @@ def heartbeat_durations(seeds: Sequence[int], folder: Path) -> list[Variant]:
     return variants
 
 
+def heartbeat_full(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """All of syn_1000 on the reference cluster with heartbeats of 0.1 s and 10 s (the heartbeat experiment's runs)."""
+    workload = Workload.parse("syn_1000")
+    variants = []
+    for period in (0.1, 10.0):
+        for seed in seeds:
+            config = ReplayConfig(workload.trace, seed=seed, delta_interval=period, **workload.centre.replay_fields())
+            variants.append(({"heartbeat": f"{period:g} s", "seed": str(seed)}, config))
+    return variants
+
+
 def heartbeat_inconsistencies(seeds: Sequence[int], folder: Path) -> list[Variant]:
     """The heartbeat experiment's GOOG replay (Random matching, 20,000 workers) at periods of 0.1, 1 and 10 s."""
     workload = Workload.parse("GOOG")
@@ -535,6 +546,18 @@ EXPERIMENTS: dict[str, Experiment] = {
         "completion reaches the GM at once, a delta only at the period), which is within one task duration; with "
         "tasks of 0.5 s or 2 s the p99 follows the duration, not the 1 s between jobs",
         heartbeat_durations,
+        {
+            **_JRT_FIGURES,
+            "jobs delayed >= 10 ms": _jobs_delayed(0.01),
+            "jobs delayed >= 1 task duration": _jobs_delayed(0.0, 1.0),
+        },
+    ),
+    "heartbeat-full": Experiment(
+        "heartbeat period",
+        "in all of syn_1000, the jobs that make the p99 one task duration at 10 s heartbeats are not only those that "
+        "wait for a task of their own job (which wait a task duration at 0.1 s too): more jobs wait a whole "
+        "task duration at 10 s than at 0.1 s",
+        heartbeat_full,
         {
             **_JRT_FIGURES,
             "jobs delayed >= 10 ms": _jobs_delayed(0.01),
