@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from megha.loadgen.replay import ReplayConfig, ReplayResult
-from megha.loadgen.trace import TraceJob, read_trace
+from megha.loadgen.trace import TraceJob, read_trace, synthetic_trace
 from megha.sim.experiments import fairness, harness
 from megha.sim.experiments.harness import DataCentre, Workload, seconds
 from megha.sim.experiments.workloads import PoissonLoad, write_trace
@@ -180,6 +180,37 @@ def size_tail(seeds: Sequence[int], folder: Path) -> list[Variant]:
     return variants
 
 
+def size_queueing(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """size-tail's unconstrained load at 1,000 and 10,000 workers, under Megha and under its centralized
+    configuration (one GM with an exact view: no stale view, no inconsistencies, no heartbeat to wait for), with
+    the jobs of 100 tasks and, at the same load, of 10."""
+    variants = []
+    for tasks_per_job in (100, 10):
+        poisson = PoissonLoad(0.8, tasks_per_job, 10.0, 1.0)
+        for workers in (1000, 10000):
+            for scheduler in ("megha", "centralized"):
+                for seed in seeds:
+                    config = fair.poisson_replay(folder, poisson, workers, 10, 10, seed, constraints=False)
+                    cell = {"tasks a job": str(tasks_per_job), "workers": f"{workers:,}"}
+                    cell |= {"scheduler": fair.NAMES[scheduler], "seed": str(seed)}
+                    variants.append((cell, replace(config, scheduler=scheduler)))
+    return variants
+
+
+def _busy_share(bound: float) -> Cell:
+    """The share of the replay's tasks that arrived while at least `bound` of the workers were busy."""
+
+    def cell(r: ReplayResult) -> str:
+        tasks = r.recorder.tasks
+        arrived = tasks.array("arrival", np.float64)
+        started = np.sort(tasks.array("started_at", np.float64))
+        finished = np.sort(tasks.array("finished_at", np.float64))
+        busy = np.searchsorted(started, arrived, "right") - np.searchsorted(finished, arrived, "right")
+        return f"{np.mean(busy >= bound * r.cluster.num_nodes):.1%}"
+
+    return cell
+
+
 # fair Fig. 9: the numbers of GMs and LMs
 
 
@@ -279,6 +310,71 @@ def google_max(seeds: Sequence[int], folder: Path) -> list[Variant]:
     return _megha("GOOG", seeds, lm_order=("round-robin", "first-fit"), matching=("random",))
 
 
+# Other experiment 4: the heartbeat period
+
+
+def heartbeat_durations(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """The first 300 jobs of syn_1000 (1,000 tasks a job) on the reference cluster with heartbeats of 10 s and
+    0.1 s, its tasks lasting 0.5, 1 or 2 s and its jobs arriving every 1 or 2 s."""
+    variants = []
+    for period in (10.0, 0.1):
+        for interval in (1.0, 2.0):
+            for duration in (0.5, 1.0, 2.0):
+                path = folder / f"syn-1000-{duration:g}-every-{interval:g}.tr"
+                if not path.exists():
+                    write_trace(path, synthetic_trace(1000, 300, duration, interval))
+                for seed in seeds:
+                    config = ReplayConfig(trace=str(path), cluster="reference", delta_interval=period, seed=seed)
+                    cell = {"heartbeat": f"{period:g} s", "job every": f"{interval:g} s"}
+                    variants.append((cell | {"task duration": f"{duration:g} s", "seed": str(seed)}, config))
+    return variants
+
+
+def heartbeat_full(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """All of syn_1000 on the reference cluster with heartbeats of 0.1 s and 10 s (the heartbeat experiment's runs)."""
+    workload = Workload.parse("syn_1000")
+    variants = []
+    for period in (0.1, 10.0):
+        for seed in seeds:
+            config = ReplayConfig(workload.trace, seed=seed, delta_interval=period, **workload.centre.replay_fields())
+            variants.append(({"heartbeat": f"{period:g} s", "seed": str(seed)}, config))
+    return variants
+
+
+def heartbeat_inconsistencies(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """The heartbeat experiment's GOOG replay (Random matching, 20,000 workers) at periods of 0.1, 1 and 10 s."""
+    workload = Workload.parse("GOOG")
+    variants = []
+    for period in (0.1, 1.0, 10.0):
+        for seed in seeds:
+            config = ReplayConfig(workload.trace, seed=seed, delta_interval=period, **workload.centre.replay_fields())
+            variants.append(({"period": f"{period:g} s", "seed": str(seed)}, config))
+    return variants
+
+
+def _inconsistencies(parked: bool) -> Cell:
+    """The inconsistencies of the tasks that were (or were never) parked for want of a node in their GM's view."""
+
+    def cell(r: ReplayResult) -> str:
+        tasks = r.recorder.tasks
+        counts = tasks.array("inconsistencies", np.int64)
+        was_parked = tasks.array("reschedules", np.int64) > 0
+        return f"{int(counts[was_parked == parked].sum()):,}"
+
+    return cell
+
+
+def _jobs_delayed(least: float, durations: float = 0.0) -> Cell:
+    """The share of the finished jobs whose JRT delay is at least `least` seconds plus `durations` times their
+    longest task."""
+
+    def cell(r: ReplayResult) -> str:
+        delays = [(j.jrt_delay, j.ideal_jrt) for j in r.recorder.jobs.values() if not np.isnan(j.jrt_delay)]
+        return f"{np.mean([d >= least + durations * longest for d, longest in delays]):.1%}" if delays else "-"
+
+    return cell
+
+
 _SPARROW_FIGURES = {
     "alloc p50": _alloc("median"),
     "alloc p99": _alloc("p99"),
@@ -359,6 +455,21 @@ EXPERIMENTS: dict[str, Experiment] = {
             "jobs rejected": lambda r: f"{r.metrics.jobs_rejected:,} of {r.metrics.jobs:,}",
         },
     ),
+    "size-queueing": Experiment(
+        "fair-fig8",
+        "without placement constraints, the 1,000 workers' higher p99 (0.31 s against 6.8 ms at 10,000) is queueing "
+        "for a free worker, not Megha's stale views: a job of 100 tasks is a tenth of 1,000 workers, so Poisson "
+        "bursts of jobs fill the data centre more often than 10,000; the centralized configuration (an exact view) "
+        "has the same tail, and jobs of 10 tasks at the same load shrink it",
+        size_queueing,
+        {
+            "alloc p50": _alloc("median"),
+            "alloc p99": _alloc("p99"),
+            "framework queuing p99": lambda r: seconds(r.metrics.components["framework_queuing"].p99),
+            "inconsistencies": _count("inconsistencies"),
+            "tasks arriving with every worker busy": _busy_share(1.0),
+        },
+    ),
     "masters-lm-time": Experiment(
         "fair-fig9",
         "20 GMs over 10 LMs leave the median allocation time unchanged (the paper: a slight rise, which it puts on "
@@ -427,6 +538,46 @@ EXPERIMENTS: dict[str, Experiment] = {
         "order: under first-fit the two matchings come within a few per cent",
         google_matching,
         _JRT_FIGURES,
+    ),
+    "heartbeat-durations": Experiment(
+        "heartbeat period",
+        "syn_1000's p99 JRT delay stays at 1 s for periods above 1 s because its tasks last 1 s: a task that fits "
+        "nowhere in its GM's view waits at most until one of the GM's own tasks on a worker it fits ends (a "
+        "completion reaches the GM at once, a delta only at the period), which is within one task duration; with "
+        "tasks of 0.5 s or 2 s the p99 follows the duration, not the 1 s between jobs",
+        heartbeat_durations,
+        {
+            **_JRT_FIGURES,
+            "jobs delayed >= 10 ms": _jobs_delayed(0.01),
+            "jobs delayed >= 1 task duration": _jobs_delayed(0.0, 1.0),
+        },
+    ),
+    "heartbeat-full": Experiment(
+        "heartbeat period",
+        "in all of syn_1000, the jobs that make the p99 one task duration at 10 s heartbeats are not only those that "
+        "wait for a task of their own job (which wait a task duration at 0.1 s too): more jobs wait a whole "
+        "task duration at 10 s than at 0.1 s",
+        heartbeat_full,
+        {
+            **_JRT_FIGURES,
+            "jobs delayed >= 10 ms": _jobs_delayed(0.01),
+            "jobs delayed >= 1 task duration": _jobs_delayed(0.0, 1.0),
+        },
+    ),
+    "heartbeat-inconsistencies": Experiment(
+        "heartbeat period",
+        "GOOG's inconsistencies fall as the period grows because a worker freed where its own GM has nothing parked "
+        "that fits reaches the other GMs only by delta: a short period's delta carries one or two, which every GM "
+        "with a fitting parked task picks, a long period's many, over which Random matching spreads them; then the "
+        "fall is in the inconsistencies of tasks that were parked, not of those placed at their first attempt",
+        heartbeat_inconsistencies,
+        {
+            "JRT delay p99": _jrt("p99"),
+            "inconsistencies": _count("inconsistencies"),
+            "of parked tasks": _inconsistencies(parked=True),
+            "of never-parked tasks": _inconsistencies(parked=False),
+            "parked tasks": lambda r: f"{int((r.recorder.tasks.array('reschedules', np.int64) > 0).sum()):,}",
+        },
     ),
     "google-max": Experiment(
         "constraints-fig8",
