@@ -62,10 +62,12 @@ class FigureProcess:
                 raise RuntimeError(f"drawing cdf.png failed:\n{failure}")
 
     def close(self) -> None:
-        """End the child (it stops when its pipe closes) and reap it."""
+        """End the child: it stops when its pipe closes. Every figure it drew is written by now, so the parent does
+        not wait while the system tears the child down (tens of milliseconds for its copy of the parent's memory);
+        a child still exiting is reaped by the system once the parent exits."""
         self._jobs.close()
         self._answers.close()
-        os.waitpid(self.pid, 0)
+        os.waitpid(self.pid, os.WNOHANG)
 
 
 def _draw_figures(jobs_fd: int, answers_fd: int) -> None:
