@@ -62,12 +62,10 @@ class FigureProcess:
                 raise RuntimeError(f"drawing cdf.png failed:\n{failure}")
 
     def close(self) -> None:
-        """End the child: it stops when its pipe closes. Every figure it drew is written by now, so the parent does
-        not wait while the system tears the child down (tens of milliseconds for its copy of the parent's memory);
-        a child still exiting is reaped by the system once the parent exits."""
+        """End the child (it stops when its pipe closes) and reap it."""
         self._jobs.close()
         self._answers.close()
-        os.waitpid(self.pid, os.WNOHANG)
+        os.waitpid(self.pid, 0)
 
 
 def _draw_figures(jobs_fd: int, answers_fd: int) -> None:
