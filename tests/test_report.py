@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from megha.loadgen.figure_process import FigureProcess
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.records import JobRecord, TaskRecord
 from megha.loadgen.report import (
+    FigureData,
     cdf_figure,
     format_counters,
     format_seconds,
@@ -179,6 +181,32 @@ def test_write_outputs_files_match_the_records(tmp_path: Path) -> None:
 
     assert paths["cdf.png"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert paths["cdf.png"].stat().st_size > 10_000
+
+
+def test_a_figure_process_writes_the_same_files_as_drawing_in_process(tmp_path: Path) -> None:
+    tasks, jobs, metrics = run()
+    in_process = write_outputs(metrics, tasks, jobs, tmp_path / "in", "test run")
+    drawer = FigureProcess.start()
+    assert drawer is not None
+    try:
+        for seed in (1, 2):  # one child draws every figure of a command (`megha replay --seeds`)
+            drawn = write_outputs(metrics, tasks, jobs, tmp_path / f"drawn-{seed}", "test run", drawer=drawer)
+            for name, path in in_process.items():
+                assert drawn[name].read_bytes() == path.read_bytes(), name
+    finally:
+        drawer.close()
+
+
+def test_a_figure_the_child_cannot_draw_fails_in_the_parent(tmp_path: Path) -> None:
+    tasks, jobs, metrics = run()
+    drawer = FigureProcess.start()
+    assert drawer is not None
+    try:
+        drawer.draw(FigureData.of(metrics, tasks, jobs, "test run"), tmp_path / "no such folder" / "cdf.png")
+        with pytest.raises(RuntimeError, match=r"drawing cdf\.png failed"):
+            drawer.wait()
+    finally:
+        drawer.close()
 
 
 def test_write_outputs_of_a_run_with_zero_and_missing_times(tmp_path: Path) -> None:
