@@ -4,14 +4,16 @@ Importing matplotlib takes about a fifth of a second and drawing the figure abou
 whoever does it. The child imports matplotlib while the parent replays, and draws while the parent writes the CSV
 files and summary.json, so on a machine with a core to spare the figure costs the command no time. It is forked
 (not started afresh), so it inherits the imported modules instead of importing Python's, numpy's and the report's
-again. Where `os.fork` is missing, `start` gives None and the parent draws in process, as `write_outputs` does
-without a `FigureProcess`.
+again. Only on Linux: elsewhere `start` gives None and the parent draws in process, as `write_outputs` does without
+a `FigureProcess` (Windows has no fork, and on macOS a forked child must not call into system frameworks, which
+numpy's linear algebra may use there).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import sys
 import traceback
 from pathlib import Path
 
@@ -30,8 +32,8 @@ class FigureProcess:
 
     @classmethod
     def start(cls) -> FigureProcess | None:
-        """Fork the child, which imports matplotlib at once and then waits for figures (None: no fork here)."""
-        if not hasattr(os, "fork"):
+        """Fork the child, which imports matplotlib at once and then waits for figures (None: not on Linux)."""
+        if sys.platform != "linux":
             return None
         from_parent, to_child = os.pipe()
         from_child, to_parent = os.pipe()
