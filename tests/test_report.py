@@ -28,6 +28,7 @@ from megha.loadgen.report import (
 )
 
 NAMES = ("cpu", "mem")
+ON_LINUX = pytest.mark.skipif(sys.platform != "linux", reason="the figure process is forked on Linux only")
 CAPACITY = (4000, 8000)
 # Busy span 1.5 ms .. 5.01 s, in which t1 holds 1000 cpu for 5.0065 s and t2 holds 2000 cpu for 2.4985 s.
 CPU_MEAN = (1000 * 5.0065 + 2000 * 2.4985) / (4000 * 5.0085)
@@ -183,6 +184,7 @@ def test_write_outputs_files_match_the_records(tmp_path: Path) -> None:
     assert paths["cdf.png"].stat().st_size > 10_000
 
 
+@ON_LINUX
 def test_a_figure_process_writes_the_same_files_as_drawing_in_process(tmp_path: Path) -> None:
     tasks, jobs, metrics = run()
     in_process = write_outputs(metrics, tasks, jobs, tmp_path / "in", "test run")
@@ -197,6 +199,7 @@ def test_a_figure_process_writes_the_same_files_as_drawing_in_process(tmp_path: 
         drawer.close()
 
 
+@ON_LINUX
 def test_a_figure_the_child_cannot_draw_fails_in_the_parent(tmp_path: Path) -> None:
     tasks, jobs, metrics = run()
     drawer = FigureProcess.start()
