@@ -4,7 +4,7 @@ read-your-writes for its own placements still in flight (Megha paper, section IV
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import add, gt, sub
+from operator import add, ge, gt, sub
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.messages import NodeState, Placement
@@ -99,7 +99,7 @@ class GlobalView:
         processed when it read the state (read-your-writes); note which nodes gained free resources.
 
         This runs over every node state the LMs report (hundreds of thousands in a replay), so the partition
-        view's `set_free` is inlined: the same update of its free resources, and its fit caches marked stale."""
+        view's `set_free` is inlined: the same update of its free resources and fit caches."""
         self.has_unapplied_states = False
         freed = self.freed_nodes
         for lm, unapplied in enumerate(self._unapplied_states):
@@ -123,7 +123,11 @@ class GlobalView:
                     if any(map(gt, free, old)):
                         freed.append((lm, node))
                     view_free[i] = free  # view.set_free(i, free), inline
-                    view.stale.add(i)
+                    fit = view.fit_cache
+                    if fit:
+                        bit = 1 << i
+                        for request, bits in fit.items():
+                            fit[request] = bits | bit if all(map(ge, free, request)) else bits & ~bit
             unapplied.clear()
 
     def take_freed(self) -> list[tuple[int, int]]:

@@ -3,9 +3,8 @@ per node.
 
 Bitsets are Python ints, bit i = node i of the partition. Two caches keep matching to a few big-int ANDs:
   * `matching(mask)`: nodes satisfying every constraint in a task's mask (static, so cached forever);
-  * `fitting(request)`: nodes whose free resources cover a request, for the request shapes seen recently (one
-    shape in slot mode), brought up to date when read: a change of a node's free resources only marks it, so a
-    partition the GM does not place into (another GM's, most of the time) costs no cache upkeep per change.
+  * `fitting(request)`: nodes whose free resources cover a request, kept current on every change for the
+    request shapes seen recently (one shape in slot mode).
 """
 
 from __future__ import annotations
@@ -78,7 +77,6 @@ class PartitionView:
         "lm",
         "masks",
         "size",
-        "stale",
         "start",
     )
 
@@ -94,10 +92,8 @@ class PartitionView:
         self.constraint_bits, self.count_bits, drivers = partition_bits(spec)
         self.driver_bits: dict[str, int] = dict(drivers)  # driver -> the nodes offering it
         self._match: dict[int, int] = {}
-        # request -> the nodes whose free resources cover it, as of the last `refresh_fits`
+        # request -> the nodes whose free resources cover it, kept current by `set_free` (and `GlobalView.sync`)
         self.fit_cache: dict[Resources, int] = {}
-        # The nodes whose free resources changed since: their bits in `fit_cache` are brought up to date when read.
-        self.stale: set[int] = set()
         self._cap_fit: dict[Resources, int] = {}
 
     def matching(self, mask: int) -> int:
@@ -116,8 +112,6 @@ class PartitionView:
 
     def fitting(self, request: Resources) -> int:
         """Nodes whose free resources (in this view) cover `request`."""
-        if self.stale:
-            self.refresh_fits()
         bits = self.fit_cache.get(request)
         if bits is None:
             if len(self.fit_cache) >= MAX_FIT_SHAPES:
@@ -133,8 +127,6 @@ class PartitionView:
             match = self.matching(task.constraints)
         if not match:
             return 0
-        if self.stale:
-            self.refresh_fits()
         fit = self.fit_cache.get(task.request)
         if fit is None:
             fit = self.fitting(task.request)
@@ -148,20 +140,13 @@ class PartitionView:
         return bits
 
     def set_free(self, i: int, free: Resources) -> None:
-        """Record node i's free resources (`GlobalView.sync` inlines this)."""
+        """Record node i's free resources and keep the fit caches current (`GlobalView.sync` inlines this)."""
         self.free[i] = free
-        self.stale.add(i)
-
-    def refresh_fits(self) -> None:
-        """Bring the fit caches up to date for the nodes whose free resources changed since they were last read."""
-        free = self.free
         fit = self.fit_cache
-        for request, bits in fit.items():
-            for i in self.stale:
-                bit = 1 << i
-                bits = bits | bit if all(map(ge, free[i], request)) else bits & ~bit
-            fit[request] = bits
-        self.stale.clear()
+        if fit:
+            bit = 1 << i
+            for request, bits in fit.items():
+                fit[request] = bits | bit if all(map(ge, free, request)) else bits & ~bit
 
     def used_fraction(self) -> float:
         """Share of the partition's first resource in use, in this view (for reports and debugging)."""
