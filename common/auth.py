@@ -31,11 +31,10 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 Role = Literal["user", "gm", "lm", "worker"]
 SERVICE_ROLES: tuple[Role, ...] = ("gm", "lm", "worker")
@@ -128,7 +127,35 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _private_key(raw: bytes) -> Ed25519PrivateKey:
+    """An Ed25519 private key. cryptography is imported on first use, here and in `_public_key`: every command
+    reads the settings models, which refer to this module, but only the services and the tools that issue
+    credentials sign or verify (`megha replay` never does)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(raw)
+
+
+def _public_key(raw: bytes) -> Ed25519PublicKey:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def _verifies(key: Ed25519PublicKey, signature: bytes, data: bytes) -> bool:
+    """True when `signature` is `key`'s signature of `data`."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        key.verify(signature, data)
+    except InvalidSignature:
+        return False
+    return True
+
+
 def _raw(key: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
@@ -143,7 +170,7 @@ def _derived(secret: str, purpose: str) -> bytes:
 
 def root_key(cluster_secret: str) -> Ed25519PrivateKey:
     """The deployment's root key, derived from its cluster secret: it certifies every service's key."""
-    return Ed25519PrivateKey.from_private_bytes(_derived(cluster_secret, "megha root key"))
+    return _private_key(_derived(cluster_secret, "megha root key"))
 
 
 def root_public(cluster_secret: str) -> bytes:
@@ -170,7 +197,7 @@ class Credential:
             raise ValueError(f"not a service role: {role}")
         if not SERVICE_ID.match(ident):
             raise ValueError(f"not a service id: {ident!r}")
-        key = Ed25519PrivateKey.from_private_bytes(_derived(cluster_secret, f"megha service key\0{role}\0{ident}"))
+        key = _private_key(_derived(cluster_secret, f"megha service key\0{role}\0{ident}"))
         root = root_key(cluster_secret)
         certificate = root.sign(_certified(role, ident, _raw(key.public_key())))
         return cls(role, ident, key.private_bytes_raw(), certificate, _raw(root.public_key()))
@@ -197,11 +224,9 @@ class Credential:
             raise ValueError("not a credential: no service role and id")
         if len(key) != 32 or len(root) != 32:
             raise ValueError("not a credential: its keys are not Ed25519 keys")
-        public = _raw(Ed25519PrivateKey.from_private_bytes(key).public_key())
-        try:
-            Ed25519PublicKey.from_public_bytes(root).verify(cert, _certified(role, ident, public))
-        except InvalidSignature:
-            raise ValueError(f"the credential of {role} {ident} is not certified by its root key") from None
+        public = _raw(_private_key(key).public_key())
+        if not _verifies(_public_key(root), cert, _certified(role, ident, public)):
+            raise ValueError(f"the credential of {role} {ident} is not certified by its root key")
         return cls(role, ident, key, cert, root)
 
 
@@ -211,7 +236,7 @@ class Signer:
     def __init__(self, credential: Credential) -> None:
         self.role = credential.role
         self.ident = credential.ident
-        self._key = Ed25519PrivateKey.from_private_bytes(credential.key)
+        self._key = _private_key(credential.key)
         self._public = _b64(_raw(self._key.public_key()))
         self._certificate = _b64(credential.certificate)
         self._header = ""
@@ -241,7 +266,7 @@ class Verifier:
         self, root: bytes | None, api_tokens: dict[str, str] | None = None, operators: frozenset[str] = frozenset()
     ):
         """`root`: the root public key services' tokens must chain to (None: no service token is accepted)."""
-        self._root = None if root is None else Ed25519PublicKey.from_public_bytes(root)
+        self._root = None if root is None else _public_key(root)
         self._users = dict(api_tokens or {})
         self._operators = operators
         self._known: dict[str, tuple[Principal, float]] = {}
@@ -280,14 +305,10 @@ class Verifier:
             raise Unauthenticated("malformed service token") from None
         if self._root is None:
             raise Unauthenticated("this service accepts no service token")
-        try:
-            self._root.verify(cert, _certified(role, ident, public))
-        except InvalidSignature:
-            raise Unauthenticated("service token's key is not certified by this deployment's root key") from None
-        try:
-            Ed25519PublicKey.from_public_bytes(public).verify(mac, body.encode())
-        except InvalidSignature:
-            raise Unauthenticated("service token not signed with its certified key") from None
+        if not _verifies(self._root, cert, _certified(role, ident, public)):
+            raise Unauthenticated("service token's key is not certified by this deployment's root key")
+        if not _verifies(_public_key(public), mac, body.encode()):
+            raise Unauthenticated("service token not signed with its certified key")
         if expires <= now:
             raise Unauthenticated("service token expired")
         if expires > now + TOKEN_LIFETIME + CLOCK_SKEW:

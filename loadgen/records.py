@@ -123,7 +123,14 @@ class TaskColumns(Mapping[str, TaskRecord]):
             f.name: array(_COLUMN_TYPES[f.type]) if f.type in _COLUMN_TYPES else bytearray() if f.type == "bool" else []
             for f in _TASK_FIELDS
         }
-        self._defaults = [(self.columns[f.name], f.default) for f in _TASK_FIELDS[6:]]  # after the six given
+        # Each column after the six given, and what `add_job` extends it with: its default, as a one-item array for
+        # an array column (an array repeated and appended from an array is copied in C; from a list, each item
+        # would be converted on its own).
+        self._defaults: list[tuple[Any, Any]] = []
+        for f in _TASK_FIELDS[6:]:
+            column = self.columns[f.name]
+            default = array(column.typecode, [f.default]) if isinstance(column, array) else [f.default]
+            self._defaults.append((column, default))
 
     @classmethod
     def of(cls, tasks: Sequence[TaskRecord] | TaskColumns) -> TaskColumns:
@@ -146,7 +153,7 @@ class TaskColumns(Mapping[str, TaskRecord]):
         for name in ("task_id", "user", "duration", "request"):
             c[name].extend(map(attrgetter(name), tasks))
         for column, default in self._defaults:
-            column.extend([default] * n)
+            column.extend(default * n)
 
     def set(self, task_id: str, **values: object) -> None:
         """Set fields of a task's row by name."""

@@ -12,12 +12,15 @@ import time
 from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from megha.loadgen.metrics import COMPONENTS, RunMetrics, Summary, UtilizationSeries, allocation_columns
 from megha.loadgen.records import JobRecord, TaskColumns, TaskRecord
+
+if TYPE_CHECKING:
+    from megha.loadgen.figure_process import FigureProcess
 
 _STAT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("median", "median"),
@@ -185,21 +188,29 @@ def write_outputs(
     out_dir: Path,
     title: str,
     extra: dict[str, Any] | None = None,
+    drawer: FigureProcess | None = None,
 ) -> dict[str, Path]:
     """Write tasks.csv, jobs.csv, summary.json, utilization.csv and cdf.png to `out_dir`; return the paths.
 
-    `extra` (for example the run's configuration) is stored under "extra" in summary.json.
+    `extra` (for example the run's configuration) is stored under "extra" in summary.json. With a `drawer`, that
+    process draws cdf.png while the other files are written.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / name for name in REPORT_FILES}
     tasks = TaskColumns.of(tasks)
+    figure = FigureData.of(metrics, tasks, jobs, title)
+    if drawer is not None:
+        drawer.draw(figure, paths["cdf.png"])
     _write_tasks(tasks, paths["tasks.csv"], metrics.utilization.resource_names)
     _write_jobs(jobs, paths["jobs.csv"])
     paths["summary.json"].write_text(
         json.dumps(_json_safe(_summary_document(metrics, title, extra or {})), indent=2, allow_nan=False)
     )
     _write_utilization(metrics.utilization, paths["utilization.csv"])
-    cdf_figure(metrics, tasks, jobs, title).savefig(paths["cdf.png"], dpi=100)
+    if drawer is None:
+        draw_figure(figure).savefig(paths["cdf.png"], dpi=100)
+    else:
+        drawer.wait()
     return paths
 
 
@@ -326,19 +337,40 @@ def cdf_figure(
 ) -> Any:
     """The report's figure (a matplotlib Figure, drawn without a display): the CDFs of allocation time and JRT
     delay, and utilization over time. Axes fit the data at any scale, from microseconds to days."""
+    return draw_figure(FigureData.of(metrics, tasks, jobs, title))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FigureData:
+    """What the report's figure shows: each task's allocation time, each job's JRT delay, the utilization series."""
+
+    allocation: np.ndarray
+    jrt_delay: np.ndarray
+    utilization: UtilizationSeries
+    title: str
+
+    @classmethod
+    def of(
+        cls, metrics: RunMetrics, tasks: Sequence[TaskRecord] | TaskColumns, jobs: Sequence[JobRecord], title: str
+    ) -> FigureData:
+        allocation = allocation_columns(TaskColumns.of(tasks))["allocation_time"]
+        jrt_delay = np.array([j.jrt_delay for j in jobs], dtype=np.float64)
+        return cls(allocation, jrt_delay, metrics.utilization, title)
+
+
+def draw_figure(data: FigureData) -> Any:
+    """`cdf_figure` of the figure's data."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(15, 4.8))
     FigureCanvasAgg(figure)
     figure.subplots_adjust(**_MARGINS)
-    figure.suptitle(title)
+    figure.suptitle(data.title)
     alloc_axes, jrt_axes, util_axes = figure.subplots(1, 3)
-    allocation = allocation_columns(TaskColumns.of(tasks))["allocation_time"]
-    jrt_delay = np.array([j.jrt_delay for j in jobs], dtype=np.float64)
-    _plot_cdf(alloc_axes, allocation, "allocation time", "tasks")
-    _plot_cdf(jrt_axes, jrt_delay, "JRT delay", "jobs")
-    _plot_utilization(util_axes, metrics.utilization)
+    _plot_cdf(alloc_axes, data.allocation, "allocation time", "tasks")
+    _plot_cdf(jrt_axes, data.jrt_delay, "JRT delay", "jobs")
+    _plot_utilization(util_axes, data.utilization)
     return figure
 
 

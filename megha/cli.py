@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic_settings import BaseSettings
@@ -31,6 +31,9 @@ from megha.loadgen.metrics import RunMetrics
 from megha.loadgen.replay import ReplayConfig
 from megha.options import Bounded, Decorator, GroupedCommand, OneOf, option, options, positive, setting, usage_line
 from megha.sim.system import SCHEDULERS
+
+if TYPE_CHECKING:
+    from megha.loadgen.figure_process import FigureProcess
 
 REPLAY_OUT = Path("out/replay")  # each run's report folder is a new <date>-<time> under it unless --out names one
 LOCAL_OUT = Path("out/local")
@@ -556,6 +559,7 @@ def _retry_rule(value: str) -> str:
 def _replay(args: SimpleNamespace) -> int:
     """`megha replay`: one replay per seed (`--seeds`), each reported as a single replay is; with several, their
     headline figures side by side, and the worst exit status."""
+    from megha.loadgen.figure_process import FigureProcess
     from megha.loadgen.report import report_dir
     from megha.loadgen.seeds import SeedFigures
     from megha.loadgen.trace import demo_trace_path
@@ -609,11 +613,18 @@ def _replay(args: SimpleNamespace) -> int:
         queueable=args.queueable,
     )
     runs, statuses = [], []
-    for seed in seeds:
-        faults = parse_faults(args.fail, args.fail_detect, args.fail_repair, seed)
-        metrics, status = _replay_seed(replace(config, seed=seed, faults=faults), args, outs[seed], len(seeds) > 1)
-        runs.append((seed, metrics))
-        statuses.append(status)
+    # cdf.png is drawn by a child process that imports matplotlib while the replays run (loadgen/figure_process.py).
+    drawer = FigureProcess.start() if out is not None else None
+    try:
+        for seed in seeds:
+            faults = parse_faults(args.fail, args.fail_detect, args.fail_repair, seed)
+            seeded = replace(config, seed=seed, faults=faults)
+            metrics, status = _replay_seed(seeded, args, outs[seed], len(seeds) > 1, drawer)
+            runs.append((seed, metrics))
+            statuses.append(status)
+    finally:
+        if drawer is not None:
+            drawer.close()
     if len(seeds) > 1:
         figures = SeedFigures.of(runs)
         print(figures.table())
@@ -624,8 +635,11 @@ def _replay(args: SimpleNamespace) -> int:
     return 1 if 1 in statuses else max(statuses)
 
 
-def _replay_seed(config: ReplayConfig, args: SimpleNamespace, out: Path | None, named: bool) -> tuple[RunMetrics, int]:
-    """One replay of `megha replay`, reported (its seed in the title when `named`); its metrics and exit status."""
+def _replay_seed(
+    config: ReplayConfig, args: SimpleNamespace, out: Path | None, named: bool, drawer: FigureProcess | None
+) -> tuple[RunMetrics, int]:
+    """One replay of `megha replay`, reported (its seed in the title when `named`, its figure drawn by `drawer`
+    when given); its metrics and exit status."""
     from megha.loadgen.progress import Progress
     from megha.loadgen.replay import config_dict, replay
     from megha.loadgen.report import format_counters, format_table, run_warnings, write_outputs
@@ -652,6 +666,7 @@ def _replay_seed(config: ReplayConfig, args: SimpleNamespace, out: Path | None, 
             out,
             title,
             extra,
+            drawer,
         )
         print(f"wrote {', '.join(str(p) for p in paths.values())}")
     warnings = run_warnings(result.metrics)

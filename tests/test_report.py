@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from megha.loadgen.figure_process import FigureProcess
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.records import JobRecord, TaskRecord
 from megha.loadgen.report import (
+    FigureData,
     cdf_figure,
     format_counters,
     format_seconds,
@@ -26,6 +28,7 @@ from megha.loadgen.report import (
 )
 
 NAMES = ("cpu", "mem")
+ON_LINUX = pytest.mark.skipif(sys.platform != "linux", reason="the figure process is forked on Linux only")
 CAPACITY = (4000, 8000)
 # Busy span 1.5 ms .. 5.01 s, in which t1 holds 1000 cpu for 5.0065 s and t2 holds 2000 cpu for 2.4985 s.
 CPU_MEAN = (1000 * 5.0065 + 2000 * 2.4985) / (4000 * 5.0085)
@@ -179,6 +182,34 @@ def test_write_outputs_files_match_the_records(tmp_path: Path) -> None:
 
     assert paths["cdf.png"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert paths["cdf.png"].stat().st_size > 10_000
+
+
+@ON_LINUX
+def test_a_figure_process_writes_the_same_files_as_drawing_in_process(tmp_path: Path) -> None:
+    tasks, jobs, metrics = run()
+    in_process = write_outputs(metrics, tasks, jobs, tmp_path / "in", "test run")
+    drawer = FigureProcess.start()
+    assert drawer is not None
+    try:
+        for seed in (1, 2):  # one child draws every figure of a command (`megha replay --seeds`)
+            drawn = write_outputs(metrics, tasks, jobs, tmp_path / f"drawn-{seed}", "test run", drawer=drawer)
+            for name, path in in_process.items():
+                assert drawn[name].read_bytes() == path.read_bytes(), name
+    finally:
+        drawer.close()
+
+
+@ON_LINUX
+def test_a_figure_the_child_cannot_draw_fails_in_the_parent(tmp_path: Path) -> None:
+    tasks, jobs, metrics = run()
+    drawer = FigureProcess.start()
+    assert drawer is not None
+    try:
+        drawer.draw(FigureData.of(metrics, tasks, jobs, "test run"), tmp_path / "no such folder" / "cdf.png")
+        with pytest.raises(RuntimeError, match=r"drawing cdf\.png failed"):
+            drawer.wait()
+    finally:
+        drawer.close()
 
 
 def test_write_outputs_of_a_run_with_zero_and_missing_times(tmp_path: Path) -> None:

@@ -352,7 +352,7 @@ class LocalMaster:
         by_gm: dict[int, list[Completion]] = {}
         running, preempting = self.running, self.preempting
         ended = self.ended if self.ended else None  # runs remembered after they ended (none by default)
-        state_of = self.nodes.state
+        state_of = self.nodes.state_of
         for item in report.finished:
             alloc = running.get(item.task_id)
             if alloc is not None and _same_run(alloc, item):
@@ -391,7 +391,7 @@ class LocalMaster:
                 ended.add(alloc.gm, EndedRun(item.task_id, item.attempt, n, item.error, item.exit_code))
             completion = Completion(
                 item.task_id,
-                state_of(n),
+                state_of[n],
                 item.error,
                 item.preempted,
                 item.lost,

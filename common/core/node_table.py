@@ -28,6 +28,9 @@ class NodeTable:
         self.owner: list[int] = [p.gm for p in partitions for _ in range(p.size)]
         self._clock = incarnation << VERSION_BITS
         self.version: list[int] = [self._clock] * len(self.capacity)
+        # Each node's current state as reported, built once per change and shared by every message that reports
+        # it (each change reaches every other GM: one state object instead of one per GM).
+        self.state_of: list[NodeState] = [node_state((n, free, self._clock)) for n, free in enumerate(self.free)]
         # Nodes out of service (their worker went silent): node -> why. They show no free resources to every GM.
         self.down: dict[int, str] = {}
         # Per GM, the nodes changed since its last delta.
@@ -45,6 +48,7 @@ class NodeTable:
         self.free[n] = free
         self._clock += 1
         self.version[n] = self._clock
+        self.state_of[n] = node_state((n, free, self._clock))
         for dirty in self._others_dirty[except_gm]:
             dirty.add(n)
 
@@ -53,28 +57,26 @@ class NodeTable:
         self.free[n] = free
         self._clock += 1
         self.version[n] = self._clock
+        self.state_of[n] = node_state((n, free, self._clock))
         for dirty in self.dirty:
             dirty.add(n)
 
     def state(self, n: int) -> NodeState:
-        return node_state((n, self.free[n], self.version[n]))
+        return self.state_of[n]
 
     def states(self, nodes: Iterable[int]) -> list[NodeState]:
         """The states of `nodes` (each a node of this table), in their order."""
-        free, version = self.free, self.version
-        return [node_state((n, free[n], version[n])) for n in nodes]
+        return list(map(self.state_of.__getitem__, nodes))
 
     def take_changes(self, gm: int) -> list[NodeState]:
         """The states of the nodes changed for `gm` since the last call; clears them."""
         dirty = self.dirty[gm]
-        free, version = self.free, self.version
-        nodes = [node_state((n, free[n], version[n])) for n in dirty]
+        nodes = list(map(self.state_of.__getitem__, dirty))
         dirty.clear()
         return nodes
 
     def all_states(self) -> list[NodeState]:
-        free, version = self.free, self.version
-        return [node_state((n, free[n], version[n])) for n in range(len(free))]
+        return list(self.state_of)
 
     def report_everything(self) -> None:
         """Mark every node changed for every GM (a rebuilt LM's first deltas)."""
