@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -32,8 +33,10 @@ class FigureProcess:
 
     @classmethod
     def start(cls) -> FigureProcess | None:
-        """Fork the child, which imports matplotlib at once and then waits for figures (None: not on Linux)."""
-        if sys.platform != "linux":
+        """Fork the child, which imports matplotlib at once and then waits for figures (None: not on Linux, or the
+        process runs other threads: one of them could hold a lock the child then needs, the import lock say, and the
+        child would wait for it for ever; `megha replay` runs none, a test calling `main` may)."""
+        if sys.platform != "linux" or threading.active_count() > 1:
             return None
         from_parent, to_child = os.pipe()
         from_child, to_parent = os.pipe()

@@ -434,3 +434,20 @@ def test_plots_are_readable_at_every_scale(scale: str) -> None:
         assert peak > 0 and util.get_ylim()[1] <= max(2 * peak, 2.0), "the data uses the height of the plot"
     for axes in figure.axes[:2]:  # every CDF is drawn, even of a single value
         assert all(len(line.get_xdata()) >= 2 for line in axes.get_lines())
+
+
+def test_no_drawing_child_is_forked_while_other_threads_run() -> None:
+    """A fork copies only the forking thread; a lock another thread held (the import lock, say) would stay held in
+    the child for ever, so with other threads running the figure is drawn in process."""
+    import threading
+
+    from megha.loadgen.figure_process import FigureProcess
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert FigureProcess.start() is None
+    finally:
+        release.set()
+        other.join()
