@@ -389,6 +389,15 @@ _JRT_FIGURES = {
     "inconsistencies": _count("inconsistencies"),
 }
 
+_FAIRNESS_FIGURES: dict[str, Cell] = {
+    "alloc p50": _alloc("median"),
+    "alloc p99": _alloc("p99"),
+    "preemptions": _count("preemptions"),
+    "attempts": _count("preemption_attempts"),
+    "repartitions": _count("repartitions"),
+    "preemptions per worker": _per_worker("preemptions"),
+}
+
 EXPERIMENTS: dict[str, Experiment] = {
     "sparrow-load": Experiment(
         "fair-fig4",
@@ -493,15 +502,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "our preemptions grow with the data centre because our GM parks a task that fits nowhere where the paper's "
         "re-inserts it at the back of its queue (fewer attempts under contention)",
         fairness_unplaceable,
-        {
-            "alloc p50": _alloc("median"),
-            "alloc p99": _alloc("p99"),
-            "preemptions": _count("preemptions"),
-            "attempts": _count("preemption_attempts"),
-            "repartitions": _count("repartitions"),
-            "preemptions per worker": _per_worker("preemptions"),
-            "repartitions per worker": _per_worker("repartitions"),
-        },
+        {**_FAIRNESS_FIGURES, "repartitions per worker": _per_worker("repartitions")},
     ),
     "fairness-sizes": Experiment(
         "fair-fig11",
@@ -509,14 +510,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "for the whole run (tasks wait hours), so a larger data centre runs more tasks of users over their share to "
         "preempt; past the size at which contention ends they fall, the paper's trend",
         fairness_sizes,
-        {
-            "alloc p50": _alloc("median"),
-            "alloc p99": _alloc("p99"),
-            "preemptions": _count("preemptions"),
-            "attempts": _count("preemption_attempts"),
-            "repartitions": _count("repartitions"),
-            "preemptions per worker": _per_worker("preemptions"),
-        },
+        _FAIRNESS_FIGURES,
     ),
     "yahoo-matching": Experiment(
         "constraints-fig7",
