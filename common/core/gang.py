@@ -390,7 +390,7 @@ class GangScheduler:
         for view in (own, *(v for v in row if v is not own)):
             candidates = driver_feasible_nodes(view, task)
             if candidates:
-                node = view.start + choose(view, candidates, gm.placer.rng)
+                node = view.start + choose(view, candidates, gm.placer.rng, task)
                 return Placement(task, lm, node, view is not own, gm.gm_id)
         return None
 
