@@ -53,11 +53,12 @@ class FaultInjector:
                 raise ValueError(f"{f.describe()}: down={faults.down(f):g} must exceed the hop delay")
         if (faults.lm_rate or faults.gm_rate) and faults.repair <= system.config.hop_delay:
             raise ValueError(f"repair={faults.repair:g} must exceed the hop delay for LM and GM crashes")
-        self.per_second = {
-            kind: rate * counts[kind] / 3600.0
-            for kind, rate in (("worker", faults.worker_rate), ("lm", faults.lm_rate), ("gm", faults.gm_rate))
-            if rate > 0 and counts[kind]
-        }
+        rates: tuple[tuple[Kind, float], ...] = (
+            ("worker", faults.worker_rate),
+            ("lm", faults.lm_rate),
+            ("gm", faults.gm_rate),
+        )
+        self.per_second = {kind: rate * counts[kind] / 3600.0 for kind, rate in rates if rate > 0 and counts[kind]}
         self.rngs = {kind: random.Random(faults.seed * 7919 + SEED_OFFSETS[kind]) for kind in self.per_second}
         self.failed: set[tuple[int, int]] = set()
         self.crashes: Counter[str] = Counter()

@@ -571,9 +571,10 @@ class GlobalMaster:
                     if retry_rules:
                         self.retry.ended(placement.task)
                 elif retry_rules:
-                    error = self._retry_or_end(placement.task, item.error, item.exit_code, now)
-                    if error is None:
-                        continue
+                    ends_with = self._retry_or_end(placement.task, item.error, item.exit_code, now)
+                    if ends_with is None:
+                        continue  # run again after its backoff
+                    error = ends_with
                 observer.task_completed(placement.task, error, at, item.forwarded)
             else:
                 task = placement.task

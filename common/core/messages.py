@@ -58,7 +58,7 @@ class NodeState(NamedTuple):
 
 # Builds a NodeState from a (node, free, version) tuple without NamedTuple's Python-level __new__: LMs create
 # one per node change per GM, the hottest allocation of a simulation.
-node_state: Callable[[tuple[int, Resources, int]], NodeState] = partial(tuple.__new__, NodeState)  # type: ignore[assignment]
+node_state: Callable[[tuple[int, Resources, int]], NodeState] = partial(tuple.__new__, NodeState)
 
 
 @dataclass(slots=True)

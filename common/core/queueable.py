@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import add, le, sub
+from typing import TypeVar
 
 from megha.common.core.global_view import GlobalView
 from megha.common.core.messages import Placement, Rejection
@@ -218,12 +219,20 @@ class QueueAdmission:
         self.held_for[node, gm] = self.held_for.get((node, gm), 0) + 1
 
     def release(self, node: int, gm: int) -> None:
-        for table, key in ((self.held, node), (self.held_for, (node, gm))):
-            count = table[key] - 1  # type: ignore[index]
-            if count:
-                table[key] = count  # type: ignore[index]
-            else:
-                del table[key]  # type: ignore[attr-defined]
+        _count_down(self.held, node)
+        _count_down(self.held_for, (node, gm))
+
+
+_Key = TypeVar("_Key")
+
+
+def _count_down(table: dict[_Key, int], key: _Key) -> None:
+    """One fewer of `key` in the counts `table`; a key whose count reaches 0 leaves it."""
+    count = table[key] - 1
+    if count:
+        table[key] = count
+    else:
+        del table[key]
 
 
 # ---------------------------------------------------------------------------------------------------- GM side

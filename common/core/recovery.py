@@ -91,8 +91,8 @@ def plan_recovery(
             tid = item.task_id
             if tid not in open_ids or tid in running:
                 continue
-            known = waiting.get(tid)
-            if known is None or known.task.attempt < item.attempt:
+            seen = waiting.get(tid)
+            if seen is None or seen.task.attempt < item.attempt:
                 task = replace(tasks[tid], attempt=item.attempt)
                 waiting[tid] = Placement(task, msg.lm, item.state.node, False, gm)
     running.update(waiting)

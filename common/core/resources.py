@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 CPU = "cpu_millicores"
 MEMORY = "memory_mb"
 DEFAULT_RESOURCE_NAMES: tuple[str, ...] = (CPU, MEMORY)
@@ -22,5 +24,5 @@ def add(a: Resources, b: Resources) -> Resources:
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
-def describe(amounts: Resources, names: tuple[str, ...]) -> str:
+def describe(amounts: Resources, names: Sequence[str]) -> str:
     return ", ".join(f"{n}={v}" for n, v in zip(names, amounts, strict=True))

@@ -17,11 +17,13 @@ from contextlib import contextmanager
 from heapq import heappop, heappush
 
 from megha.common.core.costs import DecisionCosts, Kind, Price
-from megha.common.core.messages import Output, Placement, Send, Wake
+from megha.common.core.messages import Output, Placement, Wake
 from megha.common.core.observer import EVENTS, CoreObserver, records
 from megha.common.core.task import JobSpec, TaskSpec
 
 Handler = Callable[[object, float], list[Output]]
+#: What an endpoint is: a core's handler, or a `_Server` that runs one under a cost model and sends its outputs itself.
+Endpoint = Callable[[object, float], list[Output] | None]
 
 GC_GEN0_THRESHOLD = 100_000
 
@@ -50,9 +52,9 @@ class EventLoop:
         # (delivered, started, ended) of the message a GM or LM server is handling, None between handlings
         self.serving: tuple[float, float, float] | None = None
         self.now = 0.0
-        self._heap: list[tuple[float, int, Handler, object]] = []
+        self._heap: list[tuple[float, int, Endpoint, object]] = []
         self._seq = 0
-        self._endpoints: dict[str, Handler] = {}
+        self._endpoints: dict[str, Endpoint] = {}
         self._background: tuple[type, ...] = ()
         self._work = 0
         self.events = 0
@@ -66,9 +68,9 @@ class EventLoop:
         """Deliver messages for `address` to `handler`; a GM or LM (`kind`) is a server under a cost model."""
         if address in self._endpoints:
             raise ValueError(f"endpoint {address} registered twice")
-        if kind is not None and self.costs is not None:
-            handler = _Server(self, handler, self.costs.pricer(kind))
-        self._endpoints[address] = handler
+        self._endpoints[address] = (
+            handler if kind is None or self.costs is None else _Server(self, handler, self.costs.pricer(kind))
+        )
 
     def stamped(self, observer: CoreObserver) -> CoreObserver:
         """The observer to give a GM or LM core: `observer` itself, or under a cost model a `ServedObserver`."""
@@ -95,7 +97,7 @@ class EventLoop:
                 raise KeyError(f"no endpoint {out.dest}")
             msg = out.msg
             self._seq += 1
-            heappush(heap, (sent if type(out) is Send else out.at, self._seq, handler, msg))
+            heappush(heap, (out.at if type(out) is Wake else sent, self._seq, handler, msg))
             if not isinstance(msg, background):
                 self._work += 1
 

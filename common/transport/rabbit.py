@@ -36,6 +36,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aio_pika
@@ -291,7 +292,7 @@ class Broker:
                 pause = min(pause * 2, 5.0)
         self._connection.close_callbacks.add(self._on_lost)
         self._connection.reconnect_callbacks.add(self._on_reconnected)
-        self._channel = await self._connection.channel(publisher_confirms=True)  # type: ignore[assignment]
+        self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=256)
         for name in self.exchanges:
             kind = aio_pika.ExchangeType.DIRECT if name in DIRECT_EXCHANGES else aio_pika.ExchangeType.FANOUT
@@ -432,7 +433,7 @@ class Broker:
             await self._declare(exchange, routing_key)  # a message must never find no queue
         message = aio_pika.Message(
             body,
-            headers=headers,
+            headers=cast("dict[str, Any]", headers),  # str values are AMQP field values (aio-pika's dict is invariant)
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=f"{self._publisher_id}-{next(self._message_ids)}",

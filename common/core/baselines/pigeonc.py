@@ -180,7 +180,7 @@ class GroupCatalogue:
         """Which nodes have the capacity for `request`."""
         fits = self._fits.get(request)
         if fits is None:
-            fits = self._fits[request] = (self._capacities >= np.array(request, dtype=np.int64)).all(axis=1)
+            fits = self._fits[request] = np.asarray((self._capacities >= np.array(request, dtype=np.int64)).all(axis=1))
         return fits
 
     def unschedulable_reason(self, task: TaskSpec) -> str | None:

@@ -165,7 +165,7 @@ class EligibleNodes:
         if fitting is None:
             if len(self._fitting) >= self._cache_size:
                 self._fitting.clear()
-            fitting = (self._capacities >= np.array(request, dtype=np.int64)).all(axis=1)
+            fitting = np.asarray((self._capacities >= np.array(request, dtype=np.int64)).all(axis=1))
             self._fitting[request] = fitting
         return fitting
 

@@ -57,16 +57,16 @@ class Placer:
     def unschedulable(self, task: TaskSpec) -> tuple[str, str] | None:
         """(why no node of the data centre could ever run `task`, the task's field to blame), or None."""
         key = (task.constraints, task.request, task.driver)
-        found = self._unschedulable.get(key, False)
-        if found is False:
-            views = self._partitions
-            if any(ever_feasible_nodes(v, task) for v in views) and malformed(task, self.view.resource_names) is None:
-                found = None  # the filters fused, as matching runs them: some node passes all three
-            else:
-                found = explain(
-                    task, self.view.resource_names, lambda steps: any(_passing(v, task, steps) for v in views)
-                )
-            self._unschedulable[key] = found
+        try:
+            return self._unschedulable[key]
+        except KeyError:
+            pass
+        views = self._partitions
+        names = self.view.resource_names
+        found: tuple[str, str] | None = None  # the filters fused, as matching runs them: some node passes all three
+        if not any(ever_feasible_nodes(v, task) for v in views) or malformed(task, names) is not None:
+            found = explain(task, names, lambda steps: any(_passing(v, task, steps) for v in views))
+        self._unschedulable[key] = found
         return found
 
 

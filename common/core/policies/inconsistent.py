@@ -19,8 +19,10 @@ class InconsistentPolicy(Protocol):
     """What a GM does with a task refused as inconsistent."""
 
     name: str
-    #: The refused tasks waiting for a freed node, by shape (None when the policy retries at once).
-    waiting: ParkedShapes | None
+
+    @property
+    def waiting(self) -> ParkedShapes | None:
+        """The refused tasks waiting for a freed node, by shape (None when the policy retries at once)."""
 
     def hold(self, shape: Shape, task: TaskSpec) -> bool:
         """Take `task` (refused as inconsistent) to wait; False when the GM should retry it at once."""
@@ -30,7 +32,7 @@ class RetryAtOnce:
     """Retried at once, first in its queue, on the states the LM's answer carried. The default."""
 
     name = "retry"
-    waiting = None
+    waiting: ParkedShapes | None = None
 
     def hold(self, shape: Shape, task: TaskSpec) -> bool:
         return False

@@ -16,7 +16,7 @@ on nodes without the task's constraints, would ask again at once, forever).
 
 from __future__ import annotations
 
-from collections.abc import MutableSequence
+from collections.abc import Mapping, MutableSequence
 from typing import Protocol
 
 from megha.common.core.parked import ParkedShapes, Shape
@@ -28,8 +28,11 @@ class UnplaceablePolicy(Protocol):
     """Holds the tasks a GM could not place until they are tried again."""
 
     name: str
-    #: Shapes known to fit nowhere in the view now: the GM appends a queued task of one to its sequence unmatched.
-    blocked: dict[Shape, MutableSequence[TaskSpec]]
+
+    @property
+    def blocked(self) -> Mapping[Shape, MutableSequence[TaskSpec]]:
+        """Shapes known to fit nowhere in the view now: the GM appends a queued task of one to its sequence
+        unmatched."""
 
     def hold(self, shape: Shape, task: TaskSpec) -> None:
         """`task` (of `shape`, not blocked) fits nowhere in the view in this scheduling pass."""
@@ -46,7 +49,7 @@ class ParkByShape:
 
     def __init__(self, parked: ParkedShapes) -> None:
         self.parked = parked
-        self.blocked = parked.tasks  # type: ignore[assignment]  # each parked shape's tasks, oldest first
+        self.blocked = parked.tasks  # each parked shape's tasks, oldest first
 
     def hold(self, shape: Shape, task: TaskSpec) -> None:
         self.parked.park(shape, task)
