@@ -2,9 +2,10 @@
 constraints the task does not need, keeping nodes with rare combinations of constraints for the tasks that need them.
 
 Every feasible node of a task has the task's constraints, so a node's *extra* constraints are its constraint count
-less the task's. A node with many constraints is rare (with the Sharma et al. statistics a node with six of them is
-one in thousands), and it is often the only node of the data centre a task with many constraints can run on; a task
-with fewer constraints that takes it while a plainer node would do leaves that task waiting for a delta. The
+less the task's. A node with many constraints is rare (on the published 10,000-node reference cluster nodes have 2 to
+17, most 8 to 11, and 3% have 14 or more), and it is often the only node of the data centre a task with many
+constraints can run on; a task with fewer constraints that takes it while a plainer node would do leaves that task
+waiting for a delta. The
 scarcity order and node choice spare only the few constraints in short supply (5 and 6), and first-fit looks only in
 the first partition with room, so a task that needs {5, 6, x} still takes a rare many-constraint node whenever that
 is its only candidate in that partition.
