@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,15 @@ def test_rarity_choice_takes_the_fewest_extra_constraints_then_spares_the_hot_on
     assert _picks(choice, view, [SCARCE, HOT_TOO]) == {0}  # not the rare {5, 6, 1}
     # Among nodes of equal count, the hot constraint the task does not need is spared: {5} and {6} free, a plain task.
     assert {choice.choose(view, 0b110, random.Random(i), task(f"p.{i}")) for i in range(50)} == {2}
+
+
+def test_rarity_is_an_lm_order_a_node_choice_and_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert LM_ORDERS["rarity"] is RaritySearch and isinstance(make_choice("rarity"), RarityChoice)
+    monkeypatch.setenv("MEGHA_LM_ORDER", "rarity")
+    monkeypatch.setenv("MEGHA_MATCHING", "rarity")
+    assert (GMSettings().lm_order, GMSettings().matching) == ("rarity", "rarity")
+    config = ReplayConfig(trace="syn:40:30", lms=2, gms=3, workers_per_partition=30, lm_order="rarity")
+    done = replay(replace(config, matching="rarity"))
+    assert isinstance(done.system.gms[0].placer.search, RaritySearch)
+    accepted = [rec for rec in done.recorder.tasks.values() if not rec.failed_reason]
+    assert len(accepted) >= 200 and all(rec.completions == 1 for rec in accepted)
