@@ -379,16 +379,18 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         default_factory=lambda: ["http://127.0.0.1:8100"],
         description="every LM's URL, in LM-id order (JSON list or comma-separated)",
     )
-    matching: Literal["random", "min-constraints", "first-fit", "scarcity"] = Field(
+    matching: Literal["random", "min-constraints", "first-fit", "scarcity", "rarity"] = Field(
         "random",
         description="how the GM picks a worker among those that meet a task's constraints; scarcity: one without the "
-        "constraints in short supply the task does not need, at random among those (docs/lm-order.md)",
+        "constraints in short supply the task does not need, at random among those; rarity: among those with the "
+        "fewest constraints the task does not need, as scarcity (docs/lm-order.md)",
     )
-    lm_order: Literal["round-robin", "first-fit", "scarcity"] = Field(
+    lm_order: Literal["round-robin", "first-fit", "scarcity", "rarity"] = Field(
         "round-robin",
         description="the order the GM searches LMs' partitions: round-robin from the next LM for each task (the "
-        "paper), LM 0 first for every task (the authors' simulator), or scarcity: first where the task takes the "
-        "fewest free nodes with constraints in short supply (docs/lm-order.md)",
+        "paper), LM 0 first for every task (the authors' simulator), scarcity: first where the task takes the "
+        "fewest free nodes with constraints in short supply, or rarity: first where its best node has the fewest "
+        "constraints it does not need (docs/lm-order.md)",
     )
     unplaceable: Literal["park", "requeue-back"] = Field(
         "park",

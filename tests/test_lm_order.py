@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from pydantic import ValidationError
 from megha import cli
 from megha.common.core.gm import GlobalMaster
 from megha.common.core.messages import LaunchBatch, Output
-from megha.common.core.placement.choice import ChoicePolicy, RandomChoice, ScarcityChoice, make_choice
+from megha.common.core.placement.choice import ChoicePolicy, RandomChoice, RarityChoice, ScarcityChoice, make_choice
+from megha.common.core.placement.rarity import RaritySearch
 from megha.common.core.placement.scarcity import FIRST_ESTIMATE, ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch
 from megha.common.core.policies import LM_ORDERS, gm_policies
@@ -131,7 +133,9 @@ def test_reduced_experiment_writes_a_row_per_order_and_seed_and_slices_the_trace
         (w, o, s) for w in ("demo[:4]@2x2x20", "demo[10:14]@2x2x20") for o in sorted(LM_ORDERS) for s in "01"
     ]
     sliced_tasks = sum(int(r["tasks"]) for r in rows if r["workload"] == "demo[10:14]@2x2x20")
-    assert sliced_tasks == 6 * sum(len(job.durations) for job in read_trace(demo_trace_path(), 14)[10:])
+    assert sliced_tasks == 2 * len(LM_ORDERS) * sum(
+        len(job.durations) for job in read_trace(demo_trace_path(), 14)[10:]
+    )
     assert all(0 <= int(r["late_jobs"]) <= 14 for r in rows)
     page = (tmp_path / "lm-order.md").read_text()
     assert "| demo[10:14]@2x2x20 | yes |" in page and "workloads at the tail." in page
@@ -251,3 +255,65 @@ def test_reduced_experiment_runs_node_choices_with_every_order_and_judges_the_ca
     page = (tmp_path / "lm-order.md").read_text()
     assert "| first-fit/scarcity |" in page and "| round-robin/scarcity |" in page
     assert "## first-fit/scarcity against the others at the tail" in page
+
+
+# ------------------------------------------------------------------------------------ rarity order and node choice
+
+# One GM, two LMs: LM 0 holds the only node with constraints 1, 2 and 3 (a rare combination), LM 1 a node with 1 alone.
+RARE_AND_COMMON = [[[[1, 2, 3]]], [[[1]]]]
+
+
+def _rare_node_kept(order: str, choice: str, seed: int) -> bool:
+    """On RARE_AND_COMMON, after a task needing 1 is placed, whether a task needing 1, 2 and 3 still finds room."""
+    spec = cluster(RARE_AND_COMMON)
+    gm = GlobalMaster(0, spec, seed=seed, policies=gm_policies(0, spec, lm_order=order, choice=make_choice(choice)))
+    assert len(_placed(gm.submit(job("needs1", task("needs1.0", [1])), 0.0))) == 1
+    return _placed(gm.submit(job("needs123", task("needs123.0", [1, 2, 3])), 0.1)) == [(0, 0)]
+
+
+@pytest.mark.parametrize("order", ["round-robin", "first-fit", "scarcity"])
+@pytest.mark.parametrize("choice", ["random", "min-constraints", "scarcity"])
+def test_the_other_policies_give_a_rare_combination_away_when_it_comes_first(order: str, choice: str) -> None:
+    assert not _rare_node_kept(order, choice, seed=0)
+
+
+def test_rarity_keeps_the_rare_combination_for_the_task_that_needs_all_of_it() -> None:
+    assert all(_rare_node_kept("rarity", "rarity", seed) for seed in range(10))
+    assert all(_rare_node_kept("rarity", "random", seed) for seed in range(10))  # the order alone does it here
+
+
+def test_rarity_order_ranks_partitions_by_the_fewest_extra_constraints_first_fit_among_equals() -> None:
+    # LM 0: nodes with {1, 2} and {1, 2, 3}; LM 1: {1, 2, 3, 4}; LM 2: {1} and {1, 5}; LM 3: {1, 2}.
+    views = GlobalMaster(0, cluster([[[[1, 2], [1, 2, 3]]], [[[1, 2, 3, 4]]], [[[1], [1, 5]]], [[[1, 2]]]])).views
+    search = RaritySearch(0, views)
+    assert [v.lm for v in search.internal(task("needs1", [1]))] == [2, 0, 3, 1]  # 0, 1, 1, 3 extra
+    assert [v.lm for v in search.internal(task("needs12", [1, 2]))] == [0, 3, 1]  # 0, 0, 2 extra; LM 2 has no room
+    assert [v.lm for v in search.internal(task("needs7", [7]))] == []
+
+
+def test_rarity_choice_takes_the_fewest_extra_constraints_then_spares_the_hot_ones_at_random() -> None:
+    # Nodes: {5, 6}, {5}, {6}, {} twice, {5, 6, 1}: a plain task gets a plain node; one needing 6 the 6-node without 5.
+    view = GlobalMaster(0, cluster([[[[SCARCE, HOT_TOO], [SCARCE], [HOT_TOO], [], [], [SCARCE, HOT_TOO, 1]]]])).views[
+        0
+    ][0]
+    choice = RarityChoice()
+    for i in range(FIRST_ESTIMATE):
+        t = task(f"seen.{i}", [SCARCE])  # 5 is hot, 6 not
+        choice.choose(view, view.feasible(t), random.Random(i), t)
+    assert _picks(choice, view, []) == {3, 4}
+    assert _picks(choice, view, [HOT_TOO]) == {2}
+    assert _picks(choice, view, [SCARCE, HOT_TOO]) == {0}  # not the rare {5, 6, 1}
+    # Among nodes of equal count, the hot constraint the task does not need is spared: {5} and {6} free, a plain task.
+    assert {choice.choose(view, 0b110, random.Random(i), task(f"p.{i}")) for i in range(50)} == {2}
+
+
+def test_rarity_is_an_lm_order_a_node_choice_and_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert LM_ORDERS["rarity"] is RaritySearch and isinstance(make_choice("rarity"), RarityChoice)
+    monkeypatch.setenv("MEGHA_LM_ORDER", "rarity")
+    monkeypatch.setenv("MEGHA_MATCHING", "rarity")
+    assert (GMSettings().lm_order, GMSettings().matching) == ("rarity", "rarity")
+    config = ReplayConfig(trace="syn:40:30", lms=2, gms=3, workers_per_partition=30, lm_order="rarity")
+    done = replay(replace(config, matching="rarity"))
+    assert isinstance(done.system.gms[0].placer.search, RaritySearch)
+    accepted = [rec for rec in done.recorder.tasks.values() if not rec.failed_reason]
+    assert len(accepted) >= 200 and all(rec.completions == 1 for rec in accepted)

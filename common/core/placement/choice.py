@@ -1,4 +1,5 @@
-"""Choice: which of the feasible nodes gets the task: Random (default), Minimum-Constraints, First-Fit or Scarcity."""
+"""Choice: which of the feasible nodes gets the task: Random (default), Minimum-Constraints, First-Fit, Scarcity or
+Rarity."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import random
 from typing import Protocol
 
 from megha.common.core.constraints import NUM_CONSTRAINTS, select_bit
+from megha.common.core.placement.rarity import fewest_extra
 from megha.common.core.placement.scarcity import ConstraintDemand
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
@@ -126,13 +128,32 @@ class ScarcityChoice:
         return uniform_bit(candidates, rng)
 
 
+class RarityChoice(ScarcityChoice):
+    """The feasible nodes with the fewest constraints the task does not need (those the `rarity` LM order ranked the
+    partition by), narrowed and picked among as by the scarcity choice: without the hot constraints the task does
+    not need where possible, then uniformly at random.
+
+    Minimum-Constraints with the scarcity choice's spare-the-hot narrowing inside the fewest: a node with a rare
+    combination of constraints goes to a task that needs most of them."""
+
+    name = "rarity"
+
+    __slots__ = ()
+
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
+        _, fewest = fewest_extra(view, candidates, 0)
+        return super().choose(view, fewest, rng, task)
+
+
 CHOICE_POLICIES: dict[
-    str, type[RandomChoice] | type[MinimumConstraintsChoice] | type[FirstFitChoice] | type[ScarcityChoice]
+    str,
+    type[RandomChoice] | type[MinimumConstraintsChoice] | type[FirstFitChoice] | type[ScarcityChoice],
 ] = {
     RandomChoice.name: RandomChoice,
     MinimumConstraintsChoice.name: MinimumConstraintsChoice,
     FirstFitChoice.name: FirstFitChoice,
     ScarcityChoice.name: ScarcityChoice,
+    RarityChoice.name: RarityChoice,
 }
 
 

@@ -6,8 +6,8 @@
 | preemption (PostFilter) | `none` | `fair-share` (fair scheduling), `priority` (first) | `preemption`, `priority` |
 | usage accounting | none | the share book (with fair scheduling) | `usage`, `fairness.queues` |
 | class reports | none | the class book (with priority classes) | `priority` |
-| node choice | `random` | `min-constraints`, `first-fit`, `scarcity` | `placement.choice` |
-| LM order | `round-robin` | `first-fit`, `scarcity` | `placement.search`, `placement.scarcity` |
+| node choice | `random` | `min-constraints`, `first-fit`, `scarcity`, `rarity` | `placement.choice` |
+| LM order | `round-robin` | `first-fit`, `scarcity`, `rarity` | `placement.search`, `.scarcity`, `.rarity` |
 | unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
 | task refused as inconsistent | `retry` | `wait-for-free` | `inconsistent` |
@@ -28,6 +28,7 @@ from megha.common.core.fairness.policy import make_share_policy
 from megha.common.core.fairness.queues import ShareBook
 from megha.common.core.parked import ParkedShapes
 from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
+from megha.common.core.placement.rarity import RaritySearch
 from megha.common.core.placement.scarcity import ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
 from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
@@ -57,6 +58,7 @@ LM_ORDERS: dict[str, Callable[[int, list[list[PartitionView]]], PartitionSearch]
     "round-robin": PartitionSearch,
     "first-fit": FirstFitSearch,
     "scarcity": ScarcitySearch,
+    "rarity": RaritySearch,
 }
 """The orders a GM searches LMs' partitions in, by name."""
 

@@ -1,0 +1,76 @@
+"""The rarity LM order (`rarity`): each task goes to the partition whose best node for it has the fewest machine
+constraints the task does not need, keeping nodes with rare combinations of constraints for the tasks that need them.
+
+Every feasible node of a task has the task's constraints, so a node's *extra* constraints are its constraint count
+less the task's. A node with many constraints is rare (on the published 10,000-node reference cluster nodes have 2 to
+17, most 8 to 11, and 3% have 14 or more), and it is often the only node of the data centre a task with many
+constraints can run on; a task with fewer constraints that takes it while a plainer node would do leaves that task
+waiting for a delta. The
+scarcity order and node choice spare only the few constraints in short supply (5 and 6), and first-fit looks only in
+the first partition with room, so a task that needs {5, 6, x} still takes a rare many-constraint node whenever that
+is its only candidate in that partition.
+
+The order yields, among the GM's internal partitions and then among the external ones, those where the task has room
+in ascending order of the fewest extra constraints among its feasible free nodes there (the lowest level of the
+partition's `count_bits` with a candidate); first-fit (LM) order among equals, and a partition whose best node has no
+extra constraint is yielded as soon as it is found. The `rarity` node choice (`placement.choice`) then narrows to the
+candidates of that level, spares the hot constraints as the scarcity choice does, and picks at random among the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from megha.common.core.placement.search import PartitionSearch
+from megha.common.core.task import TaskSpec
+from megha.common.core.view import PartitionView
+
+
+def fewest_extra(view: PartitionView, candidates: int, needed: int) -> tuple[int, int]:
+    """(the fewest constraints beyond the `needed` count any of `candidates` has, the candidates with that many)."""
+    masks = view.masks
+    for level in view.count_bits:
+        nodes = candidates & level
+        if nodes:
+            return masks[(nodes & -nodes).bit_length() - 1].bit_count() - needed, nodes
+    raise ValueError("no candidates to choose from")
+
+
+class RaritySearch(PartitionSearch):
+    """Partitions in ascending order of the fewest extra constraints of the task's feasible free nodes there;
+    first-fit order among equals; internal partitions, then external ones."""
+
+    __slots__ = ("_external", "_internal")
+
+    def __init__(self, gm: int, views: list[list[PartitionView]]) -> None:
+        super().__init__(gm, views)
+        self._internal = [row[gm] for row in views]  # this GM's partitions, in first-fit (LM) order
+        self._external = [v for row in views for v in row if v.gm != gm]  # the others', in first-fit order
+
+    def internal(self, task: TaskSpec) -> Iterator[PartitionView]:
+        return self._ranked(self._internal, task)
+
+    def external(self, task: TaskSpec) -> Iterator[PartitionView]:
+        return self._ranked(self._external, task)
+
+    def _ranked(self, views: list[PartitionView], task: TaskSpec) -> Iterator[PartitionView]:
+        """The views where `task` has room, fewest extra constraints first, in the given (first-fit) order among
+        equals. Lazily: a view with a node of no extra constraint is yielded as soon as it is found."""
+        needed = task.constraints.bit_count()
+        ranked = []
+        feasible = PartitionView.feasible
+        for i, view in enumerate(views):
+            free = feasible(view, task)
+            if free:
+                extra, _ = fewest_extra(view, free, needed)
+                if extra:
+                    ranked.append((extra, i, view))
+                else:
+                    yield view
+        ranked.sort(key=_extra_then_position)
+        for _, _, view in ranked:
+            yield view
+
+
+def _extra_then_position(entry: tuple[int, int, PartitionView]) -> tuple[int, int]:
+    return entry[0], entry[1]
