@@ -171,7 +171,7 @@ def _fields(config: ReplayConfig) -> dict[str, object]:
 def test_cli_replay_option_names_the_model(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["replay", "--trace", "syn:10:4", "--lms", "1", "--gms", "1", "--workers-per-partition", "10"]
     assert main([*args, "--no-constraints", "--no-files", "--quiet", "--decision-costs", "calibrated"]) == 0
-    assert "(random matching, slot mode, calibrated decision costs)" in capsys.readouterr().out
+    assert "(rarity LM order, rarity matching, slot mode, calibrated decision costs)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exited:
         main([*args, "--decision-costs", "slow"])
     assert exited.value.code == 2
