@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import NoReturn
 
 stop_requested = threading.Event()
@@ -34,3 +35,16 @@ def exit_on_startup_error(exc: Exception) -> NoReturn:
     logging.getLogger("megha").log(logging.INFO if stopped else logging.ERROR, "cannot start: %s", exc)
     sys.stderr.flush()
     os._exit(0 if stopped else 2)
+
+
+def exit_quietly_if_stdout_closed(run: Callable[[], int | None]) -> NoReturn:
+    """Exit with `run()`'s status; when whoever reads standard output stops reading (`megha ... | head`), exit
+    with status 1 and no traceback, as a Unix tool does on a closed pipe. Standard output is then pointed at
+    /dev/null so that flushing it at exit cannot fail again."""
+    try:
+        status = run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(status)

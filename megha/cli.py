@@ -23,6 +23,7 @@ from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
 from megha.common.core.policies import INCONSISTENT, UNSATISFIABLE
 from megha.common.core.policies.priority import parse_priority_classes
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.common.machine_classes import MACHINE_DRAWS
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
 from megha.common.transport.inmemory import fewer_gc_pauses
@@ -729,10 +730,14 @@ def script() -> NoReturn:
     syn_250 replay). atexit handlers still run and stdout and stderr are flushed; every file a command writes is
     closed once written. The heap is frozen before the collector's threshold returns to its default, which would
     otherwise start at once a collection of everything allocated since the last one (tens of milliseconds)."""
-    with fewer_gc_pauses():
-        status = main()
-        gc.freeze()
-    sys.exit(status)
+
+    def run() -> int:
+        with fewer_gc_pauses():
+            status = main()
+            gc.freeze()
+        return status
+
+    exit_quietly_if_stdout_closed(run)
 
 
 if __name__ == "__main__":

@@ -118,3 +118,26 @@ def test_sigterm_while_waiting_for_a_dependency_stops_the_service_at_once(
     output = (seen + rest).decode()
     assert proc.returncode == 0 and took < 5, (proc.returncode, took, output)
     assert f"stopped by a signal while waiting for {waiting_for}" in output and "Traceback" not in output, output
+
+
+def test_a_command_whose_reader_stops_reading_exits_1_without_a_traceback() -> None:
+    """`megha ... | head`: the command and the experiments' `python -m` entry points end as a Unix tool does on a
+    closed pipe (status 1, nothing on stderr), not with a BrokenPipeError traceback."""
+    code = (
+        "from megha.common.lifecycle import exit_quietly_if_stdout_closed\n"
+        "exit_quietly_if_stdout_closed(lambda: print('x' * 1_000_000) or 0)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout.read(5) == b"xxxxx"
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=60) == 1 and err == "", err
+
+
+def test_a_command_read_to_the_end_exits_with_its_status() -> None:
+    code = (
+        "from megha.common.lifecycle import exit_quietly_if_stdout_closed\nexit_quietly_if_stdout_closed(lambda: 3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (3, "")

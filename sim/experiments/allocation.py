@@ -29,7 +29,6 @@ workers per task.
 from __future__ import annotations
 
 import csv
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from megha.common.argtypes import positive_float, positive_int
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.replay import ReplayConfig
 from megha.loadgen.trace import read_trace
 from megha.sim.experiments import harness
@@ -273,4 +273,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

@@ -11,7 +11,6 @@ replay is deterministic, so the same command at the same commit prints the same 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.replay import ReplayConfig, ReplayResult
 from megha.loadgen.trace import TraceJob, read_trace, synthetic_trace
 from megha.sim.experiments import fairness, harness
@@ -611,4 +611,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

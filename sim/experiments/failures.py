@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.embedded.faults import Faults
 from megha.loadgen.replay import ReplayConfig, replay
 
@@ -162,4 +163,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

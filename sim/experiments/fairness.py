@@ -25,6 +25,7 @@ from pathlib import Path
 
 from megha.common.argtypes import positive_int
 from megha.common.core.fairness.policy import SHARE_POLICIES
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.replay import ReplayConfig, replay
 from megha.loadgen.report import format_seconds
 from megha.sim.experiments.shares import ShareSeries, share_series
@@ -234,4 +235,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_quietly_if_stdout_closed(main)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.replay import ReplayConfig, replay
 from megha.sim.experiments.harness import figure, parser, progress, save, seconds, table, write_page
 
@@ -242,4 +243,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_quietly_if_stdout_closed(main)

@@ -13,13 +13,13 @@ cluster and the Google sub-trace on 20,000 generated workers (5 GMs x 5 LMs, slo
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from megha.common.argtypes import positive_int
 from megha.common.core.placement.choice import CHOICE_POLICIES
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Run, group, spread
 
@@ -123,4 +123,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import csv
 import math
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from megha.common.core.placement.choice import CHOICE_POLICIES
 from megha.common.core.policies import LM_ORDERS
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.records import JobRecord
 from megha.loadgen.replay import ReplayConfig
 from megha.loadgen.trace import read_trace
@@ -285,4 +285,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

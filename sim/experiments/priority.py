@@ -12,7 +12,6 @@ import argparse
 import csv
 import math
 import platform
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, parse_priority_classes
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.priority import draw_classes
 from megha.loadgen.replay import ReplayConfig, ReplayResult, replay
 from megha.sim.experiments.shares import share_series
@@ -213,4 +213,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

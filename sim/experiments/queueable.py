@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import math
 import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, fields
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from megha.common.core.queueable import is_marked_queueable
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.replay import ReplayConfig, replay
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Workload
@@ -268,4 +268,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

@@ -17,13 +17,13 @@ time per task, the simulator's own processing cost (every GM, LM and worker on o
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from megha.common.argtypes import positive_int
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.replay import ReplayConfig
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Run, group, spread
@@ -196,4 +196,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)

@@ -13,13 +13,13 @@ draws the task constraints, the random choices and (for generated data centres) 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from megha.common.argtypes import positive_int
 from megha.common.core.placement.choice import CHOICE_POLICIES
+from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Run, group, spread
 
@@ -175,4 +175,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly_if_stdout_closed(main)
