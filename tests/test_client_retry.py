@@ -97,6 +97,21 @@ def test_an_unnamed_submission_refused_is_not_sent_again_and_its_error_carries_t
     assert str(err.value) == f"{GM0} answered {status}: {says}"
 
 
+def test_a_job_for_a_gm_that_it_refuses_is_refused_at_once_not_asked_of_its_stand_in() -> None:
+    """The GM a job is for answers 422 (no node could run a task): that is the job's answer. Its stand-in, which
+    answers 503 while that GM is up, is not asked (it was, until its 503s ran out the tries and hid the 422)."""
+    seen: list[httpx.Request] = []
+    body = {
+        "error": "no node satisfies placement constraints [5, 18]",
+        "detail": [{"field": "tasks.0", "message": "x"}],
+    }
+    answers: Answers = [httpx.Response(422, json=body)] + [httpx.Response(503, json={"error": "not standing in"})] * 8
+    with client(answers, seen, (GM0, GM1)) as gm, pytest.raises(MeghaError) as err:
+        gm.submit({**JOB, "job_id": "j"}, gm=0)
+    assert err.value.status == 422 and "placement constraints" in str(err.value)
+    assert [r.url.host for r in seen] == ["gm0.test"]
+
+
 def test_a_job_is_looked_for_at_each_gm_until_one_holds_it() -> None:
     seen: list[httpx.Request] = []
     answers: Answers = [httpx.Response(404, json={"error": "no job j at GM 0"}), httpx.Response(200, json=STATUS)]

@@ -111,8 +111,10 @@ class Plans:
         self, job: JobSubmission | Mapping[str, Any] | str | os.PathLike[str], gm: int | None = None
     ) -> Plan[JobAccepted]:
         """To the first GM that takes it: the next is asked when one answered 422 (another GM may serve the user's
-        queue). A job with an id of the caller's is idempotent (a GM holding it answers 409): it is sent again
-        after failures, and a 409 after a try that may have reached the GM is that try's job."""
+        queue). A job for GM `gm` is that GM's to refuse: its 422 is final (the next GM only stands in for it while
+        it is away, and answers 503 meanwhile). A job with an id of the caller's is idempotent (a GM holding it
+        answers 409): it is sent again after failures, and a 409 after a try that may have reached the GM is that
+        try's job."""
         sub = submission(job)
         call = Call(
             "POST",
@@ -120,7 +122,7 @@ class Plans:
             {} if gm is None else {"gm": gm},
             sub.model_dump_json(exclude_unset=True, exclude_none=True).encode(),
             idempotent=sub.job_id is not None,
-            pass_on=422,
+            pass_on=422 if gm is None else None,
             sticky=gm is None,
         )
         answer = yield from exchange(call, self.urls, self.policy, self.rng)
