@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from megha.common.core.placement.search import PartitionSearch
+from megha.common.core.placement.search import PartitionSearch, by_cost
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
 
@@ -57,20 +57,4 @@ class RaritySearch(PartitionSearch):
         """The views where `task` has room, fewest extra constraints first, in the given (first-fit) order among
         equals. Lazily: a view with a node of no extra constraint is yielded as soon as it is found."""
         needed = task.constraints.bit_count()
-        ranked = []
-        feasible = PartitionView.feasible
-        for i, view in enumerate(views):
-            free = feasible(view, task)
-            if free:
-                extra, _ = fewest_extra(view, free, needed)
-                if extra:
-                    ranked.append((extra, i, view))
-                else:
-                    yield view
-        ranked.sort(key=_extra_then_position)
-        for _, _, view in ranked:
-            yield view
-
-
-def _extra_then_position(entry: tuple[int, int, PartitionView]) -> tuple[int, int]:
-    return entry[0], entry[1]
+        return by_cost(views, task, lambda view, free: fewest_extra(view, free, needed)[0])

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from megha.common.core.constraints import NUM_CONSTRAINTS
-from megha.common.core.placement.search import PartitionSearch
+from megha.common.core.placement.search import PartitionSearch, by_cost
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
 
@@ -109,23 +109,13 @@ class ScarcitySearch(PartitionSearch):
         if not unneeded:
             yield from views  # nothing to waste: first-fit (the placer skips the views without room)
             return
-        wasteful = []
-        feasible = PartitionView.feasible
-        for i, view in enumerate(views):
-            free = feasible(view, task)
-            if free:
-                bits = view.constraint_bits
-                waste = 0.0
-                for k, pressure in unneeded:
-                    waste += pressure * (free & bits[k]).bit_count()
-                if waste:
-                    wasteful.append((waste / free.bit_count(), i, view))
-                else:
-                    yield view
-        wasteful.sort(key=_waste_then_position)
-        for _, _, view in wasteful:
-            yield view
+        yield from by_cost(views, task, lambda view, free: _waste(view, free, unneeded))
 
 
-def _waste_then_position(entry: tuple[float, int, PartitionView]) -> tuple[float, int]:
-    return entry[0], entry[1]
+def _waste(view: PartitionView, free: int, unneeded: list[tuple[int, float]]) -> float:
+    """The pressure-weighted share of the `free` nodes of `view` with a hot constraint the task does not need."""
+    bits = view.constraint_bits
+    waste = 0.0
+    for k, pressure in unneeded:
+        waste += pressure * (free & bits[k]).bit_count()
+    return waste / free.bit_count()

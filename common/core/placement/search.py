@@ -8,7 +8,7 @@ every task.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
@@ -60,3 +60,28 @@ class FirstFitSearch(PartitionSearch):
             for g, view in enumerate(row):
                 if g != self.gm:
                     yield view
+
+
+def by_cost(
+    views: Sequence[PartitionView], task: TaskSpec, cost: Callable[[PartitionView, int], float]
+) -> Iterator[PartitionView]:
+    """The views where `task` has room (feasible free nodes in the view), lowest `cost(view, those nodes)` first, in
+    the given order among equals (the constraint-aware orders rank first-fit order so). Lazily: a view of cost 0
+    is yielded as soon as it is found (none can come before it)."""
+    costly = []
+    feasible = PartitionView.feasible
+    for i, view in enumerate(views):
+        free = feasible(view, task)
+        if free:
+            price = cost(view, free)
+            if price:
+                costly.append((price, i, view))
+            else:
+                yield view
+    costly.sort(key=_cost_then_position)
+    for _, _, view in costly:
+        yield view
+
+
+def _cost_then_position(entry: tuple[float, int, PartitionView]) -> tuple[float, int]:
+    return entry[0], entry[1]
