@@ -6,7 +6,7 @@
 | preemption (PostFilter) | `none` | `fair-share` (fair scheduling), `priority` (first) | `preemption`, `priority` |
 | usage accounting | none | the share book (with fair scheduling) | `usage`, `fairness.queues` |
 | class reports | none | the class book (with priority classes) | `priority` |
-| node choice | `random` | `min-constraints`, `first-fit`, `scarcity`, `rarity` | `placement.choice` |
+| node choice | `random` | `min-constraints`, `-first`, `first-fit`, `scarcity`, `rarity` | `placement.choice` |
 | LM order | `round-robin` | `first-fit`, `scarcity`, `rarity` | `placement.search`, `.scarcity`, `.rarity` |
 | unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
