@@ -393,9 +393,10 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         "fewest free nodes with constraints in short supply, or rarity: first where its best node has the fewest "
         "constraints it does not need (docs/lm-order.md)",
     )
-    unplaceable: Literal["park", "requeue-back"] = Field(
+    unplaceable: Literal["park", "park-freed-node", "requeue-back"] = Field(
         "park",
-        description="a task that fits nowhere now: parked by shape until a node it could use frees up, or put at the "
+        description="a task that fits nowhere now: parked by shape until a node it could use frees up, parked so that "
+        "a freed node goes to the first parked task it fits, on that node (the authors' simulator), or put at the "
         "back of its queue and tried again in the next scheduling pass (the fair paper, section IV-B5)",
     )
     queue_order: str = Field(
