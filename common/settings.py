@@ -379,9 +379,10 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         default_factory=lambda: ["http://127.0.0.1:8100"],
         description="every LM's URL, in LM-id order (JSON list or comma-separated)",
     )
-    matching: Literal["random", "min-constraints", "first-fit", "scarcity", "rarity"] = Field(
+    matching: Literal["random", "min-constraints", "min-constraints-first", "first-fit", "scarcity", "rarity"] = Field(
         "random",
-        description="how the GM picks a worker among those that meet a task's constraints; scarcity: one without the "
+        description="how the GM picks a worker among those that meet a task's constraints; min-constraints-first: "
+        "Minimum-Constraints with ties to the lowest index (the authors' simulator); scarcity: one without the "
         "constraints in short supply the task does not need, at random among those; rarity: among those with the "
         "fewest constraints the task does not need, as scarcity (docs/lm-order.md)",
     )
@@ -392,9 +393,10 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         "fewest free nodes with constraints in short supply, or rarity: first where its best node has the fewest "
         "constraints it does not need (docs/lm-order.md)",
     )
-    unplaceable: Literal["park", "requeue-back"] = Field(
+    unplaceable: Literal["park", "park-freed-node", "requeue-back"] = Field(
         "park",
-        description="a task that fits nowhere now: parked by shape until a node it could use frees up, or put at the "
+        description="a task that fits nowhere now: parked by shape until a node it could use frees up, parked so that "
+        "a freed node goes to the first parked task it fits, on that node (the authors' simulator), or put at the "
         "back of its queue and tried again in the next scheduling pass (the fair paper, section IV-B5)",
     )
     queue_order: str = Field(

@@ -9,7 +9,13 @@ import pytest
 from megha.common.core.constraints import constraint_ids, constraint_mask, select_bit
 from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import LaunchBatch
-from megha.common.core.placement.choice import MinimumConstraintsChoice, RandomChoice, make_choice, uniform_bit
+from megha.common.core.placement.choice import (
+    LowestMinimumConstraintsChoice,
+    MinimumConstraintsChoice,
+    RandomChoice,
+    make_choice,
+    uniform_bit,
+)
 from megha.common.core.placement.feasibility import feasible_nodes
 from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.view import PartitionView
@@ -58,6 +64,17 @@ def test_minimum_constraints_picks_the_least_versatile_suitable_node() -> None:
     rng = random.Random(0)
     assert {MinimumConstraintsChoice().choose(view, candidates, rng, t) for _ in range(50)} == {1}
     assert {RandomChoice().choose(view, candidates, rng, t) for _ in range(200)} == {0, 1, 2}
+
+
+def test_minimum_constraints_first_breaks_ties_by_the_lowest_index_where_min_constraints_draws() -> None:
+    spec = cluster([[[[1, 2, 3], [1, 2, 5], [1, 2], [1, 2, 4], [1, 2], [1, 2]]]])
+    view = PartitionView(spec.partitions[0][0], 0)
+    t = task("a.0", [1, 2])
+    candidates = feasible_nodes(view, t) & ~(1 << 2)  # node 2, the first of the fewest, is busy
+    rng = random.Random(0)
+    assert {LowestMinimumConstraintsChoice().choose(view, candidates, rng, t) for _ in range(50)} == {4}
+    assert {MinimumConstraintsChoice().choose(view, candidates, rng, t) for _ in range(200)} == {4, 5}
+    assert make_choice("min-constraints-first").name == "min-constraints-first"
 
 
 def test_unknown_matching_approach_is_named_in_the_error() -> None:

@@ -22,8 +22,9 @@ from megha.common.clusterfile import generate_cluster
 from megha.common.constraint_stats import load_constraint_stats
 from megha.common.core.fairness.config import FairnessConfig, QueueSpec
 from megha.common.core.gm import GlobalMaster, Unschedulable
-from megha.common.core.messages import Delta, LaunchBatch, PreemptRequest, PreemptResponse, Victim
+from megha.common.core.messages import Delta, LaunchBatch, NodeState, PreemptRequest, PreemptResponse, Victim
 from megha.common.core.observer import CoreObserver
+from megha.common.core.placement.choice import make_choice
 from megha.common.core.policies import UNPLACEABLE, UNSATISFIABLE, gm_policies
 from megha.common.core.policies.queue_order import KeyedQueue
 from megha.common.core.task import JobSpec, TaskSpec
@@ -101,6 +102,24 @@ def test_both_policies_run_every_task_exactly_once_when_the_node_frees(unplaceab
     net.run()
     assert sorted(ends.completed) == ["a.0", "b.0", "c.0", "d.0"] and not ends.failed
     assert not gm.queue and not gm.waiting and not gm.running and net.lms[0].is_idle()
+
+
+@pytest.mark.parametrize(("unplaceable", "node"), [("park", 1), ("park-freed-node", 0)])
+def test_park_freed_node_hands_the_freed_node_to_the_parked_task_without_the_node_choice(
+    unplaceable: str, node: int
+) -> None:
+    """Nodes 0 (three constraints) and 1 (none) free up in one delta, node 0 first: under `park` the parked task is
+    matched over the view, and Minimum-Constraints takes node 1; under `park-freed-node` it takes node 0, the first
+    freed node it fits (the authors' simulator)."""
+    spec = cluster([[[[1, 2, 3], []]]])
+    policies = gm_policies(0, spec, choice=make_choice("min-constraints"), unplaceable=unplaceable)
+    gm = GlobalMaster(0, spec, policies=policies)
+    gm.submit(job("a", task("a.0"), task("a.1")), 0.0)
+    gm.submit(job("b", task("b.0")), 0.1)
+    assert [t.task_id for t in gm.waiting_tasks()] == ["b.0"]
+    out = gm.handle(Delta(0, 0, 1, [NodeState(0, CAP, 10), NodeState(1, CAP, 10)]), 0.2)
+    placed = [(p.task.task_id, p.node) for o in out if isinstance(o.msg, LaunchBatch) for p in o.msg.placements]
+    assert placed == [("b.0", node)]
 
 
 def test_a_keyed_queue_takes_a_task_back_by_its_key_after_its_equals() -> None:

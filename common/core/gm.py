@@ -424,9 +424,11 @@ class GlobalMaster:
         self, freed: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]], parked_shapes: ParkedShapes
     ) -> None:
         """For each node whose free resources grew, retry (in the queue order's service order) the shapes of
-        `parked_shapes` it could run, until the node cannot take any of their requests any more."""
+        `parked_shapes` it could run, until the node cannot take any of their requests any more. A retried task is
+        matched over the whole view, or, when the unplaceable policy says so, placed on that node only."""
         waiting = parked_shapes.tasks
         service_order = self.policies.queue_order.service_order
+        freed_node_only = self.unplaceable.freed_node_only
         for lm, node in freed:
             view, i = self.view.locate[lm][node]
             if not parked_shapes.any_request_fits(view.free[i]):
@@ -441,7 +443,7 @@ class GlobalMaster:
                 placed = False
                 while parked:
                     self.observer.attempt(parked[0], now)
-                    if not self._place(parked[0], batches):
+                    if not self._place(parked[0], batches, (lm, node) if freed_node_only else None):
                         break
                     parked.popleft()
                     placed = True
@@ -454,9 +456,10 @@ class GlobalMaster:
             if not waiting:
                 return
 
-    def _place(self, task: TaskSpec, batches: dict[int, list[Placement]]) -> bool:
-        """Match `task`; on success deduct it from the view and add it to its LM's batch."""
-        placement = self.placer.match(task)
+    def _place(self, task: TaskSpec, batches: dict[int, list[Placement]], on: tuple[int, int] | None = None) -> bool:
+        """Match `task` (on node `on`, an (LM, node) pair, only, if given); on success deduct it from the view and
+        add it to its LM's batch."""
+        placement = self.placer.match(task) if on is None else self.placer.match_on(task, *on)
         if placement is None:
             return False
         self.view.deduct(placement.lm, placement.node, task.request)

@@ -1,5 +1,5 @@
-"""Choice: which of the feasible nodes gets the task: Random (default), Minimum-Constraints, First-Fit, Scarcity or
-Rarity."""
+"""Choice: which of the feasible nodes gets the task: Random (default), Minimum-Constraints (ties at random or to the
+lowest index), First-Fit, Scarcity or Rarity."""
 
 from __future__ import annotations
 
@@ -80,6 +80,23 @@ class MinimumConstraintsChoice:
         raise ValueError("no candidates to choose from")
 
 
+class LowestMinimumConstraintsChoice:
+    """Minimum-Constraints as the constraint-aware paper's simulator does it: among the feasible nodes with the fewest
+    machine constraints, the one with the lowest index in its partition (its GM's `schedule_task` keeps the first
+    node of the fewest, scanning in index order).
+
+    Deterministic: GMs that borrow from one partition with the same stale view pick the same node."""
+
+    name = "min-constraints-first"
+
+    def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
+        for bits in view.count_bits:
+            fewest = candidates & bits
+            if fewest:
+                return (fewest & -fewest).bit_length() - 1
+        raise ValueError("no candidates to choose from")
+
+
 class FirstFitChoice:
     """The feasible node with the lowest index in its partition: the first match of the fair paper's Algorithm 1.
 
@@ -147,10 +164,15 @@ class RarityChoice(ScarcityChoice):
 
 CHOICE_POLICIES: dict[
     str,
-    type[RandomChoice] | type[MinimumConstraintsChoice] | type[FirstFitChoice] | type[ScarcityChoice],
+    type[RandomChoice]
+    | type[MinimumConstraintsChoice]
+    | type[LowestMinimumConstraintsChoice]
+    | type[FirstFitChoice]
+    | type[ScarcityChoice],
 ] = {
     RandomChoice.name: RandomChoice,
     MinimumConstraintsChoice.name: MinimumConstraintsChoice,
+    LowestMinimumConstraintsChoice.name: LowestMinimumConstraintsChoice,
     FirstFitChoice.name: FirstFitChoice,
     ScarcityChoice.name: ScarcityChoice,
     RarityChoice.name: RarityChoice,

@@ -54,6 +54,14 @@ class Placer:
                 return Placement(task, view.lm, view.start + choose(view, candidates, self.rng, task), True, self.gm)
         return None
 
+    def match_on(self, task: TaskSpec, lm: int, node: int) -> Placement | None:
+        """`task` on LM `lm`'s node `node` if it is feasible there in the view (no LM order, no node choice)."""
+        feasible = feasible_nodes if task.run is None and self._burn_everywhere else driver_feasible_nodes
+        view, i = self.view.locate[lm][node]
+        if not feasible(view, task) >> i & 1:
+            return None
+        return Placement(task, lm, node, view.gm != self.gm, self.gm)
+
     def unschedulable(self, task: TaskSpec) -> tuple[str, str] | None:
         """(why no node of the data centre could ever run `task`, the task's field to blame), or None."""
         key = (task.constraints, task.request, task.driver)

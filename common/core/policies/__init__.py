@@ -6,9 +6,9 @@
 | preemption (PostFilter) | `none` | `fair-share` (fair scheduling), `priority` (first) | `preemption`, `priority` |
 | usage accounting | none | the share book (with fair scheduling) | `usage`, `fairness.queues` |
 | class reports | none | the class book (with priority classes) | `priority` |
-| node choice | `random` | `min-constraints`, `first-fit`, `scarcity`, `rarity` | `placement.choice` |
+| node choice | `random` | `min-constraints[-first]`, `first-fit`, `scarcity`, `rarity` | `placement.choice` |
 | LM order | `round-robin` | `first-fit`, `scarcity`, `rarity` | `placement.search`, `.scarcity`, `.rarity` |
-| unplaceable task (rescheduling) | `park` | `requeue-back` | `unplaceable` |
+| unplaceable task (rescheduling) | `park` | `park-freed-node`, `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
 | task refused as inconsistent | `retry` | `wait-for-free` | `inconsistent` |
 | gang reservation (anti-starvation) | none | LMs held for a gang that waited `gang_reserve_after` s | `reservation` |
@@ -43,7 +43,7 @@ from megha.common.core.policies.priority import (
     PriorityPreemption,
 )
 from megha.common.core.policies.queue_order import FifoOrder, QueueOrder
-from megha.common.core.policies.unplaceable import ParkByShape, RequeueBack, UnplaceablePolicy
+from megha.common.core.policies.unplaceable import ParkByShape, ParkForFreedNode, RequeueBack, UnplaceablePolicy
 from megha.common.core.policies.unsatisfiable import DropTasks, RejectJob, UnsatisfiablePolicy
 from megha.common.core.policies.usage import NoAccounting, UsageAccounting
 from megha.common.core.view import PartitionView
@@ -64,6 +64,7 @@ LM_ORDERS: dict[str, Callable[[int, list[list[PartitionView]]], PartitionSearch]
 
 UNPLACEABLE: dict[str, Callable[[ParkedShapes], UnplaceablePolicy]] = {
     ParkByShape.name: ParkByShape,
+    ParkForFreedNode.name: ParkForFreedNode,
     RequeueBack.name: RequeueBack,
 }
 """What a GM does with a task that fits nowhere now, by name (`megha replay --unplaceable`); built over the GM's

@@ -8,7 +8,12 @@ in the GM's next scheduling pass (so one pass tries each task once, and a pass a
 view only shrinks, so a later task of a shape that failed in the pass goes to the back unmatched, as a task of a
 parked shape joins it: the outcome of matching it, without its cost.
 
-Under either policy a task whose preemption requests every LM refused (fair scheduling) is parked: it is retried
+`park-freed-node` parks as `park` does, but a freed node goes to the first parked task it fits, on that node,
+without the node choice: as the constraint-aware paper's simulator hands a freed node to the first queued task it
+fits (its GM's `receive_task_response` and `update_status`), so Minimum-Constraints and Random differ only for
+tasks placed on arrival.
+
+Under any of them a task whose preemption requests every LM refused (fair scheduling) is parked: it is retried
 when a node it could use frees up and, for a preemption, when a delta arrives, so a refusal never starts its own
 retry (with a retry in the pass the refusal starts, a GM whose view cannot tell why the LMs refuse, such as victims
 on nodes without the task's constraints, would ask again at once, forever).
@@ -28,6 +33,7 @@ class UnplaceablePolicy(Protocol):
     """Holds the tasks a GM could not place until they are tried again."""
 
     name: str
+    freed_node_only: bool  # a parked task retried for a freed node goes to that node, not through the placer
 
     @property
     def blocked(self) -> Mapping[Shape, MutableSequence[TaskSpec]]:
@@ -46,6 +52,7 @@ class ParkByShape:
     could use frees up in its view. The default."""
 
     name = "park"
+    freed_node_only = False
 
     def __init__(self, parked: ParkedShapes) -> None:
         self.parked = parked
@@ -58,11 +65,20 @@ class ParkByShape:
         return None
 
 
+class ParkForFreedNode(ParkByShape):
+    """Parked as by `ParkByShape`; a node that frees up goes to the first parked task (in the queue order's service
+    order) it fits, on that very node: the authors' simulator."""
+
+    name = "park-freed-node"
+    freed_node_only = True
+
+
 class RequeueBack:
     """A task that fits nowhere goes to the back of its queue (its user's, under fair scheduling) at the end of the
     scheduling pass and is tried again as a new request in the next one (any message to the GM starts one)."""
 
     name = "requeue-back"
+    freed_node_only = False
 
     def __init__(self, parked: ParkedShapes) -> None:
         self._next_pass: list[TaskSpec] = []  # held in this pass, in the order they failed
