@@ -293,35 +293,27 @@ def yahoo_matching(seeds: Sequence[int], folder: Path) -> list[Variant]:
     return _megha("Yahoo", seeds, lm_order=("round-robin", "first-fit"), matching=("random", "min-constraints"))
 
 
+_AUTHORS: dict[str, tuple[str, ...]] = {"lm_order": ("first-fit",), "unsatisfiable": ("drop",)}
+"""The authors' simulator's LM order and handling of unsatisfiable tasks, which the Yahoo matching experiments
+add their variants to (in this order: the tables' columns follow it)."""
+_MIN_FIRST = ("random", "min-constraints-first")  # Minimum-Constraints with ties to the lowest index, as theirs
+
+
 def yahoo_matching_authors(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    options = {"lm_order": ("first-fit",), "unsatisfiable": ("drop",), "matching": ("random", "min-constraints")}
-    return _megha("Yahoo", seeds, **options)
+    return _megha("Yahoo", seeds, **_AUTHORS, matching=("random", "min-constraints"))
 
 
 def yahoo_matching_ties(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    options = {"lm_order": ("first-fit",), "unsatisfiable": ("drop",), "matching": ("random", "min-constraints-first")}
-    return _megha("Yahoo", seeds, **options)
+    return _megha("Yahoo", seeds, **_AUTHORS, matching=_MIN_FIRST)
 
 
 def yahoo_matching_simulator(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    options = {
-        "lm_order": ("first-fit",),
-        "unsatisfiable": ("drop",),
-        "inconsistent": ("wait-for-free",),
-        "matching": ("random", "min-constraints-first"),
-    }
-    return _megha("Yahoo", seeds, **options)
+    return _megha("Yahoo", seeds, **_AUTHORS, inconsistent=("wait-for-free",), matching=_MIN_FIRST)
 
 
 def yahoo_matching_freed(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    options = {
-        "lm_order": ("first-fit",),
-        "unsatisfiable": ("drop",),
-        "inconsistent": ("wait-for-free",),
-        "unplaceable": ("park-freed-node",),
-        "matching": ("random", "min-constraints-first"),
-    }
-    return _megha("Yahoo", seeds, **options)
+    options = {"inconsistent": ("wait-for-free",), "unplaceable": ("park-freed-node",), "matching": _MIN_FIRST}
+    return _megha("Yahoo", seeds, **_AUTHORS, **options)
 
 
 def google_matching(seeds: Sequence[int], folder: Path) -> list[Variant]:
@@ -329,7 +321,7 @@ def google_matching(seeds: Sequence[int], folder: Path) -> list[Variant]:
 
 
 def google_matching_ties(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    return _megha("GOOG", seeds, lm_order=("first-fit",), matching=("random", "min-constraints-first"))
+    return _megha("GOOG", seeds, lm_order=("first-fit",), matching=_MIN_FIRST)
 
 
 def synthetic_inconsistent(seeds: Sequence[int], folder: Path) -> list[Variant]:
