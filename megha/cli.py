@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings
 
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
-from megha.common.core.policies import INCONSISTENT, UNSATISFIABLE
+from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABLE
 from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.machine_classes import MACHINE_DRAWS
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
@@ -240,6 +240,15 @@ def megha() -> None:
     group=SCHEDULER,
     help="a task an LM refused as inconsistent (its GM's view was stale): retry it at once on the states the LM "
     "answered with, or let it wait until a node it could use frees up in the view (the authors' simulator)",
+)
+@option(
+    "--answer-states",
+    type=OneOf(sorted(ANSWER_STATES)),
+    default=REPLAY.answer_states,
+    group=SCHEDULER,
+    help="whether an LM's answer to a launch batch carries the state of the nodes it touched and the GM's pending "
+    "delta: always, or only when it refuses a placement (the authors' simulator: a GM then learns of nodes other "
+    "GMs' tasks freed from heartbeats and refusals only)",
 )
 @option(
     "--dependencies",
@@ -590,6 +599,7 @@ def _replay(args: SimpleNamespace) -> int:
         unplaceable=args.unplaceable,
         unsatisfiable=args.unsatisfiable,
         inconsistent=args.inconsistent,
+        answer_states=args.answer_states,
         dependencies="" if args.dependencies == "none" else args.dependencies,
         machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,
