@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings
 
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
+from megha.common.core.node_table import DELTA_STATES
 from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABLE
 from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.machine_classes import MACHINE_DRAWS
@@ -249,6 +250,15 @@ def megha() -> None:
     help="whether an LM's answer to a launch batch carries the state of the nodes it touched and the GM's pending "
     "delta: always, or only when it refuses a placement (the authors' simulator: a GM then learns of nodes other "
     "GMs' tasks freed from heartbeats and refusals only)",
+)
+@option(
+    "--delta-states",
+    type=OneOf(list(DELTA_STATES)),
+    default=REPLAY.delta_states,
+    group=SCHEDULER,
+    help="what an LM's delta reports of a node that changed more than once since the GM's last: its latest state, "
+    "or free if it was freed at any time since (the authors' simulator, whose updates list taken and freed nodes "
+    "and apply the freed ones last)",
 )
 @option(
     "--dependencies",
@@ -600,6 +610,7 @@ def _replay(args: SimpleNamespace) -> int:
         unsatisfiable=args.unsatisfiable,
         inconsistent=args.inconsistent,
         answer_states=args.answer_states,
+        delta_states=args.delta_states,
         dependencies="" if args.dependencies == "none" else args.dependencies,
         machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,

@@ -32,6 +32,7 @@ from megha.common.core.messages import (
     PreemptResponse,
     Victim,
 )
+from megha.common.core.node_table import NodeTable
 from megha.common.core.observer import CoreObserver
 from megha.common.core.policies import ANSWER_STATES, UNPLACEABLE, UNSATISFIABLE, gm_policies
 from megha.common.core.policies.queue_order import KeyedQueue
@@ -288,6 +289,29 @@ def test_on_refusal_answers_a_refusal_with_the_states_and_the_pending_delta() ->
 def test_an_unknown_answer_states_policy_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown --answer-states 'never'.*always.*on-refusal"):
         replay(ReplayConfig(answer_states="never"))
+
+
+# ------------------------------------------------------------------ delta states: latest | freed-wins
+
+
+@pytest.mark.parametrize(("delta_states", "reported"), [("latest", (0, 0)), ("freed-wins", CAP)])
+def test_freed_wins_reports_a_node_freed_since_the_last_delta_free_even_if_taken_again(
+    delta_states: str, reported: tuple[int, int]
+) -> None:
+    table = NodeTable(cluster([[[[]], [[]]]]).partitions[0], 0, delta_states)
+    table.set_free(1, (0, 0), except_gm=1)  # GM 1 takes node 1 ...
+    table.set_free(1, CAP, except_gm=1)  # ... its task ends ...
+    table.set_free(1, (0, 0), except_gm=1)  # ... and it takes the node again
+    assert table.take_changes(0) == [(1, reported, table.version[1])] and table.take_changes(1) == []
+    table.set_free(1, CAP, except_gm=1)
+    assert table.take_changes(0) == [(1, CAP, table.version[1])]
+    table.set_free(1, (0, 0), except_gm=1)  # only taken since the last delta: busy under both
+    assert table.take_changes(0) == [(1, (0, 0), table.version[1])]
+
+
+def test_an_unknown_delta_states_policy_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"unknown --delta-states 'oldest'.*latest.*freed-wins"):
+        replay(ReplayConfig(delta_states="oldest"))
 
 
 # ------------------------------------------------------------------ unsatisfiable: reject | drop

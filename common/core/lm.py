@@ -90,6 +90,7 @@ class LocalMaster:
         priority_classes: bool = False,
         queueable_per_node: int = QUEUEABLE_PER_NODE,
         answer_states: AnswerStates | None = None,
+        delta_states: str = "latest",
     ) -> None:
         """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
         tracks usage per user, reports it in deltas and verifies preemption requests.
@@ -108,7 +109,8 @@ class LocalMaster:
         request, first looks for victims of classes strictly below the waiting task's (`policies/priority_verify`).
         Queueable runs (docs/queueable.md) are held apart from the free resources (`queues`), at most
         `queueable_per_node` per node. `answer_states` says whether an answer to a launch batch carries node
-        states (`policies/answer_states.py`; default: always)."""
+        states (`policies/answer_states.py`; default: always); `delta_states` what a delta reports of a node that
+        changed more than once since the last (`node_table.DELTA_STATES`; default: its latest state)."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -119,7 +121,7 @@ class LocalMaster:
         self.observer = observer or CoreObserver()
         self.delta_interval = delta_interval
         self.incarnation = incarnation
-        self.nodes = NodeTable(partitions, incarnation)
+        self.nodes = NodeTable(partitions, incarnation, delta_states)
         # The node table's columns, read on every launch.
         nodes = self.nodes
         self.capacity, self.free, self.masks, self.drivers = nodes.capacity, nodes.free, nodes.masks, nodes.drivers

@@ -348,6 +348,32 @@ def synthetic_answers_heartbeat(seeds: Sequence[int], folder: Path) -> list[Vari
     return variants
 
 
+def synthetic_answers_freed(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    return _freed(seeds, (1.0, 10.0, 30.0), SYNTHETIC_ANSWERS_JOBS)
+
+
+def synthetic_answers_freed_full(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    return _freed(seeds, (10.0, 30.0), None)
+
+
+def _freed(seeds: Sequence[int], periods: Sequence[float], first_jobs: int | None) -> list[Variant]:
+    """syn_1000 with all of the authors' simulator's variants, at each heartbeat period."""
+    options = {
+        "lm_order": ("first-fit",),
+        "unsatisfiable": ("drop",),
+        "answer_states": ("on-refusal",),
+        "inconsistent": ("wait-for-free",),
+        "delta_states": ("freed-wins",),
+        "matching": ("random", "min-constraints"),
+    }
+    variants = []
+    for period in periods:
+        for cells, config in _megha("syn_1000", seeds, **options):
+            config = replace(config, first_jobs=first_jobs, delta_interval=period)
+            variants.append(({**cells, "heartbeat": f"{period:g} s"}, config))
+    return variants
+
+
 def google_max(seeds: Sequence[int], folder: Path) -> list[Variant]:
     return _megha("GOOG", seeds, lm_order=("round-robin", "first-fit"), matching=("random",))
 
@@ -545,6 +571,32 @@ EXPERIMENTS: dict[str, Experiment] = {
         "tasks borrow from other GMs, and more than half the jobs wait 1 s, the median of the paper's runs "
         f"(the first {SYNTHETIC_ANSWERS_JOBS} jobs)",
         synthetic_answers_heartbeat,
+        {
+            **_JRT_FIGURES,
+            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
+            "of them with a refused task": _delayed_refused(0.5),
+            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
+        },
+    ),
+    "synthetic-answers-freed": Experiment(
+        "constraints-fig6",
+        "with all of the authors' simulator's variants, their status updates too (a node freed at any time since a "
+        "GM's last update is reported free, even if taken again: `--delta-states freed-wins`), a GM's view shows "
+        "busy nodes free, more tasks are refused, and more than half the syn_1000 jobs wait 1 s "
+        f"(the first {SYNTHETIC_ANSWERS_JOBS} jobs, heartbeats of 1, 10 and 30 s)",
+        synthetic_answers_freed,
+        {
+            **_JRT_FIGURES,
+            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
+            "of them with a refused task": _delayed_refused(0.5),
+            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
+        },
+    ),
+    "synthetic-answers-freed-full": Experiment(
+        "constraints-fig6",
+        "over all of syn_1000, with all of the authors' simulator's variants and a 10 s or 30 s heartbeat, more "
+        "than half the jobs wait 1 s",
+        synthetic_answers_freed_full,
         {
             **_JRT_FIGURES,
             "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
