@@ -15,7 +15,7 @@ from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import DeltaTick, Output, gm_address, lm_address, worker_address
 from megha.common.core.observer import CoreObserver, observe
 from megha.common.core.placement.choice import make_choice
-from megha.common.core.policies import gm_policies
+from megha.common.core.policies import ANSWER_STATES, gm_policies
 from megha.common.core.retry import SimulatedFailures
 from megha.common.core.task import JobSpec
 from megha.common.core.worker import SimulatedExecution
@@ -33,8 +33,10 @@ class EmbeddedConfig:
     """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds;
     `fairness` turns on user queues, shares and preemption; `faults` crashes workers, LMs and GMs; `costs` is the
     time GMs and LMs take to decide (None: none); `lm_order`, `queue_order`, `unplaceable`, `unsatisfiable` and
-    `inconsistent` name the GMs' policies (`megha.common.core.policies`); `dependencies` lets jobs wait for other
-    jobs (each job's end is then tracked and told to every GM, docs/dependencies.md). `fail_fraction` of the
+    `inconsistent` name the GMs' policies (`megha.common.core.policies`), `answer_states` and `delta_states` the LMs'
+    (whether an answer to a launch batch carries node states, what a delta reports of a node changed twice);
+    `dependencies` lets jobs wait for other jobs (each job's end is then tracked and told to every GM,
+    docs/dependencies.md). `fail_fraction` of the
     simulated runs fail with exit code `fail_exit_code` (drawn with the seed; docs/retry.md). `priority_classes`
     turns on priority classes (the tasks' `priority` values order queues and may preempt lower ones)."""
 
@@ -56,6 +58,8 @@ class EmbeddedConfig:
     fail_exit_code: int = 1
     priority_classes: bool = False
     inconsistent: str = "retry"
+    answer_states: str = "always"  # whether an LM's launch answer carries node states: an `ANSWER_STATES` name
+    delta_states: str = "latest"  # what an LM's delta reports of a node changed twice: a `DELTA_STATES` name
     gang_reserve_after: float | None = None  # seconds a gang waits before its GM holds LMs for it (None: never)
 
 
@@ -140,6 +144,8 @@ class EmbeddedSystem(SimulatedSystem):
             incarnation,
             outages.ended_runs_kept if outages else 0,
             config.priority_classes,
+            answer_states=ANSWER_STATES[config.answer_states](),
+            delta_states=config.delta_states,
         )
 
     def retire(self, core: GlobalMaster | LocalMaster) -> None:

@@ -14,6 +14,8 @@ from megha.common.core.cluster import ClusterSpec
 from megha.common.core.costs import PRESETS, DecisionCosts
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.fairness.policy import make_share_policy
+from megha.common.core.node_table import DELTA_STATES
+from megha.common.core.policies import ANSWER_STATES
 from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses, parse_priority_classes
 from megha.common.core.queueable import mark_queueable
 from megha.common.core.retry import parse_rule
@@ -67,6 +69,8 @@ class ReplayConfig:
     unplaceable: str = "park"  # a task that fits nowhere now: a `megha.common.core.policies.UNPLACEABLE` name
     unsatisfiable: str = "reject"  # a task no node could ever run: a `megha.common.core.policies.UNSATISFIABLE` name
     inconsistent: str = "retry"  # a task refused as inconsistent: a `megha.common.core.policies.INCONSISTENT` name
+    answer_states: str = "always"  # an LM's launch answer carries node states: a `policies.ANSWER_STATES` name
+    delta_states: str = "latest"  # what an LM's delta reports of a node changed twice: a `node_table.DELTA_STATES` name
     machine_constraints: str = "per-node"  # generated cluster: a `megha.common.machine_classes.MACHINE_DRAWS` name
     decision_costs: str = "zero"  # the time GMs and LMs take to decide: a `megha.common.core.costs.PRESETS` name
     dependencies: str = ""  # jobs depending on earlier ones: `loadgen.dependencies.parse_dependencies` ("": none)
@@ -154,6 +158,14 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
     for what, name in (*gm_policies, ("lm-order", config.lm_order), ("gang-reserve-after", config.gang_reserve_after)):
         if name != getattr(DEFAULTS, what.replace("-", "_")) and config.scheduler not in ("megha", "centralized"):
             raise ValueError(f"--{what} {name} is a policy of Megha's GMs (megha, centralized), not {config.scheduler}")
+    if config.answer_states not in ANSWER_STATES:
+        raise ValueError(f"unknown --answer-states {config.answer_states!r}; choose one of {sorted(ANSWER_STATES)}")
+    if config.answer_states != DEFAULTS.answer_states and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"--answer-states {config.answer_states} is a policy of Megha's LMs, not {config.scheduler}")
+    if config.delta_states not in DELTA_STATES:
+        raise ValueError(f"unknown --delta-states {config.delta_states!r}; choose one of {list(DELTA_STATES)}")
+    if config.delta_states != DEFAULTS.delta_states and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"--delta-states {config.delta_states} is a policy of Megha's LMs, not {config.scheduler}")
     rule = parse_rule(config.retry) if config.retry else None
     if (rule is not None or config.fail_fraction) and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"failed runs and retry rules are simulated for Megha and centralized, not {config.scheduler}")
@@ -192,6 +204,8 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             fail_exit_code=config.fail_exit_code,
             priority_classes=classes is not None,
             inconsistent=config.inconsistent,
+            answer_states=config.answer_states,
+            delta_states=config.delta_states,
             gang_reserve_after=config.gang_reserve_after,
         ),
         recorder,

@@ -21,7 +21,8 @@ from pydantic_settings import BaseSettings
 
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
-from megha.common.core.policies import INCONSISTENT, UNSATISFIABLE
+from megha.common.core.node_table import DELTA_STATES
+from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABLE
 from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.common.machine_classes import MACHINE_DRAWS
@@ -244,6 +245,24 @@ def megha() -> None:
     group=SCHEDULER,
     help="a task an LM refused as inconsistent (its GM's view was stale): retry it at once on the states the LM "
     "answered with, or let it wait until a node it could use frees up in the view (the authors' simulator)",
+)
+@option(
+    "--answer-states",
+    type=OneOf(sorted(ANSWER_STATES)),
+    default=REPLAY.answer_states,
+    group=SCHEDULER,
+    help="whether an LM's answer to a launch batch carries the state of the nodes it touched and the GM's pending "
+    "delta: always, or only when it refuses a placement (the authors' simulator: a GM then learns of nodes other "
+    "GMs' tasks freed from heartbeats and refusals only)",
+)
+@option(
+    "--delta-states",
+    type=OneOf(list(DELTA_STATES)),
+    default=REPLAY.delta_states,
+    group=SCHEDULER,
+    help="what an LM's delta reports of a node that changed more than once since the GM's last: its latest state, "
+    "or free if it was freed at any time since (the authors' simulator, whose updates list taken and freed nodes "
+    "and apply the freed ones last)",
 )
 @option(
     "--dependencies",
@@ -606,6 +625,8 @@ def _replay(args: SimpleNamespace) -> int:
         unplaceable=args.unplaceable,
         unsatisfiable=args.unsatisfiable,
         inconsistent=args.inconsistent,
+        answer_states=args.answer_states,
+        delta_states=args.delta_states,
         dependencies="" if args.dependencies == "none" else args.dependencies,
         machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,

@@ -22,12 +22,24 @@ from megha.common.clusterfile import generate_cluster
 from megha.common.constraint_stats import load_constraint_stats
 from megha.common.core.fairness.config import FairnessConfig, QueueSpec
 from megha.common.core.gm import GlobalMaster, Unschedulable
-from megha.common.core.messages import Delta, LaunchBatch, NodeState, PreemptRequest, PreemptResponse, Victim
+from megha.common.core.lm import LocalMaster
+from megha.common.core.messages import (
+    Delta,
+    DeltaTick,
+    LaunchBatch,
+    LaunchResponse,
+    NodeState,
+    PreemptRequest,
+    PreemptResponse,
+    Victim,
+)
+from megha.common.core.node_table import NodeTable
 from megha.common.core.observer import CoreObserver
 from megha.common.core.placement.choice import make_choice
-from megha.common.core.policies import UNPLACEABLE, UNSATISFIABLE, gm_policies
+from megha.common.core.policies import ANSWER_STATES, UNPLACEABLE, UNSATISFIABLE, gm_policies
 from megha.common.core.policies.queue_order import KeyedQueue
 from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.core.worker import SimulatedExecution
 from megha.common.machine_classes import MACHINE_DRAWS
 from megha.common.settings import GMSettings
 from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
@@ -235,6 +247,91 @@ def test_a_cancelled_task_waiting_after_an_inconsistency_is_dropped() -> None:
 def test_an_unknown_inconsistent_policy_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown inconsistent policy 'later'.*retry.*wait-for-free"):
         gm_policies(0, cluster([[[[]]]]), inconsistent="later")
+
+
+# ------------------------------------------------------------------ answer states: always | on-refusal
+
+
+def _answered_after_a_free(answer_states: str) -> tuple[Net, list[str]]:
+    """One LM: node 0 (constraint 1) in GM 0's partition, node 1 (constraint 2) in GM 1's. GM 1's x.0 runs on
+    node 1; GM 0's a.0 (constraint 2) takes node 1 by repartition, is refused and waits for a freed node. x.0 ends,
+    freeing node 1, then GM 0's c.0 (constraint 1) launches on node 0. Returns the net and the tasks GM 0 holds
+    once c.0's answer arrived, before any heartbeat."""
+    spec = cluster([[[[1]], [[2]]]])
+    gms = [GlobalMaster(g, spec, policies=gm_policies(g, spec, inconsistent="wait-for-free")) for g in range(2)]
+    lm = LocalMaster(0, spec.partitions[0], spec.resource_names, answer_states=ANSWER_STATES[answer_states]())
+    net = Net(gms, [lm], [SimulatedExecution(0)])
+
+    def deliver_all() -> None:
+        while net.inbox:
+            net.deliver()
+
+    net.post(gms[1].submit(job("x", task("x.0", [2])), 0.0))
+    deliver_all()
+    net.now = 0.1
+    net.post(gms[0].submit(job("a", task("a.0", [2])), 0.1))
+    deliver_all()
+    assert gms[0].inconsistencies == 1
+    net.run()  # x.0 ends at 1.0; its completion goes to GM 1 and the freed node waits in GM 0's pending delta
+    net.now = 1.5
+    net.post(gms[0].submit(job("c", task("c.0", [1])), 1.5))
+    deliver_all()
+    return net, [t.task_id for t in gms[0].waiting_tasks()]
+
+
+def test_always_the_answer_to_an_accepted_batch_brings_the_nodes_other_gms_freed() -> None:
+    net, waiting = _answered_after_a_free("always")
+    assert waiting == [] and "a.0" in net.gms[0].running  # placed on node 1 as c.0's answer arrived
+
+
+def test_on_refusal_a_gm_hears_of_a_node_another_gm_freed_only_at_the_next_heartbeat() -> None:
+    net, waiting = _answered_after_a_free("on-refusal")
+    gm, lm = net.gms[0], net.lms[0]
+    assert waiting == ["a.0"]  # c.0's answer carried no states: node 1 still looks busy to GM 0
+    net.post(lm.handle(DeltaTick(), 2.0))  # the heartbeat carries the pending delta
+    net.run()
+    assert not gm.waiting_tasks() and not gm.running and gm.inconsistencies == 1
+
+
+def test_on_refusal_answers_a_refusal_with_the_states_and_the_pending_delta() -> None:
+    spec = cluster([[[[]], [[]]]])
+    lm = LocalMaster(0, spec.partitions[0], spec.resource_names, answer_states=ANSWER_STATES["on-refusal"]())
+    gm0, gm1 = GlobalMaster(0, spec), GlobalMaster(1, spec)
+    lm.handle(next(o.msg for o in gm1.submit(job("x", task("x.0")), 0.0)), 0.0)  # GM 1 takes node 1
+    accepted = lm.handle(next(o.msg for o in gm0.submit(job("a", task("a.0")), 0.1)), 0.1)[0].msg
+    assert isinstance(accepted, LaunchResponse) and not accepted.rejected
+    assert accepted.states == [] and accepted.delta.nodes == []  # node 1's change stays pending for GM 0
+    refused = lm.handle(next(o.msg for o in gm0.submit(job("b", task("b.0")), 0.2)), 0.2)[0].msg
+    assert isinstance(refused, LaunchResponse) and refused.rejected and refused.rejected[0].inconsistency
+    assert [s[0] for s in refused.states] == [1] and [s[0] for s in refused.delta.nodes] == [1]
+
+
+def test_an_unknown_answer_states_policy_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"unknown --answer-states 'never'.*always.*on-refusal"):
+        replay(ReplayConfig(answer_states="never"))
+
+
+# ------------------------------------------------------------------ delta states: latest | freed-wins
+
+
+@pytest.mark.parametrize(("delta_states", "reported"), [("latest", (0, 0)), ("freed-wins", CAP)])
+def test_freed_wins_reports_a_node_freed_since_the_last_delta_free_even_if_taken_again(
+    delta_states: str, reported: tuple[int, int]
+) -> None:
+    table = NodeTable(cluster([[[[]], [[]]]]).partitions[0], 0, delta_states)
+    table.set_free(1, (0, 0), except_gm=1)  # GM 1 takes node 1 ...
+    table.set_free(1, CAP, except_gm=1)  # ... its task ends ...
+    table.set_free(1, (0, 0), except_gm=1)  # ... and it takes the node again
+    assert table.take_changes(0) == [(1, reported, table.version[1])] and table.take_changes(1) == []
+    table.set_free(1, CAP, except_gm=1)
+    assert table.take_changes(0) == [(1, CAP, table.version[1])]
+    table.set_free(1, (0, 0), except_gm=1)  # only taken since the last delta: busy under both
+    assert table.take_changes(0) == [(1, (0, 0), table.version[1])]
+
+
+def test_an_unknown_delta_states_policy_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"unknown --delta-states 'oldest'.*latest.*freed-wins"):
+        replay(ReplayConfig(delta_states="oldest"))
 
 
 # ------------------------------------------------------------------ unsatisfiable: reject | drop

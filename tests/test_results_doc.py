@@ -77,7 +77,8 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
 
     from megha.sim.experiments.differences import EXPERIMENTS
 
-    for name in ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time"):
+    names = ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time", "synthetic-answers")
+    for name in names:
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
         varied = {key for key in configs[0] if len({repr(c[key]) for c in configs}) > 1}
@@ -85,6 +86,7 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
         expected["component-requests"] = {"hop_delay", "trace", "first_jobs"}
         expected["fairness-unplaceable"] = {"unplaceable", "workers_per_partition"}
         expected["masters-lm-time"] = {"gms", "workers_per_partition"}
+        expected["synthetic-answers"] = {"answer_states", "inconsistent", "matching"}
         assert varied == expected[name], (name, varied)
 
 

@@ -41,6 +41,7 @@ from megha.common.core.messages import (
 )
 from megha.common.core.node_table import NodeTable
 from megha.common.core.observer import CoreObserver
+from megha.common.core.policies.answer_states import Always, AnswerStates
 from megha.common.core.policies.priority_verify import ClassVictims, LocalClasses, NoLocalClasses
 from megha.common.core.queueable import QUEUEABLE_PER_NODE, QueueAdmission
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources, describe
@@ -88,6 +89,8 @@ class LocalMaster:
         ended_runs_kept: int = 0,
         priority_classes: bool = False,
         queueable_per_node: int = QUEUEABLE_PER_NODE,
+        answer_states: AnswerStates | None = None,
+        delta_states: str = "latest",
     ) -> None:
         """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
         tracks usage per user, reports it in deltas and verifies preemption requests.
@@ -105,7 +108,9 @@ class LocalMaster:
         With `priority_classes` the LM tracks usage per task priority, reports it in deltas and, for a preemption
         request, first looks for victims of classes strictly below the waiting task's (`policies/priority_verify`).
         Queueable runs (docs/queueable.md) are held apart from the free resources (`queues`), at most
-        `queueable_per_node` per node."""
+        `queueable_per_node` per node. `answer_states` says whether an answer to a launch batch carries node
+        states (`policies/answer_states.py`; default: always); `delta_states` what a delta reports of a node that
+        changed more than once since the last (`node_table.DELTA_STATES`; default: its latest state)."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
@@ -116,7 +121,7 @@ class LocalMaster:
         self.observer = observer or CoreObserver()
         self.delta_interval = delta_interval
         self.incarnation = incarnation
-        self.nodes = NodeTable(partitions, incarnation)
+        self.nodes = NodeTable(partitions, incarnation, delta_states)
         # The node table's columns, read on every launch.
         nodes = self.nodes
         self.capacity, self.free, self.masks, self.drivers = nodes.capacity, nodes.free, nodes.masks, nodes.drivers
@@ -147,6 +152,7 @@ class LocalMaster:
         self.ended = EndedRuns(ended_runs_kept)  # the last `ended_runs_kept` runs that ended here
         self.gangs = GangLeases(self)  # gangs' all-or-nothing prepares and the leases of prepared ones
         self.queues = QueueAdmission(queueable_per_node)  # queueable runs per node, held beside the free resources
+        self.answer_states = answer_states or Always()
 
     @classmethod
     def in_cluster(
@@ -244,20 +250,13 @@ class LocalMaster:
         self._applied_through[batch.gm] = max(self._applied_through[batch.gm], batch.seq)
         if rejected:
             self.observer.rejected(rejected, now)
-        out: list[Output] = [
-            Send(
-                gm_address(batch.gm),
-                LaunchResponse(
-                    batch.gm,
-                    self.lm_id,
-                    batch.seq,
-                    accepted,
-                    rejected,
-                    self.nodes.states(n for n in touched if 0 <= n < len(self.free)),
-                    self._take_delta(batch.gm),
-                ),
-            )
-        ]
+        if self.answer_states.carries(bool(rejected)):
+            states = self.nodes.states(n for n in touched if 0 <= n < len(self.free))
+            delta = self._take_delta(batch.gm)
+        else:
+            states, delta = [], Delta(self.lm_id, batch.gm, self._applied_through[batch.gm])  # pending stays pending
+        response = LaunchResponse(batch.gm, self.lm_id, batch.seq, accepted, rejected, states, delta)
+        out: list[Output] = [Send(gm_address(batch.gm), response)]
         if started:
             self.launched += len(started)
             self.observer.launched(started, now)

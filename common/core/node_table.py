@@ -9,6 +9,14 @@ from megha.common.core.cluster import PartitionSpec
 from megha.common.core.messages import NodeState, node_state
 from megha.common.core.resources import Resources
 
+DELTA_STATES = ("latest", "freed-wins")
+"""What a delta reports of a node that changed more than once since the GM's last one (`megha replay --delta-states`):
+`latest`, its current state; `freed-wins`, the constraint-aware paper's simulator (meghanat/megha-constraint-aware,
+`megha3.0/src/megha_sim/local_master/lm_constraints.py` and the GM's `update_status`): there the LM lists the nodes
+taken and the nodes freed since the last update, the GM applies every taken one and then every freed one, so a node
+freed at any time since is reported free, even if it was taken again after. A node's most free state since the
+last delta stands for that."""
+
 VERSION_BITS = 20
 """Node versions of incarnation i start at i << VERSION_BITS: with millisecond incarnations, a later one starts
 above an earlier one unless that one changed nodes more than a billion times a second on average."""
@@ -18,7 +26,9 @@ class NodeTable:
     """Nodes numbered LM-locally, partition after partition (`partitions[g]` is GM g's). Every change of a node's
     free resources bumps its version, so GMs can order the states they hear of."""
 
-    def __init__(self, partitions: Sequence[PartitionSpec], incarnation: int) -> None:
+    def __init__(self, partitions: Sequence[PartitionSpec], incarnation: int, delta_states: str = "latest") -> None:
+        if delta_states not in DELTA_STATES:
+            raise ValueError(f"unknown delta states {delta_states!r}; choose one of {list(DELTA_STATES)}")
         num_gms = len(partitions)
         self.capacity: list[Resources] = [cap for p in partitions for cap in p.capacities]
         self.free: list[Resources] = list(self.capacity)
@@ -39,6 +49,10 @@ class NodeTable:
         self._others_dirty: list[list[set[int]]] = [
             [d for g, d in enumerate(self.dirty) if g != gm] for gm in range(num_gms)
         ]
+        # With `freed-wins`, per GM, the most free state of each of its dirty nodes since its last delta.
+        self._most_free: list[dict[int, Resources]] | None = (
+            [{} for _ in range(num_gms)] if delta_states == "freed-wins" else None
+        )
 
     def __len__(self) -> int:
         return len(self.capacity)
@@ -51,6 +65,8 @@ class NodeTable:
         self.state_of[n] = node_state((n, free, self._clock))
         for dirty in self._others_dirty[except_gm]:
             dirty.add(n)
+        if self._most_free is not None:
+            self._note_free(n, free, (g for g in range(len(self.dirty)) if g != except_gm))
 
     def set_free_for_all(self, n: int, free: Resources) -> None:
         """Change node n's free resources, to be reported to every GM."""
@@ -60,6 +76,15 @@ class NodeTable:
         self.state_of[n] = node_state((n, free, self._clock))
         for dirty in self.dirty:
             dirty.add(n)
+        if self._most_free is not None:
+            self._note_free(n, free, range(len(self.dirty)))
+
+    def _note_free(self, n: int, free: Resources, gms: Iterable[int]) -> None:
+        """Remember, for each of `gms`, node n's most free state since its last delta (`freed-wins`)."""
+        assert self._most_free is not None
+        for g in gms:
+            seen = self._most_free[g].get(n)
+            self._most_free[g][n] = free if seen is None else tuple(map(max, seen, free))
 
     def state(self, n: int) -> NodeState:
         return self.state_of[n]
@@ -73,6 +98,10 @@ class NodeTable:
         dirty = self.dirty[gm]
         nodes = list(map(self.state_of.__getitem__, dirty))
         dirty.clear()
+        if self._most_free is not None:
+            most_free = self._most_free[gm]
+            nodes = [node_state((s[0], most_free.get(s[0], s[1]), s[2])) for s in nodes]
+            most_free.clear()
         return nodes
 
     def all_states(self) -> list[NodeState]:

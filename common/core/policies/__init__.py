@@ -11,6 +11,7 @@
 | unplaceable task (rescheduling) | `park` | `park-freed-node`, `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
 | task refused as inconsistent | `retry` | `wait-for-free` | `inconsistent` |
+| node states in an LM's launch answer (the LM's) | `always` | `on-refusal` | `answer_states` |
 | gang reservation (anti-starvation) | none | LMs held for a gang that waited `gang_reserve_after` s | `reservation` |
 
 A new queue order is one new module here defining a class with the `QueueOrder` methods (or a `KeyedOrder`
@@ -31,6 +32,7 @@ from megha.common.core.placement.choice import ChoicePolicy, RandomChoice
 from megha.common.core.placement.rarity import RaritySearch
 from megha.common.core.placement.scarcity import ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
+from megha.common.core.policies.answer_states import Always, AnswerStates, OnRefusal
 from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
 from megha.common.core.policies.inconsistent import InconsistentPolicy, RetryAtOnce, WaitForFree
 from megha.common.core.policies.preemption import NoPreemption, PreemptionPolicy
@@ -81,6 +83,12 @@ INCONSISTENT: dict[str, Callable[[], InconsistentPolicy]] = {
     WaitForFree.name: WaitForFree,
 }
 """What a GM does with a task an LM refused as inconsistent, by name (`megha replay --inconsistent`)."""
+
+ANSWER_STATES: dict[str, Callable[[], AnswerStates]] = {
+    Always.name: Always,
+    OnRefusal.name: OnRefusal,
+}
+"""Whether an LM's answer to a launch batch carries node states, by name (`megha replay --answer-states`)."""
 
 
 @dataclass
