@@ -355,39 +355,32 @@ def synthetic_answers_authors(seeds: Sequence[int], folder: Path) -> list[Varian
 
 
 def synthetic_answers_heartbeat(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    options = {
-        "lm_order": ("first-fit",),
-        "unsatisfiable": ("drop",),
-        "answer_states": ("on-refusal",),
-        "inconsistent": ("wait-for-free",),
-        "matching": ("random", "min-constraints"),
-    }
-    variants = []
-    for period in (10.0, 30.0):
-        for cells, config in _megha("syn_1000", seeds, **options):
-            config = replace(config, first_jobs=SYNTHETIC_ANSWERS_JOBS, delta_interval=period)
-            variants.append(({**cells, "heartbeat": f"{period:g} s"}, config))
-    return variants
+    return _at_periods(seeds, (10.0, 30.0), SYNTHETIC_ANSWERS_JOBS, **_AUTHORS_SYNTHETIC, matching=_MATCHINGS)
 
 
 def synthetic_answers_freed(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    return _freed(seeds, (1.0, 10.0, 30.0), SYNTHETIC_ANSWERS_JOBS)
+    return _at_periods(seeds, (1.0, 10.0, 30.0), SYNTHETIC_ANSWERS_JOBS, **_FREED)
 
 
 def synthetic_answers_freed_full(seeds: Sequence[int], folder: Path) -> list[Variant]:
-    return _freed(seeds, (10.0, 30.0), None)
+    return _at_periods(seeds, (10.0, 30.0), None, **_FREED)
 
 
-def _freed(seeds: Sequence[int], periods: Sequence[float], first_jobs: int | None) -> list[Variant]:
-    """syn_1000 with all of the authors' simulator's variants, at each heartbeat period."""
-    options = {
-        "lm_order": ("first-fit",),
-        "unsatisfiable": ("drop",),
-        "answer_states": ("on-refusal",),
-        "inconsistent": ("wait-for-free",),
-        "delta_states": ("freed-wins",),
-        "matching": ("random", "min-constraints"),
-    }
+_AUTHORS_SYNTHETIC: dict[str, tuple[str, ...]] = {
+    **_AUTHORS,
+    "answer_states": ("on-refusal",),
+    "inconsistent": ("wait-for-free",),
+}
+"""The authors' simulator's variants that the syn_1000 heartbeat experiments run under (the tables' column order)."""
+_MATCHINGS = ("random", "min-constraints")
+_FREED = {**_AUTHORS_SYNTHETIC, "delta_states": ("freed-wins",), "matching": _MATCHINGS}
+"""All of the authors' simulator's variants, `freed-wins` deltas included."""
+
+
+def _at_periods(
+    seeds: Sequence[int], periods: Sequence[float], first_jobs: int | None, **options: Sequence[str]
+) -> list[Variant]:
+    """syn_1000 (its first `first_jobs` jobs) under `options`, at each heartbeat period."""
     variants = []
     for period in periods:
         for cells, config in _megha("syn_1000", seeds, **options):
