@@ -17,7 +17,7 @@ from megha import cli
 from megha.common.core.gm import GlobalMaster
 from megha.common.core.messages import LaunchBatch, Output
 from megha.common.core.placement.choice import ChoicePolicy, RandomChoice, RarityChoice, ScarcityChoice, make_choice
-from megha.common.core.placement.rarity import RaritySearch
+from megha.common.core.placement.rarity import RaritySearch, fewest
 from megha.common.core.placement.scarcity import FIRST_ESTIMATE, ScarcitySearch
 from megha.common.core.placement.search import FirstFitSearch
 from megha.common.core.policies import LM_ORDERS, gm_policies
@@ -289,6 +289,24 @@ def test_rarity_order_ranks_partitions_by_the_fewest_extra_constraints_first_fit
     assert [v.lm for v in search.internal(task("needs1", [1]))] == [2, 0, 3, 1]  # 0, 1, 1, 3 extra
     assert [v.lm for v in search.internal(task("needs12", [1, 2]))] == [0, 3, 1]  # 0, 0, 2 extra; LM 2 has no room
     assert [v.lm for v in search.internal(task("needs7", [7]))] == []
+
+
+def test_rarity_order_finds_a_later_better_partition_and_ranks_the_rest_only_when_asked() -> None:
+    # LM 0: {1, 2, 3, 4}; LM 1: {1, 2, 3}; LM 2: {1, 2}; LM 3: {1, 2, 3, 4, 5}: each later one better until LM 3.
+    views = GlobalMaster(0, cluster([[[[1, 2, 3, 4]]], [[[1, 2, 3]]], [[[1, 2]]], [[[1, 2, 3, 4, 5]]]])).views
+    ranked = RaritySearch(0, views).internal(task("needs1", [1]))
+    first = next(ranked)
+    assert first.lm == 2  # 1 extra constraint, against 3, 2 and 4
+    assert [v.lm for v in ranked] == [1, 0, 3]  # the rest, fewest extra first
+
+
+def test_the_fewest_constraint_nodes_the_order_found_serve_the_choice_only_for_the_same_candidates() -> None:
+    # One partition: nodes {1, 2, 3}, {1}, {1, 2}. The order yields it with every node free; its fewest is node 1.
+    view = GlobalMaster(0, cluster([[[[1, 2, 3], [1], [1, 2]]]])).views[0][0]
+    assert next(RaritySearch(0, [[view]]).internal(task("plain"))) is view
+    assert fewest(view, 0b111) == 0b010
+    assert fewest(view, 0b101) == 0b100  # other candidates (node 1 taken): node 2, not the order's node 1
+    assert fewest(view, 0b001) == 0b001
 
 
 def test_rarity_choice_takes_the_fewest_extra_constraints_then_spares_the_hot_ones_at_random() -> None:

@@ -42,9 +42,12 @@ def covering(amounts: list[Resources], request: Resources) -> int:
 
 
 @lru_cache(maxsize=4096)
-def partition_bits(spec: PartitionSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[str, int], ...]]:
-    """A partition's static bit-vectors: the nodes satisfying each constraint id, the nodes with n machine
-    constraints (n ascending, the Minimum-Constraints choice's order) and the nodes offering each task driver.
+def partition_bits(
+    spec: PartitionSpec,
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], tuple[tuple[str, int], ...]]:
+    """A partition's static bit-vectors: the nodes satisfying each constraint id, (n, the nodes with n machine
+    constraints) for each n some node has (n ascending, the Minimum-Constraints choice's order) and the nodes
+    offering each task driver.
     Built once per partition: every GM's view of it shares them (memoised, as a few GMs view the same specs)."""
     bits = [0] * NUM_CONSTRAINTS
     by_count: dict[int, int] = {}
@@ -57,7 +60,7 @@ def partition_bits(spec: PartitionSpec) -> tuple[tuple[int, ...], tuple[int, ...
     for i, offered in enumerate(spec.node_drivers()):
         for driver in offered:
             drivers[driver] = drivers.get(driver, 0) | 1 << i
-    return tuple(bits), tuple(by_count[n] for n in sorted(by_count)), tuple(drivers.items())
+    return tuple(bits), tuple((n, by_count[n]) for n in sorted(by_count)), tuple(drivers.items())
 
 
 class PartitionView:
@@ -70,6 +73,7 @@ class PartitionView:
         "capacity",
         "constraint_bits",
         "count_bits",
+        "count_levels",
         "driver_bits",
         "fit_cache",
         "free",
@@ -89,7 +93,8 @@ class PartitionView:
         self.free: list[Resources] = list(spec.capacities)
         self.masks: list[int] = list(spec.constraint_masks)
         self.all_bits = (1 << self.size) - 1
-        self.constraint_bits, self.count_bits, drivers = partition_bits(spec)
+        self.constraint_bits, self.count_levels, drivers = partition_bits(spec)
+        self.count_bits = tuple(bits for _, bits in self.count_levels)  # the nodes with the fewest constraints first
         self.driver_bits: dict[str, int] = dict(drivers)  # driver -> the nodes offering it
         self._match: dict[int, int] = {}
         # request -> the nodes whose free resources cover it, kept current by `set_free` (and `GlobalView.sync`)

@@ -7,7 +7,7 @@ import random
 from typing import Protocol
 
 from megha.common.core.constraints import NUM_CONSTRAINTS, select_bit
-from megha.common.core.placement.rarity import fewest_extra
+from megha.common.core.placement.rarity import fewest
 from megha.common.core.placement.scarcity import ConstraintDemand
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
@@ -158,8 +158,7 @@ class RarityChoice(ScarcityChoice):
     __slots__ = ()
 
     def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
-        _, fewest = fewest_extra(view, candidates, 0)
-        return super().choose(view, fewest, rng, task)
+        return super().choose(view, fewest(view, candidates), rng, task)
 
 
 CHOICE_POLICIES: dict[

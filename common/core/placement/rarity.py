@@ -21,19 +21,42 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from megha.common.core.placement.search import PartitionSearch, by_cost
+from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
 
 
 def fewest_extra(view: PartitionView, candidates: int, needed: int) -> tuple[int, int]:
     """(the fewest constraints beyond the `needed` count any of `candidates` has, the candidates with that many)."""
-    masks = view.masks
-    for level in view.count_bits:
-        nodes = candidates & level
+    for count, nodes in view.count_levels:
+        nodes &= candidates
         if nodes:
-            return masks[(nodes & -nodes).bit_length() - 1].bit_count() - needed, nodes
+            return count - needed, nodes
     raise ValueError("no candidates to choose from")
+
+
+class _Fewest:
+    """The last answer of `fewest` (a pure function of a view's static levels and the candidates): the order
+    finds the fewest-constraint candidates of the partition it yields, and the node choice asks for them again
+    for the same candidates (one entry: a placement is one order and one choice, in turn)."""
+
+    __slots__ = ("candidates", "nodes", "view")
+
+    def __init__(self) -> None:
+        self.view: PartitionView | None = None
+        self.candidates = 0
+        self.nodes = 0
+
+
+_LAST = _Fewest()
+
+
+def fewest(view: PartitionView, candidates: int) -> int:
+    """The `candidates` (a non-empty bitset) with the fewest machine constraints."""
+    last = _LAST
+    if last.view is view and last.candidates == candidates:
+        return last.nodes
+    return fewest_extra(view, candidates, 0)[1]
 
 
 class RaritySearch(PartitionSearch):
@@ -55,6 +78,42 @@ class RaritySearch(PartitionSearch):
 
     def _ranked(self, views: list[PartitionView], task: TaskSpec) -> Iterator[PartitionView]:
         """The views where `task` has room, fewest extra constraints first, in the given (first-fit) order among
-        equals. Lazily: a view with a node of no extra constraint is yielded as soon as it is found."""
+        equals. Lazily: a view with a node of no extra constraint is yielded as soon as it is found; of the others
+        the first is found with each view's levels looked at only below the best so far (a view needs fewer
+        constraints to come first), and the rest are ranked only if the caller asks past it (the placer takes the
+        first view; a reserved LM's is skipped by `ReservedSearch`)."""
         needed = task.constraints.bit_count()
-        return by_cost(views, task, lambda view, free: fewest_extra(view, free, needed)[0])
+        feasible = PartitionView.feasible
+        best_count, best_at = 1 << 30, -1
+        best_nodes = 0
+        others: list[tuple[int, PartitionView, int]] = []  # (position, view, free) with room and extra constraints
+        for i, view in enumerate(views):
+            free = feasible(view, task)
+            if not free:
+                continue
+            for count, nodes in view.count_levels:
+                if count >= best_count:
+                    others.append((i, view, free))  # no better than the best so far: ranked if asked
+                    break
+                nodes &= free
+                if nodes:
+                    if count == needed:  # no extra constraint: nothing comes before it
+                        _remember(view, free, nodes)
+                        yield view
+                    else:
+                        best_count, best_at, best_nodes = count, len(others), nodes
+                        others.append((i, view, free))
+                    break
+        if best_at < 0:
+            return
+        _, view, free = others.pop(best_at)
+        _remember(view, free, best_nodes)
+        yield view
+        ranked = sorted((fewest_extra(view, free, needed)[0], i, view) for i, view, free in others)
+        for _, _, view in ranked:
+            yield view
+
+
+def _remember(view: PartitionView, candidates: int, nodes: int) -> None:
+    last = _LAST
+    last.view, last.candidates, last.nodes = view, candidates, nodes
