@@ -57,15 +57,19 @@ def mypy(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_typed_packages_pass_the_type_checker(tmp_path: Path) -> None:
-    tree = namespace_tree(tmp_path)
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One namespace tree and one mypy cache for the module's tests (the second run reuses the first's analysis)."""
+    return namespace_tree(tmp_path_factory.mktemp("typed"))
+
+
+def test_typed_packages_pass_the_type_checker(tree: Path) -> None:
     checked = mypy(tree, *(arg for package in TYPED_PACKAGES for arg in ("-p", package)))
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_the_tree_lets_mypy_see_across_modules(tmp_path: Path) -> None:
+def test_the_tree_lets_mypy_see_across_modules(tree: Path) -> None:
     """The check can fail: a call that misses an argument of a function in another module is reported."""
-    tree = namespace_tree(tmp_path)
     probe = tree / "probe.py"
     probe.write_text(
         "from megha.common.core.placement.choice import RandomChoice\n"
