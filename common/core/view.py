@@ -72,7 +72,6 @@ class PartitionView:
         "all_bits",
         "capacity",
         "constraint_bits",
-        "count_bits",
         "count_levels",
         "driver_bits",
         "fit_cache",
@@ -94,12 +93,20 @@ class PartitionView:
         self.masks: list[int] = list(spec.constraint_masks)
         self.all_bits = (1 << self.size) - 1
         self.constraint_bits, self.count_levels, drivers = partition_bits(spec)
-        self.count_bits = tuple(bits for _, bits in self.count_levels)  # the nodes with the fewest constraints first
         self.driver_bits: dict[str, int] = dict(drivers)  # driver -> the nodes offering it
         self._match: dict[int, int] = {}
         # request -> the nodes whose free resources cover it, kept current by `set_free` (and `GlobalView.sync`)
         self.fit_cache: dict[Resources, int] = {}
         self._cap_fit: dict[Resources, int] = {}
+
+    def fewest_constraints(self, candidates: int) -> tuple[int, int]:
+        """(the fewest machine constraints any of `candidates` has, those candidates): Minimum-Constraints' nodes,
+        and the rarity order's measure of a partition."""
+        for count, nodes in self.count_levels:
+            nodes &= candidates
+            if nodes:
+                return count, nodes
+        raise ValueError("no candidates to choose from")
 
     def matching(self, mask: int) -> int:
         """Nodes whose machine constraints include every constraint in `mask` (bitwise AND of bit-vectors)."""

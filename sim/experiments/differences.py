@@ -92,24 +92,11 @@ def _sample(tasks_cap: float | None, folder: Path) -> tuple[str, int]:
     return str(path), first
 
 
-def _sparrow_config(trace: str, first: int, scheduler: str, centre: DataCentre, seed: int) -> ReplayConfig:
-    return ReplayConfig(
-        trace=trace,
-        first_jobs=first,
-        scheduler=scheduler,
-        seed=seed,
-        constraints=False,
-        delta_interval=fair.HEARTBEAT,
-        decision_costs=fair.SAMPLE_COSTS[scheduler],
-        **centre.replay_fields(),
-    )
-
-
 def sparrow_load(seeds: Sequence[int], folder: Path) -> list[Variant]:
     trace, first = _sample(None, folder)
     return [
         ({"workers": f"{centre.workers:,}", "scheduler": fair.NAMES[s], "seed": str(seed)},
-         _sparrow_config(trace, first, s, centre, seed))
+         fair.sample_config(trace, first, s, centre, seed))
         for centre in (DataCentre(5, 5, 400), DataCentre(5, 5, 200), DataCentre(5, 5, 100))
         for s in ("megha", "sparrow")
         for seed in seeds
@@ -126,7 +113,7 @@ def sparrow_durations(seeds: Sequence[int], folder: Path) -> list[Variant]:
                     cell = {"workers": f"{centre.workers:,}"}
                     cell |= {"task durations": "as traced" if cap is None else f"capped at {cap:g} s"}
                     cell |= {"scheduler": fair.NAMES[s], "seed": str(seed)}
-                    variants.append((cell, _sparrow_config(trace, first, s, centre, seed)))
+                    variants.append((cell, fair.sample_config(trace, first, s, centre, seed)))
     return variants
 
 
@@ -135,7 +122,7 @@ def sparrow_durations(seeds: Sequence[int], folder: Path) -> list[Variant]:
 
 def component_hops(seeds: Sequence[int], folder: Path) -> list[Variant]:
     trace, first = _sample(None, folder)
-    base = _sparrow_config(trace, first, "megha", DataCentre(5, 5, 400), 0)
+    base = fair.sample_config(trace, first, "megha", DataCentre(5, 5, 400), 0)
     variants = []
     for costs, hop in (("calibrated", 0.0005), ("zero", 0.0005), ("calibrated", 0.005), ("calibrated", 0.025)):
         for seed in seeds:
@@ -159,7 +146,7 @@ def component_requests(seeds: Sequence[int], folder: Path) -> list[Variant]:
     for hop in (0.0005, 0.0125, 0.025):
         for submitted, (path, count) in submissions.items():
             for seed in seeds:
-                config = replace(_sparrow_config(path, count, "megha", DataCentre(5, 5, 400), seed), hop_delay=hop)
+                config = replace(fair.sample_config(path, count, "megha", DataCentre(5, 5, 400), seed), hop_delay=hop)
                 variants.append(({"submitted": submitted, "hop": seconds(hop), "seed": str(seed)}, config))
     return variants
 
@@ -283,7 +270,7 @@ def _megha(name: str, seeds: Sequence[int], **options: Sequence[str]) -> list[Va
     for combo in combos:
         for seed in seeds:
             chosen = dict(zip(keys, combo, strict=True))
-            config = ReplayConfig(trace=workload.trace, seed=seed, **chosen, **workload.centre.replay_fields())  # type: ignore[arg-type]
+            config = workload.config(seed=seed, **chosen)
             cell = {k.replace("_", " "): v for k, v in chosen.items()}
             variants.append(({"workload": name, **cell, "seed": str(seed)}, config))
     return variants
@@ -423,24 +410,22 @@ def heartbeat_durations(seeds: Sequence[int], folder: Path) -> list[Variant]:
 
 def heartbeat_full(seeds: Sequence[int], folder: Path) -> list[Variant]:
     """All of syn_1000 on the reference cluster with heartbeats of 0.1 s and 10 s (the heartbeat experiment's runs)."""
-    workload = Workload.parse("syn_1000")
-    variants = []
-    for period in (0.1, 10.0):
-        for seed in seeds:
-            config = ReplayConfig(workload.trace, seed=seed, delta_interval=period, **workload.centre.replay_fields())
-            variants.append(({"heartbeat": f"{period:g} s", "seed": str(seed)}, config))
-    return variants
+    return _whole_at_periods("syn_1000", (0.1, 10.0), seeds, "heartbeat")
 
 
 def heartbeat_inconsistencies(seeds: Sequence[int], folder: Path) -> list[Variant]:
     """The heartbeat experiment's GOOG replay (Random matching, 20,000 workers) at periods of 0.1, 1 and 10 s."""
-    workload = Workload.parse("GOOG")
-    variants = []
-    for period in (0.1, 1.0, 10.0):
-        for seed in seeds:
-            config = ReplayConfig(workload.trace, seed=seed, delta_interval=period, **workload.centre.replay_fields())
-            variants.append(({"period": f"{period:g} s", "seed": str(seed)}, config))
-    return variants
+    return _whole_at_periods("GOOG", (0.1, 1.0, 10.0), seeds, "period")
+
+
+def _whole_at_periods(name: str, periods: Sequence[float], seeds: Sequence[int], column: str) -> list[Variant]:
+    """All of trace `name` on its paper's data centre at each heartbeat period (`column`: the table's name for it)."""
+    workload = Workload.parse(name)
+    return [
+        ({column: f"{period:g} s", "seed": str(seed)}, workload.config(seed=seed, delta_interval=period))
+        for period in periods
+        for seed in seeds
+    ]
 
 
 def _inconsistencies(parked: bool) -> Cell:

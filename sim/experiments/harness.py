@@ -92,6 +92,10 @@ class Workload:
             return cls(name, trace, DataCentre.parse(centre))
         return cls(name, trace, default if default is not None else paper_centre(name))
 
+    def config(self, **fields: Any) -> ReplayConfig:
+        """A replay of this workload's trace on its data centre, with `fields` (other `ReplayConfig` fields) set."""
+        return ReplayConfig(trace=self.trace, **fields, **self.centre.replay_fields())
+
 
 def paper_centre(name: str) -> DataCentre:
     """The constraint-aware paper's data centre for a trace: the Google sub-trace on 20,000 generated workers
@@ -200,9 +204,7 @@ def replay_each(
     for workload in workloads:
         for *values, seed in itertools.product(*options.values(), seeds):
             chosen = dict(zip(options, values, strict=True))
-            config = ReplayConfig(
-                trace=workload.trace, first_jobs=first_jobs, seed=seed, **chosen, **workload.centre.replay_fields()
-            )
+            config = workload.config(first_jobs=first_jobs, seed=seed, **chosen)
             runs.append(run_replay(config, workload.name)[0])
     return runs
 

@@ -32,7 +32,6 @@ from megha.common.core.placement.choice import CHOICE_POLICIES
 from megha.common.core.policies import LM_ORDERS
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.loadgen.records import JobRecord
-from megha.loadgen.replay import ReplayConfig
 from megha.loadgen.trace import read_trace
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Run, Workload, spread
@@ -101,14 +100,7 @@ def run_all(
             for order in orders:
                 for matching in matchings:
                     for seed in seeds:
-                        config = ReplayConfig(
-                            trace=workload.trace,
-                            first_jobs=first_jobs,
-                            seed=seed,
-                            lm_order=order,
-                            matching=matching,
-                            **workload.centre.replay_fields(),
-                        )
+                        config = workload.config(first_jobs=first_jobs, seed=seed, lm_order=order, matching=matching)
                         run, result = harness.run_replay(config, workload.name)
                         late = late_jobs(result.recorder.jobs.values(), config.delta_interval)
                         runs.append(OrderRun(order, run, late))

@@ -25,7 +25,7 @@ import numpy as np
 
 from megha.common.core.queueable import is_marked_queueable
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
-from megha.loadgen.replay import ReplayConfig, replay
+from megha.loadgen.replay import replay
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Workload
 
@@ -71,14 +71,7 @@ def parse(spec: str) -> tuple[Workload, int | None]:
 
 def run_one(spec: str, fraction: float, seed: int) -> QueueRun:
     workload, jobs = parse(spec)
-    config = ReplayConfig(
-        trace=workload.trace,
-        first_jobs=jobs,
-        seed=seed,
-        constraints=False,
-        queueable=fraction,
-        **workload.centre.replay_fields(),
-    )
+    config = workload.config(first_jobs=jobs, seed=seed, constraints=False, queueable=fraction)
     result = replay(config)
     m = result.metrics
     columns = result.recorder.tasks.columns

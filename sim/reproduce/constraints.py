@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from megha.loadgen.replay import ReplayConfig
 from megha.sim.experiments import harness
 from megha.sim.experiments.harness import Workload
 from megha.sim.reproduce.load import PAPER_NAMES
@@ -54,14 +53,7 @@ def delay_runs(
         for scheduler in SCHEDULERS:
             for matching in matchings:
                 for seed in setup.seeds if seeds is None else seeds:
-                    config = ReplayConfig(
-                        trace=workload.trace,
-                        first_jobs=first,
-                        scheduler=scheduler,
-                        matching=matching,
-                        seed=seed,
-                        **workload.centre.replay_fields(),
-                    )
+                    config = workload.config(first_jobs=first, scheduler=scheduler, matching=matching, seed=seed)
                     shown = name if first is None else f"{name}[:{first}]"
                     runs.setdefault((name, scheduler, matching), []).append(outcome(config, shown))
     return runs

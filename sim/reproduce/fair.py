@@ -67,6 +67,20 @@ def scenario(load: str) -> str:
     return "trace arrivals" if load == allocation.TRACE_ARRIVALS else f"{float(load):.0%} load"
 
 
+def sample_config(trace: str, first: int, scheduler: str, centre: DataCentre, seed: int) -> ReplayConfig:
+    """One replay of the Sparrow comparison's sample: no constraints, its heartbeat, the scheduler's sample costs."""
+    return ReplayConfig(
+        trace=trace,
+        first_jobs=first,
+        scheduler=scheduler,
+        seed=seed,
+        constraints=False,
+        delta_interval=HEARTBEAT,
+        decision_costs=SAMPLE_COSTS[scheduler],
+        **centre.replay_fields(),
+    )
+
+
 def sample_runs(setup: Setup, schedulers: Sequence[str], loads: Sequence[str]) -> Runs:
     """The Sparrow comparison's replays, by (load, scheduler), one outcome per seed."""
     workload, first = sparrow_sample(setup)
@@ -75,16 +89,7 @@ def sample_runs(setup: Setup, schedulers: Sequence[str], loads: Sequence[str]) -
         for scheduler in schedulers:
             for seed in setup.seeds:
                 trace = allocation.scenario_trace(workload, load, first, workload.centre.workers, seed, scratch())
-                config = ReplayConfig(
-                    trace=trace,
-                    first_jobs=first,
-                    scheduler=scheduler,
-                    seed=seed,
-                    constraints=False,
-                    delta_interval=HEARTBEAT,
-                    decision_costs=SAMPLE_COSTS[scheduler],
-                    **workload.centre.replay_fields(),
-                )
+                config = sample_config(trace, first, scheduler, workload.centre, seed)
                 label = f"{workload.name} sample, {scenario(load)}"
                 runs.setdefault((load, scheduler), []).append(outcome(config, label))
     return runs

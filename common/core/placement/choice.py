@@ -73,11 +73,7 @@ class MinimumConstraintsChoice:
     name = "min-constraints"
 
     def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
-        for bits in view.count_bits:
-            fewest = candidates & bits
-            if fewest:
-                return uniform_bit(fewest, rng)
-        raise ValueError("no candidates to choose from")
+        return uniform_bit(view.fewest_constraints(candidates)[1], rng)
 
 
 class LowestMinimumConstraintsChoice:
@@ -90,11 +86,8 @@ class LowestMinimumConstraintsChoice:
     name = "min-constraints-first"
 
     def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
-        for bits in view.count_bits:
-            fewest = candidates & bits
-            if fewest:
-                return (fewest & -fewest).bit_length() - 1
-        raise ValueError("no candidates to choose from")
+        fewest = view.fewest_constraints(candidates)[1]
+        return (fewest & -fewest).bit_length() - 1
 
 
 class FirstFitChoice:

@@ -12,7 +12,7 @@ is its only candidate in that partition.
 
 The order yields, among the GM's internal partitions and then among the external ones, those where the task has room
 in ascending order of the fewest extra constraints among its feasible free nodes there (the lowest level of the
-partition's `count_bits` with a candidate); first-fit (LM) order among equals, and a partition whose best node has no
+partition's `count_levels` with a candidate); first-fit (LM) order among equals, and a partition whose best node has no
 extra constraint is yielded as soon as it is found. The `rarity` node choice (`placement.choice`) then narrows to the
 candidates of that level, spares the hot constraints as the scarcity choice does, and picks at random among the rest.
 """
@@ -24,15 +24,6 @@ from collections.abc import Iterator
 from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
-
-
-def fewest_extra(view: PartitionView, candidates: int, needed: int) -> tuple[int, int]:
-    """(the fewest constraints beyond the `needed` count any of `candidates` has, the candidates with that many)."""
-    for count, nodes in view.count_levels:
-        nodes &= candidates
-        if nodes:
-            return count - needed, nodes
-    raise ValueError("no candidates to choose from")
 
 
 class _Fewest:
@@ -56,7 +47,7 @@ def fewest(view: PartitionView, candidates: int) -> int:
     last = _LAST
     if last.view is view and last.candidates == candidates:
         return last.nodes
-    return fewest_extra(view, candidates, 0)[1]
+    return view.fewest_constraints(candidates)[1]
 
 
 class RaritySearch(PartitionSearch):
@@ -109,7 +100,7 @@ class RaritySearch(PartitionSearch):
         _, view, free = others.pop(best_at)
         _remember(view, free, best_nodes)
         yield view
-        ranked = sorted((fewest_extra(view, free, needed)[0], i, view) for i, view, free in others)
+        ranked = sorted((view.fewest_constraints(free)[0], i, view) for i, view, free in others)
         for _, _, view in ranked:
             yield view
 
