@@ -207,7 +207,8 @@ def megha() -> None:
     group=SCHEDULER,
     help="Megha, or a baseline to compare with: centralized (one GM, one LM), pigeonc (distributors and masters of "
     "fixed groups), pigeonc-published (PigeonC with the authors' simulator's worker count, which reproduces the "
-    "published figures), sparrow (batch sampling, late binding)",
+    "published figures), sparrow (batch sampling, late binding); a baseline refuses Megha's GM policies and "
+    "--delta-interval, and sparrow --matching",
 )
 @setting(GMSettings, "matching", default=REPLAY.matching, group=SCHEDULER)
 @setting(GMSettings, "lm_order", default=REPLAY.lm_order, group=SCHEDULER)
@@ -591,9 +592,27 @@ def _placement_default(args: SimpleNamespace, name: str) -> str:
     return value
 
 
+UNUSED_BY = {"matching": ("sparrow",), "delta_interval": ("pigeonc", "pigeonc-published", "sparrow")}
+"""`megha replay` options a baseline scheduler has no use for: Sparrow's probes pick the workers (no matching), and
+neither baseline has LM deltas. Named on the command line with such a scheduler, they are refused, not ignored."""
+
+
+def _refuse_unused(args: SimpleNamespace) -> None:
+    """A usage error for an option of `UNUSED_BY` that the command line names with a scheduler it plays no part in."""
+    context = click.get_current_context()
+    for name, schedulers in UNUSED_BY.items():
+        if args.scheduler in schedulers and context.get_parameter_source(name) not in (
+            None,
+            click.core.ParameterSource.DEFAULT,
+        ):
+            option = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{option} plays no part in --scheduler {args.scheduler}: leave it out")
+
+
 def _replay(args: SimpleNamespace) -> int:
     """`megha replay`: one replay per seed (`--seeds`), each reported as a single replay is; with several, their
     headline figures side by side, and the worst exit status."""
+    _refuse_unused(args)
     from megha.loadgen.figure_process import FigureProcess
     from megha.loadgen.report import report_dir
     from megha.loadgen.seeds import SeedFigures
@@ -683,9 +702,8 @@ def _replay_seed(
 
     result = replay(config, None if args.quiet else Progress())
     order = f"{config.lm_order} LM order, " if config.scheduler in ("megha", "centralized") else ""
-    title = (
-        f"{config.scheduler.capitalize()} replay of {args.trace} ({order}{config.matching} matching, {config.mode} mode"
-    )
+    order += "" if config.scheduler in UNUSED_BY["matching"] else f"{config.matching} matching, "
+    title = f"{config.scheduler.capitalize()} replay of {args.trace} ({order}{config.mode} mode"
     title += f", {config.decision_costs} decision costs" if config.decision_costs != "zero" else ""
     title += f", seed {config.seed})" if named else ")"
     print(format_table(result.metrics, title))

@@ -567,3 +567,30 @@ def test_bad_variant_options_are_usage_errors_naming_them(
 def test_the_gm_policies_are_refused_for_a_baseline(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*SMALL, "--no-files", "--scheduler", "sparrow", *args]) == 2
     assert "is a policy of Megha's GMs (megha, centralized), not sparrow" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "args", "named"),
+    [
+        ("sparrow", ["--matching", "rarity"], "--matching"),
+        ("sparrow", ["--matching", "random"], "--matching"),  # named, even as the value it would have
+        ("sparrow", ["--delta-interval", "5"], "--delta-interval"),
+        ("pigeonc", ["--delta-interval", "0.1"], "--delta-interval"),
+    ],
+)
+def test_an_option_a_baseline_has_no_use_for_is_refused_not_ignored(
+    scheduler: str, args: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*SMALL, "--no-files", "--scheduler", scheduler, *args])
+    assert exc.value.code == 2
+    assert f"{named} plays no part in --scheduler {scheduler}" in capsys.readouterr().err
+
+
+def test_a_baseline_replay_titles_only_the_policies_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Sparrow's title names no matching (its probes pick the workers); PigeonC's names the one it ran."""
+    assert cli.main([*SMALL, "--no-files", "--scheduler", "sparrow"]) == 0
+    assert "Sparrow replay of syn:10:4 (slot mode)" in capsys.readouterr().out
+    pigeonc = ["--scheduler", "pigeonc", "--workers-per-partition", "60"]  # a node for each of its 100 masters
+    assert cli.main([*SMALL, "--no-files", *pigeonc, "--matching", "min-constraints"]) == 0
+    assert "Pigeonc replay of syn:10:4 (min-constraints matching, slot mode)" in capsys.readouterr().out
