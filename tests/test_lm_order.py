@@ -27,6 +27,7 @@ from megha.common.settings import GMSettings
 from megha.loadgen.records import JobRecord
 from megha.loadgen.replay import ReplayConfig, replay
 from megha.loadgen.trace import demo_trace_path, read_trace
+from megha.services.gm.service import GMService
 from megha.sim.experiments import lm_order
 
 from corekit import cluster, job, task
@@ -335,3 +336,23 @@ def test_rarity_is_an_lm_order_a_node_choice_and_settings(monkeypatch: pytest.Mo
     assert isinstance(done.system.gms[0].placer.search, RaritySearch)
     accepted = [rec for rec in done.recorder.tasks.values() if not rec.failed_reason]
     assert len(accepted) >= 200 and all(rec.completions == 1 for rec in accepted)
+
+
+def test_a_gm_service_places_with_the_rarity_order_and_choice_its_settings_name(tmp_path: Path) -> None:
+    """MEGHA_LM_ORDER=rarity and MEGHA_MATCHING=rarity reach the GM service's core, which then keeps a rare node
+    for the task that needs it: a plain task takes the plain node of the other LM, not LM 0's rare one."""
+    settings = GMSettings(
+        lm_urls=["http://127.0.0.1:9", "http://127.0.0.1:10"],
+        journal_dir=str(tmp_path),
+        lm_order="rarity",
+        matching="rarity",
+    )
+    service = GMService(settings)
+    service.adopt(cluster([[[[1, 2, 3]]], [[[]]]]))  # LM 0: one node with constraints 1-3; LM 1: a plain node
+    core = service.core
+    assert core is not None
+    assert isinstance(core.placer.search, RaritySearch) and isinstance(core.placer.choice, RarityChoice)
+    placement = core.placer.match(task("plain"))
+    assert placement is not None and placement.lm == 1
+    placement = core.placer.match(task("picky", [1, 2]))
+    assert placement is not None and placement.lm == 0
