@@ -88,7 +88,13 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
                 await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
             peers.start()
             service.parents.start()
-            log.info("GM %d serving on %s with %s matching", settings.gm_id, settings.url(), settings.matching)
+            log.info(
+                "GM %d serving on %s with the %s LM order and %s matching",
+                settings.gm_id,
+                settings.url(),
+                settings.lm_order,
+                settings.matching,
+            )
             with serving_gc():
                 yield
             await service.parents.close()
