@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -19,6 +19,7 @@ from megha.common.core.policies import ANSWER_STATES
 from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses, parse_priority_classes
 from megha.common.core.queueable import mark_queueable
 from megha.common.core.retry import parse_rule
+from megha.common.core.task import JobSpec
 from megha.embedded.faults import Faults
 from megha.embedded.system import EmbeddedConfig
 from megha.loadgen.dependencies import parse_dependencies, with_dependencies
@@ -26,7 +27,7 @@ from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.priority import assign_classes
 from megha.loadgen.progress import Advance, Progress
 from megha.loadgen.recorder import Recorder, WallClockRecorder
-from megha.loadgen.trace import resolve_trace
+from megha.loadgen.trace import TraceJob, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
 from megha.sim.system import SchedulerSystem, build_system
 
@@ -139,6 +140,28 @@ def build_cluster(config: ReplayConfig) -> ClusterSpec:
     return load_cluster(path, config.node_capacity)
 
 
+def trace_workload(
+    config: ReplayConfig, trace_jobs: Sequence[TraceJob], entry_points: int
+) -> list[tuple[int, JobSpec]]:
+    """The jobs of `trace_jobs` as `config` draws them (requests, constraints, users, queues) for a system of
+    `entry_points` GMs, before a replay's other marks (dependencies, retries, classes, gangs, queueable)."""
+    fairness = config.fairness()
+    return build_workload(
+        trace_jobs,
+        WorkloadConfig(
+            config.mode,
+            config.seed,
+            entry_points,
+            config.node_capacity,
+            config.users,
+            cpu_scale=config.cpu_scale,
+            mem_scale=config.mem_scale,
+            queues=fairness.queues if fairness is not None else (),
+            constraints=config.constraints,
+        ),
+    )
+
+
 def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResult:
     """Replay `config.trace` through the embedded system and measure it; `progress` says what runs and, on a
     terminal, how far it got."""
@@ -210,20 +233,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         ),
         recorder,
     )
-    workload = build_workload(
-        trace_jobs,
-        WorkloadConfig(
-            config.mode,
-            config.seed,
-            system.entry_points,
-            config.node_capacity,
-            config.users,
-            cpu_scale=config.cpu_scale,
-            mem_scale=config.mem_scale,
-            queues=fairness.queues if fairness is not None else (),
-            constraints=config.constraints,
-        ),
-    )
+    workload = trace_workload(config, trace_jobs, system.entry_points)
     if chains is not None:
         workload = with_dependencies(workload, chains, config.seed)
     if rule is not None:

@@ -106,3 +106,42 @@ def test_tasks_submitted_one_request_each_wait_for_the_gm_and_a_job_at_once_does
         assert metrics.tasks == tasks
         queuing[config.trace] = metrics.components["framework_queuing"].median
     assert queuing[at_once.trace] == 0 and queuing[alone.trace] > 0, queuing
+
+
+def test_the_longest_wait_names_the_nodes_that_fit_the_last_task_and_the_task_it_waited_for(tmp_path: Path) -> None:
+    """google-max-seeds' diagnosis of its max job, on a small slice: the nodes counted are those whose machine
+    constraints cover the task's, the one it ran on among them, and the task before it there is one that ended
+    there no later than it started."""
+    import re
+    from dataclasses import replace
+
+    import numpy as np
+
+    from megha.loadgen.replay import replay, trace_workload
+    from megha.loadgen.trace import resolve_trace
+    from megha.sim.experiments.differences import EXPERIMENTS, _longest_wait
+
+    _, config = EXPERIMENTS["google-max-seeds"].variants([0], tmp_path)[0]
+    result = replay(replace(config, first_jobs=150, workers_per_partition=40))
+    found = re.fullmatch(r"([\d,]+) nodes?; (.+)", _longest_wait(result))
+    assert found is not None, _longest_wait(result)
+    worst = max((j for j in result.recorder.jobs.values() if not np.isnan(j.jrt_delay)), key=lambda j: j.jrt_delay)
+    columns = {name: result.recorder.tasks.column(name) for name in ("job_id", "task_id", "lm", "node")}
+    columns |= {name: result.recorder.tasks.column(name) for name in ("started_at", "finished_at")}
+    last = max(
+        (i for i, job in enumerate(columns["job_id"]) if job == worst.job_id), key=lambda i: columns["started_at"][i]
+    )
+    lm, node = columns["lm"][last], columns["node"][last]
+    jobs = trace_workload(config, resolve_trace(config.trace, 150, config.time_scale), result.system.entry_points)
+    spec = next(t for _, job in jobs for t in job.tasks if t.task_id == columns["task_id"][last])
+    masks = [[m for p in row for m in p.constraint_masks] for row in result.cluster.partitions]
+    assert masks[lm][node] & spec.constraints == spec.constraints  # the node it ran on fits it
+    fitting = sum(m & spec.constraints == spec.constraints for row in masks for m in row)
+    assert int(found.group(1).replace(",", "")) == fitting
+    ran_there = [
+        i
+        for i in range(len(columns["lm"]))
+        if (columns["lm"][i], columns["node"][i]) == (lm, node)
+        and columns["finished_at"][i] <= columns["started_at"][last]
+    ]
+    assert (found.group(2) == "none before it") == (not ran_there)
