@@ -38,7 +38,9 @@ class EmbeddedConfig:
     `dependencies` lets jobs wait for other jobs (each job's end is then tracked and told to every GM,
     docs/dependencies.md). `fail_fraction` of the
     simulated runs fail with exit code `fail_exit_code` (drawn with the seed; docs/retry.md). `priority_classes`
-    turns on priority classes (the tasks' `priority` values order queues and may preempt lower ones)."""
+    turns on priority classes (the tasks' `priority` values order queues and may preempt lower ones). `event_order`
+    orders the events due at the same time (`megha.common.transport.inmemory.EVENT_ORDERS`; "seeded" draws with
+    `seed`)."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
@@ -61,6 +63,7 @@ class EmbeddedConfig:
     answer_states: str = "always"  # whether an LM's launch answer carries node states: an `ANSWER_STATES` name
     delta_states: str = "latest"  # what an LM's delta reports of a node changed twice: a `DELTA_STATES` name
     gang_reserve_after: float | None = None  # seconds a gang waits before its GM holds LMs for it (None: never)
+    event_order: str = "fifo"  # the order of events due at the same time: an `inmemory.EVENT_ORDERS` name
 
 
 class EmbeddedSystem(SimulatedSystem):

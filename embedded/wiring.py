@@ -16,7 +16,7 @@ from megha.common.core.gm import Unschedulable
 from megha.common.core.messages import Output
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec
-from megha.common.transport.inmemory import EventLoop
+from megha.common.transport.inmemory import EVENT_ORDERS, EventLoop
 
 if TYPE_CHECKING:
     from megha.embedded.system import EmbeddedConfig
@@ -47,7 +47,10 @@ class SimulatedSystem:
         self.config = config
         self.observer = observer or CoreObserver()
         # GM and LM endpoints registered as servers take `config.costs` to handle each message (none: no time).
-        self.loop = EventLoop(config.hop_delay, config.realtime, config.costs)
+        if config.event_order not in EVENT_ORDERS:
+            raise ValueError(f"unknown event order {config.event_order!r}; choose one of {list(EVENT_ORDERS)}")
+        ties_seed = None if config.event_order == "fifo" else config.seed
+        self.loop = EventLoop(config.hop_delay, config.realtime, config.costs, ties_seed)
         self.rejected: list[tuple[JobSpec, str]] = []  # jobs refused at submission, with the reason
         self.entry_points = entry_points
         self.entry_kind = entry_kind  # what an entry point is called in errors: "GM", "distributor", "scheduler"

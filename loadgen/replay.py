@@ -44,6 +44,7 @@ class ReplayConfig:
     trace: str = "syn:250:200"
     first_jobs: int | None = None
     time_scale: float = 1.0
+    truncate_durations: bool = False  # truncate the trace's task durations to whole seconds (authors' simulator)
     cluster: str = "generate"
     lms: int = 5
     gms: int = 5
@@ -55,6 +56,7 @@ class ReplayConfig:
     mem_scale: int = 50  # scaled mode: the drawn memory request is divided by this
     matching: str = "random"
     hop_delay: float = 0.0005
+    event_order: str = "fifo"  # events due at the same time: a `megha.common.transport.inmemory.EVENT_ORDERS` name
     delta_interval: float = 1.0
     seed: int = 0
     users: int = 1
@@ -166,7 +168,9 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
     """Replay `config.trace` through the embedded system and measure it; `progress` says what runs and, on a
     terminal, how far it got."""
     cluster = build_cluster(config)
-    trace_jobs = resolve_trace(config.trace, config.first_jobs, config.time_scale)
+    trace_jobs = resolve_trace(
+        config.trace, config.first_jobs, config.time_scale, whole_seconds=config.truncate_durations
+    )
     recorder = WallClockRecorder() if config.realtime else Recorder()
     fairness = config.fairness()
     if fairness is not None:
@@ -230,6 +234,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             answer_states=config.answer_states,
             delta_states=config.delta_states,
             gang_reserve_after=config.gang_reserve_after,
+            event_order=config.event_order,
         ),
         recorder,
     )

@@ -33,18 +33,27 @@ class TraceJob:
     durations: tuple[float, ...]
 
 
-def read_trace(path: str | Path, first_n: int | None = None, time_scale: float = 1.0) -> list[TraceJob]:
+def read_trace(
+    path: str | Path, first_n: int | None = None, time_scale: float = 1.0, *, whole_seconds: bool = False
+) -> list[TraceJob]:
     """The first `first_n` jobs (all when None) of the trace at `path`, read lazily (only the lines needed).
 
     Arrivals are shifted so the first job arrives at 0, then arrivals and durations are multiplied by
-    `time_scale`.
+    `time_scale`. With `whole_seconds`, each task's duration as the file gives it is first truncated to whole
+    seconds (toward zero: a task under 1 s lasts 0), as the constraint-aware paper's simulator reads a trace.
     """
     _check_options(first_n, time_scale)
     jobs = list(itertools.islice(_parse_lines(Path(path)), first_n))
     if not jobs:
         return []
     origin = jobs[0].arrival
-    return [TraceJob((job.arrival - origin) * time_scale, tuple(d * time_scale for d in job.durations)) for job in jobs]
+    return [
+        TraceJob(
+            (job.arrival - origin) * time_scale,
+            tuple((math.trunc(d) if whole_seconds else d) * time_scale for d in job.durations),
+        )
+        for job in jobs
+    ]
 
 
 def synthetic_trace(
@@ -60,10 +69,13 @@ def synthetic_trace(
     return [TraceJob(k * interval, durations) for k in range(num_jobs)]
 
 
-def resolve_trace(spec: str, first_n: int | None = None, time_scale: float = 1.0) -> list[TraceJob]:
+def resolve_trace(
+    spec: str, first_n: int | None = None, time_scale: float = 1.0, *, whole_seconds: bool = False
+) -> list[TraceJob]:
     """Jobs from a trace spec: a `.tr` file path, or `syn:<tasks_per_job>:<num_jobs>` (e.g. `syn:250:200`).
 
-    `first_n` and `time_scale` apply to both, as in `read_trace`.
+    `first_n`, `time_scale` and `whole_seconds` apply to both, as in `read_trace` (a synthetic trace's tasks last
+    a whole second already).
     """
     _check_options(first_n, time_scale)
     if spec.startswith(SYNTHETIC_PREFIX):
@@ -74,7 +86,7 @@ def resolve_trace(spec: str, first_n: int | None = None, time_scale: float = 1.0
         return synthetic_trace(int(parts[0]), num_jobs, task_duration=time_scale, interval=time_scale)
     if not Path(spec).is_file():
         raise TraceError(f"trace spec {spec!r}: no such file, and not of the form syn:<tasks_per_job>:<num_jobs>")
-    return read_trace(spec, first_n, time_scale)
+    return read_trace(spec, first_n, time_scale, whole_seconds=whole_seconds)
 
 
 def demo_trace_path() -> Path:

@@ -27,7 +27,7 @@ from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.common.machine_classes import MACHINE_DRAWS
 from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
-from megha.common.transport.inmemory import fewer_gc_pauses
+from megha.common.transport.inmemory import EVENT_ORDERS, fewer_gc_pauses
 from megha.embedded.faults import parse_faults
 from megha.loadgen.metrics import RunMetrics
 from megha.loadgen.replay import ReplayConfig
@@ -175,6 +175,13 @@ def megha() -> None:
 @_workload(REPLAY.trace, REPLAY.first_jobs, REPLAY.time_scale, REPLAY.mode)
 @setting(LoadgenSettings, "cpu_scale", default=REPLAY.cpu_scale, group=WORKLOAD)
 @setting(LoadgenSettings, "mem_scale", default=REPLAY.mem_scale, group=WORKLOAD)
+@option(
+    "--truncate-durations",
+    is_flag=True,
+    group=WORKLOAD,
+    help="truncate each task's duration in the trace to whole seconds (a task under 1 s lasts 0), as the "
+    "constraint-aware paper's simulator reads a trace; default: as the trace gives them",
+)
 @option("--users", type=positive(int), default=REPLAY.users, group=WORKLOAD, help="users jobs are spread over")
 @option(
     "--no-constraints",
@@ -295,6 +302,14 @@ def megha() -> None:
     default=REPLAY.hop_delay,
     group=SCHEDULER,
     help="network delay per message hop, seconds",
+)
+@option(
+    "--event-order",
+    type=OneOf(list(EVENT_ORDERS)),
+    default=REPLAY.event_order,
+    group=SCHEDULER,
+    help="the order of events due at the same virtual time: fifo (the order they were sent) or seeded (a random "
+    "order drawn with --seed, even between the same two endpoints; the authors' simulator leaves it undefined)",
 )
 @setting(LMSettings, "delta_interval", default=REPLAY.delta_interval, group=SCHEDULER)
 @setting(GMSettings, "seed", default=REPLAY.seed, group=SCHEDULER, help="seed for cluster, constraints and choices")
@@ -629,6 +644,7 @@ def _replay(args: SimpleNamespace) -> int:
         trace=str(demo_trace_path()) if args.trace == "demo" else args.trace,
         first_jobs=args.first_jobs,
         time_scale=args.time_scale,
+        truncate_durations=args.truncate_durations,
         cluster=args.cluster,
         lms=args.lms,
         gms=args.gms,
@@ -650,6 +666,7 @@ def _replay(args: SimpleNamespace) -> int:
         machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,
         hop_delay=args.hop_delay,
+        event_order=args.event_order,
         delta_interval=args.delta_interval,
         seed=args.seed,
         users=args.users,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -116,6 +117,27 @@ def test_cli_replay_prints_the_report_and_writes_files(tmp_path: Path, capsys: p
     assert "allocation time" in out and "JRT delay" in out and "tasks: 50  completed: 50  failed: 0" in out
     for name in ("tasks.csv", "jobs.csv", "summary.json", "utilization.csv", "cdf.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_cli_truncate_durations_runs_each_task_for_its_whole_seconds_and_a_task_under_1_s_for_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "short.tr"
+    trace.write_text("5 2 1.55 0.4 2.7\n6 1 0.6 0.6\n")
+    argv = [*SMALL_REPLAY, "--trace", str(trace), "--no-files"]
+    assert main(argv) == 0
+    assert "tasks: 3  completed: 3  failed: 0" in capsys.readouterr().out
+    out = tmp_path / "report"
+    assert main([*argv[:-1], "--truncate-durations", "--out", str(out)]) == 0
+    assert "tasks: 3  completed: 3  failed: 0" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["extra"]["config"]["truncate_durations"] is True
+    tasks = {row["task_id"]: row for row in csv.DictReader((out / "tasks.csv").open())}
+    ran = {task: float(row["finished_at"]) - float(row["started_at"]) for task, row in tasks.items()}
+    assert {task: float(row["duration"]) for task, row in tasks.items()} == {"j0.0": 0.0, "j0.1": 2.0, "j1.0": 0.0}
+    assert ran == pytest.approx({"j0.0": 0.0, "j0.1": 2.0, "j1.0": 0.0})
+    jobs = {row["job_id"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert [float(jobs[j]["ideal_jrt"]) for j in ("j0", "j1")] == [2.0, 0.0]
+    assert all(0 < float(jobs[j]["jrt_delay"]) < 0.01 for j in ("j0", "j1"))
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,19 @@ def test_time_scale_multiplies_arrivals_and_durations(tmp_path: Path) -> None:
         read_trace(path, time_scale=0)
 
 
+def test_whole_seconds_truncates_the_files_durations_toward_zero_before_the_time_scale(tmp_path: Path) -> None:
+    path = write(tmp_path, "100 3 1.4 0.4 1.9 2.0\n101 1 3.999 3.999\n")
+    assert read_trace(path) == [TraceJob(0.0, (0.4, 1.9, 2.0)), TraceJob(1.0, (3.999,))]
+    whole = [TraceJob(0.0, (0.0, 1.0, 2.0)), TraceJob(1.0, (3.0,))]
+    assert read_trace(path, whole_seconds=True) == whole
+    assert read_trace(path, time_scale=0.5, whole_seconds=True) == [
+        TraceJob(0.0, (0.0, 0.5, 1.0)),
+        TraceJob(0.5, (1.5,)),
+    ]
+    assert resolve_trace(str(path), whole_seconds=True) == whole
+    assert resolve_trace("syn:3:2", whole_seconds=True) == synthetic_trace(3, 2)
+
+
 def test_synthetic_trace_shape() -> None:
     jobs = synthetic_trace(3, 4, task_duration=2.0, interval=0.5)
     assert [job.arrival for job in jobs] == [0.0, 0.5, 1.0, 1.5]

@@ -11,6 +11,7 @@ handling ends. `ServedObserver` stamps the recorder's task events with those tim
 from __future__ import annotations
 
 import gc
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,9 @@ Handler = Callable[[object, float], list[Output]]
 Endpoint = Callable[[object, float], list[Output] | None]
 
 GC_GEN0_THRESHOLD = 100_000
+EVENT_ORDERS = ("fifo", "seeded")
+"""How the loop orders events due at the same time: in the order they were sent, or in a random order drawn with a
+seed (as the constraint-aware paper's simulator leaves it undefined: its events all compare as less)."""
 
 
 @contextmanager
@@ -41,11 +45,20 @@ def fewer_gc_pauses() -> Iterator[None]:
 
 
 class EventLoop:
-    """Delivers messages to named endpoints in time order (FIFO among equal times)."""
+    """Delivers messages to named endpoints in time order: FIFO among equal times, or with `ties_seed` in a random
+    order drawn with that seed (`EVENT_ORDERS`' "seeded"), even for messages between the same two endpoints."""
 
-    def __init__(self, hop_delay: float = 0.0005, realtime: bool = False, costs: DecisionCosts | None = None) -> None:
+    def __init__(
+        self,
+        hop_delay: float = 0.0005,
+        realtime: bool = False,
+        costs: DecisionCosts | None = None,
+        ties_seed: int | None = None,
+    ) -> None:
         if hop_delay < 0:
             raise ValueError(f"hop delay must be >= 0, got {hop_delay}")
+        # None: FIFO among equal times; else the generator of each message's random rank among them
+        self._ties = None if ties_seed is None else random.Random(ties_seed)
         self.hop_delay = hop_delay
         self.realtime = realtime
         self.costs = None if costs is None or costs.zero else costs  # None: deciding takes no time
@@ -86,10 +99,12 @@ class EventLoop:
 
     def dispatch(self, outputs: Iterable[Output], at: float | None = None) -> None:
         """Send a core step's outputs at `at` (default: now): Send after one hop, Wake at its time. The heap holds
-        each message's handler (looked up once, here), so a delivery costs no lookup."""
+        each message's handler (looked up once, here), so a delivery costs no lookup. Among equal times the heap
+        orders by the second item: the sending order, or a random rank above it (the sending order stays unique)."""
         heap = self._heap
         endpoints = self._endpoints
         background = self._background
+        ties = self._ties
         sent = (self.now if at is None else at) + self.hop_delay
         for out in outputs:
             handler = endpoints.get(out.dest)
@@ -97,7 +112,8 @@ class EventLoop:
                 raise KeyError(f"no endpoint {out.dest}")
             msg = out.msg
             self._seq += 1
-            heappush(heap, (out.at if type(out) is Wake else sent, self._seq, handler, msg))
+            rank = self._seq if ties is None else ties.getrandbits(32) << 40 | self._seq
+            heappush(heap, (out.at if type(out) is Wake else sent, rank, handler, msg))
             if not isinstance(msg, background):
                 self._work += 1
 
