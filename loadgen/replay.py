@@ -45,6 +45,7 @@ class ReplayConfig:
     first_jobs: int | None = None
     time_scale: float = 1.0
     truncate_durations: bool = False  # truncate the trace's task durations to whole seconds (authors' simulator)
+    dephase_arrivals: bool = False  # a job arriving with an earlier one comes 0.01 s later per such job (authors')
     cluster: str = "generate"
     lms: int = 5
     gms: int = 5
@@ -142,6 +143,17 @@ def build_cluster(config: ReplayConfig) -> ClusterSpec:
     return load_cluster(path, config.node_capacity)
 
 
+def read_jobs(config: ReplayConfig) -> list[TraceJob]:
+    """The trace's jobs as `config` reads them (its first jobs, time scale, durations and arrivals)."""
+    return resolve_trace(
+        config.trace,
+        config.first_jobs,
+        config.time_scale,
+        whole_seconds=config.truncate_durations,
+        dephase=config.dephase_arrivals,
+    )
+
+
 def trace_workload(
     config: ReplayConfig, trace_jobs: Sequence[TraceJob], entry_points: int
 ) -> list[tuple[int, JobSpec]]:
@@ -168,9 +180,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
     """Replay `config.trace` through the embedded system and measure it; `progress` says what runs and, on a
     terminal, how far it got."""
     cluster = build_cluster(config)
-    trace_jobs = resolve_trace(
-        config.trace, config.first_jobs, config.time_scale, whole_seconds=config.truncate_durations
-    )
+    trace_jobs = read_jobs(config)
     recorder = WallClockRecorder() if config.realtime else Recorder()
     fairness = config.fairness()
     if fairness is not None:

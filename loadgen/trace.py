@@ -33,26 +33,45 @@ class TraceJob:
     durations: tuple[float, ...]
 
 
+DEPHASE_STEP = 0.01
+"""Seconds by which the constraint-aware paper's simulator moves a job that arrives when an earlier job did
+(`dephase`)."""
+
+
 def read_trace(
-    path: str | Path, first_n: int | None = None, time_scale: float = 1.0, *, whole_seconds: bool = False
+    path: str | Path,
+    first_n: int | None = None,
+    time_scale: float = 1.0,
+    *,
+    whole_seconds: bool = False,
+    dephase: bool = False,
 ) -> list[TraceJob]:
     """The first `first_n` jobs (all when None) of the trace at `path`, read lazily (only the lines needed).
 
     Arrivals are shifted so the first job arrives at 0, then arrivals and durations are multiplied by
     `time_scale`. With `whole_seconds`, each task's duration as the file gives it is first truncated to whole
-    seconds (toward zero: a task under 1 s lasts 0), as the constraint-aware paper's simulator reads a trace.
+    seconds (toward zero: a task under 1 s lasts 0), as the constraint-aware paper's simulator reads a trace. With
+    `dephase`, as that simulator does too (`job.py`), the k-th job to arrive at a time an earlier job arrived at
+    arrives `k * DEPHASE_STEP` seconds after it, before the time scale (so later in the list than a job of the
+    next arrival time when more than 1 / `DEPHASE_STEP` jobs share one).
     """
     _check_options(first_n, time_scale)
     jobs = list(itertools.islice(_parse_lines(Path(path)), first_n))
     if not jobs:
         return []
     origin = jobs[0].arrival
+    arrivals = [job.arrival for job in jobs]
+    if dephase:
+        seen: dict[float, int] = {}
+        for i, arrival in enumerate(arrivals):
+            k = seen[arrival] = seen.get(arrival, -1) + 1
+            arrivals[i] = arrival + k * DEPHASE_STEP
     return [
         TraceJob(
-            (job.arrival - origin) * time_scale,
+            (arrival - origin) * time_scale,
             tuple((math.trunc(d) if whole_seconds else d) * time_scale for d in job.durations),
         )
-        for job in jobs
+        for arrival, job in zip(arrivals, jobs, strict=True)
     ]
 
 
@@ -70,12 +89,17 @@ def synthetic_trace(
 
 
 def resolve_trace(
-    spec: str, first_n: int | None = None, time_scale: float = 1.0, *, whole_seconds: bool = False
+    spec: str,
+    first_n: int | None = None,
+    time_scale: float = 1.0,
+    *,
+    whole_seconds: bool = False,
+    dephase: bool = False,
 ) -> list[TraceJob]:
     """Jobs from a trace spec: a `.tr` file path, or `syn:<tasks_per_job>:<num_jobs>` (e.g. `syn:250:200`).
 
-    `first_n`, `time_scale` and `whole_seconds` apply to both, as in `read_trace` (a synthetic trace's tasks last
-    a whole second already).
+    `first_n`, `time_scale`, `whole_seconds` and `dephase` apply to both, as in `read_trace` (a synthetic trace's
+    tasks last a whole second already and its jobs arrive a second apart).
     """
     _check_options(first_n, time_scale)
     if spec.startswith(SYNTHETIC_PREFIX):
@@ -86,7 +110,7 @@ def resolve_trace(
         return synthetic_trace(int(parts[0]), num_jobs, task_duration=time_scale, interval=time_scale)
     if not Path(spec).is_file():
         raise TraceError(f"trace spec {spec!r}: no such file, and not of the form syn:<tasks_per_job>:<num_jobs>")
-    return read_trace(spec, first_n, time_scale, whole_seconds=whole_seconds)
+    return read_trace(spec, first_n, time_scale, whole_seconds=whole_seconds, dephase=dephase)
 
 
 def demo_trace_path() -> Path:

@@ -182,6 +182,13 @@ def megha() -> None:
     help="truncate each task's duration in the trace to whole seconds (a task under 1 s lasts 0), as the "
     "constraint-aware paper's simulator reads a trace; default: as the trace gives them",
 )
+@option(
+    "--dephase-arrivals",
+    is_flag=True,
+    group=WORKLOAD,
+    help="move the k-th job that arrives at the same time as an earlier one k x 0.01 s later, as the "
+    "constraint-aware paper's simulator reads a trace; default: as the trace gives them",
+)
 @option("--users", type=positive(int), default=REPLAY.users, group=WORKLOAD, help="users jobs are spread over")
 @option(
     "--no-constraints",
@@ -645,6 +652,7 @@ def _replay(args: SimpleNamespace) -> int:
         first_jobs=args.first_jobs,
         time_scale=args.time_scale,
         truncate_durations=args.truncate_durations,
+        dephase_arrivals=args.dephase_arrivals,
         cluster=args.cluster,
         lms=args.lms,
         gms=args.gms,

@@ -258,3 +258,16 @@ def test_cli_names_the_two_repartition_counts_apart(tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     assert "tasks placed by repartition: " in out and "repartitioned placements: " in out
     assert not re.search(r"(?<!by )(repartitions|preemptions):", out)
+
+
+def test_cli_dephase_arrivals_submits_a_job_sharing_an_arrival_a_hundredth_of_a_second_later(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "together.tr"
+    trace.write_text("5 1 1 1\n5 1 1 1\n5 1 1 1\n")
+    out = tmp_path / "report"
+    assert main([*SMALL_REPLAY, "--trace", str(trace), "--dephase-arrivals", "--out", str(out)]) == 0
+    assert "tasks: 3  completed: 3  failed: 0" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["extra"]["config"]["dephase_arrivals"] is True
+    jobs = {row["job_id"]: float(row["submitted_at"]) for row in csv.DictReader((out / "jobs.csv").open())}
+    assert jobs == pytest.approx({"j0": 0.0, "j1": 0.01, "j2": 0.02})

@@ -120,8 +120,7 @@ def test_the_longest_wait_names_the_nodes_that_fit_the_last_task_and_the_task_it
 
     import numpy as np
 
-    from megha.loadgen.replay import replay, trace_workload
-    from megha.loadgen.trace import resolve_trace
+    from megha.loadgen.replay import read_jobs, replay, trace_workload
     from megha.sim.experiments.differences import EXPERIMENTS, _longest_wait
 
     _, config = EXPERIMENTS["google-max-seeds"].variants([0], tmp_path)[0]
@@ -135,7 +134,7 @@ def test_the_longest_wait_names_the_nodes_that_fit_the_last_task_and_the_task_it
         (i for i, job in enumerate(columns["job_id"]) if job == worst.job_id), key=lambda i: columns["started_at"][i]
     )
     lm, node = columns["lm"][last], columns["node"][last]
-    jobs = trace_workload(config, resolve_trace(config.trace, 150, config.time_scale), result.system.entry_points)
+    jobs = trace_workload(result.config, read_jobs(result.config), result.system.entry_points)
     spec = next(t for _, job in jobs for t in job.tasks if t.task_id == columns["task_id"][last])
     masks = [[m for p in row for m in p.constraint_masks] for row in result.cluster.partitions]
     assert masks[lm][node] & spec.constraints == spec.constraints  # the node it ran on fits it

@@ -96,6 +96,19 @@ def test_whole_seconds_truncates_the_files_durations_toward_zero_before_the_time
     assert resolve_trace("syn:3:2", whole_seconds=True) == synthetic_trace(3, 2)
 
 
+def test_dephase_moves_each_later_job_of_a_shared_arrival_a_hundredth_of_a_second_on(tmp_path: Path) -> None:
+    """As the constraint-aware paper's simulator reads a trace: the k-th job arriving with an earlier one comes
+    k x 0.01 s after it (before the time scale); a job of its own arrival time stays where it is."""
+    path = write(tmp_path, "100 1 1 1\n100 1 1 1\n100 1 1 1\n101 1 1 1\n101 1 1 1\n")
+    assert [j.arrival for j in read_trace(path)] == [0.0, 0.0, 0.0, 1.0, 1.0]
+    dephased = [j.arrival for j in read_trace(path, dephase=True)]
+    assert dephased == pytest.approx([0.0, 0.01, 0.02, 1.0, 1.01])
+    scaled = [j.arrival for j in read_trace(path, time_scale=2.0, dephase=True)]
+    assert scaled == pytest.approx([0.0, 0.02, 0.04, 2.0, 2.02])
+    assert [j.arrival for j in resolve_trace(str(path), dephase=True)] == pytest.approx(dephased)
+    assert resolve_trace("syn:3:2", dephase=True) == synthetic_trace(3, 2)
+
+
 def test_synthetic_trace_shape() -> None:
     jobs = synthetic_trace(3, 4, task_duration=2.0, interval=0.5)
     assert [job.arrival for job in jobs] == [0.0, 0.5, 1.0, 1.5]
