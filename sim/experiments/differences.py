@@ -458,8 +458,12 @@ def google_authors(seeds: Sequence[int], folder: Path) -> list[Variant]:
 def google_authors_reading(seeds: Sequence[int], folder: Path) -> list[Variant]:
     """google-authors with the trace read as the authors' simulator reads it and events of equal time in a seeded
     order: everything of theirs `megha replay` can switch on."""
-    options = {"truncate_durations": (True,), "dephase_arrivals": (True,), "event_order": ("seeded",)}
-    return _megha("GOOG", seeds, **_ALL_AUTHORS, **options)
+    variants = _megha("GOOG", seeds, **_ALL_AUTHORS, event_order=("seeded",))
+    read = {"durations": "whole seconds", "arrivals": "dephased"}
+    return [
+        ({**cells, **read}, replace(config, truncate_durations=True, dephase_arrivals=True))
+        for cells, config in variants
+    ]
 
 
 # Other experiment 4: the heartbeat period
