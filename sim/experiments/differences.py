@@ -460,8 +460,9 @@ def google_authors_reading(seeds: Sequence[int], folder: Path) -> list[Variant]:
     order: everything of theirs `megha replay` can switch on."""
     variants = _megha("GOOG", seeds, **_ALL_AUTHORS, event_order=("seeded",))
     read = {"durations": "whole seconds", "arrivals": "dephased"}
+    whole = {"truncate_durations": True, "dephase_arrivals": True}
     return [
-        ({**cells, **read}, replace(config, truncate_durations=True, dephase_arrivals=True))
+        ({**{k: v for k, v in cells.items() if k != "seed"}, **read, "seed": cells["seed"]}, replace(config, **whole))
         for cells, config in variants
     ]
 
