@@ -12,6 +12,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,18 +41,29 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_HANDED_OUT: set[int] = set()
+"""Every port `free_port` has returned in this process. A port is free when it is handed out but taken only when
+its service binds it, later; without this, two services of one deployment could be given the same port, and the
+second, failing to bind, would leave the first answering in its name."""
+_HANDING_OUT = threading.Lock()
+
+
 def free_port(low: int = 10_000, high: int | None = None) -> int:
-    """A free port in [low, high), by default below the ephemeral range. A service restarted on its port must find
-    it free: in the ephemeral range, a client retrying the dead service could be given that very port as its own
-    source port and connect to itself (TCP self-connect), holding it."""
+    """A free port in [low, high), by default below the ephemeral range, never one this process was given before.
+    A service restarted on its port must find it free: in the ephemeral range, a client retrying the dead service
+    could be given that very port as its own source port and connect to itself (TCP self-connect), holding it."""
     high = high if high is not None else max(_ephemeral_low(), low + 1)
-    for _ in range(200):
-        port = random.randrange(low, high)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+    with _HANDING_OUT:
+        for _ in range(200):
+            port = random.randrange(low, high)
+            if port in _HANDED_OUT:
                 continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no free port between {low} and {high}")
 
@@ -270,6 +282,8 @@ class LocalDeployment(Deployment):
                     body = httpx.get(f"{proc.url}/healthz", timeout=1.0, verify=self.verify).json()
                 except httpx.HTTPError:
                     continue
+                if not _answers_as(proc.name, body):
+                    raise RuntimeError(f"{proc.url} answers as another service ({body}), not as {proc.name}")
                 if body.get("ready", body.get("registered", True)):
                     waiting.remove(proc)
             if waiting and time.monotonic() > deadline:
@@ -351,3 +365,14 @@ def run_local(
         time.sleep(0.2)  # let the last worker reports reach the LMs
         states = deployment.lm_states()
     return run, states
+
+
+def _answers_as(name: str, health: dict[str, object]) -> bool:
+    """Whether a `/healthz` answer is that of the service `name` started as (gm-<i>, lm-<i>, or a worker agent's
+    name): not of another service holding its port."""
+    role, _, ident = name.partition("-")
+    if role in ("gm", "lm"):
+        return str(health.get(role)) == ident
+    if role == "worker":
+        return health.get("worker") == name
+    return True

@@ -74,3 +74,26 @@ def test_interrupting_megha_local_stops_every_service(tmp_path: Path, signum: in
     assert proc.wait(timeout=30) == 130
     assert "every service was stopped" in proc.stdout.read()
     assert _processes_of(run_id) == []
+
+
+def test_free_port_never_hands_out_a_port_twice() -> None:
+    """Two services of one deployment given one port: the second cannot bind and the first answers in its name
+    (a CI run lost a task so: worker-1-1's LM sent its launches to worker-0-0)."""
+    from megha.deploy.local import free_port
+
+    given = []
+    with pytest.raises(RuntimeError, match="no free port"):
+        for _ in range(20):
+            given.append(free_port(61_000, 61_008))  # above the ephemeral range: nothing else takes these
+    assert 0 < len(given) <= 8 and len(set(given)) == len(given), given
+
+
+def test_a_service_answering_for_another_is_recognised() -> None:
+    from megha.deploy.local import _answers_as
+
+    assert _answers_as("gm-1", {"status": "ok", "gm": 1, "ready": True, "term": 0, "standing_in_for": []})
+    assert not _answers_as("gm-1", {"status": "ok", "gm": 0, "ready": True, "term": 0, "standing_in_for": []})
+    assert not _answers_as("gm-1", {"status": "ok", "lm": 1, "ready": True, "incarnation": 1})
+    assert _answers_as("lm-0", {"status": "ok", "lm": 0, "ready": True, "incarnation": 1})
+    assert _answers_as("worker-1-1", {"status": "ok", "worker": "worker-1-1", "registered": True})
+    assert not _answers_as("worker-1-1", {"status": "ok", "worker": "worker-0-0", "registered": True})
