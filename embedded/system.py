@@ -40,7 +40,7 @@ class EmbeddedConfig:
     simulated runs fail with exit code `fail_exit_code` (drawn with the seed; docs/retry.md). `priority_classes`
     turns on priority classes (the tasks' `priority` values order queues and may preempt lower ones). `event_order`
     orders the events due at the same time (`megha.common.transport.inmemory.EVENT_ORDERS`; "seeded" draws with
-    `seed`)."""
+    `seed`). The LMs' deltas go out at `delta_offset` + k x `delta_interval`."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
@@ -64,6 +64,7 @@ class EmbeddedConfig:
     delta_states: str = "latest"  # what an LM's delta reports of a node changed twice: a `DELTA_STATES` name
     gang_reserve_after: float | None = None  # seconds a gang waits before its GM holds LMs for it (None: never)
     event_order: str = "fifo"  # the order of events due at the same time: an `inmemory.EVENT_ORDERS` name
+    delta_offset: float = 0.0  # LMs' deltas go out at this offset + k x delta_interval (seconds)
 
 
 class EmbeddedSystem(SimulatedSystem):
@@ -149,6 +150,7 @@ class EmbeddedSystem(SimulatedSystem):
             config.priority_classes,
             answer_states=ANSWER_STATES[config.answer_states](),
             delta_states=config.delta_states,
+            delta_offset=config.delta_offset,
         )
 
     def retire(self, core: GlobalMaster | LocalMaster) -> None:

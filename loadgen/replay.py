@@ -59,6 +59,7 @@ class ReplayConfig:
     hop_delay: float = 0.0005
     event_order: str = "fifo"  # events due at the same time: a `megha.common.transport.inmemory.EVENT_ORDERS` name
     delta_interval: float = 1.0
+    delta_offset: float = 0.0  # LMs' deltas go out at this offset + k x delta_interval (the authors': 0.05 s early)
     seed: int = 0
     users: int = 1
     constraints: bool = True
@@ -203,6 +204,13 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         raise ValueError(f"unknown --delta-states {config.delta_states!r}; choose one of {list(DELTA_STATES)}")
     if config.delta_states != DEFAULTS.delta_states and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"--delta-states {config.delta_states} is a policy of Megha's LMs, not {config.scheduler}")
+    if not 0 <= config.delta_offset < config.delta_interval:
+        raise ValueError(
+            f"--delta-offset {config.delta_offset} must be at least 0 and less than --delta-interval "
+            f"{config.delta_interval}"
+        )
+    if config.delta_offset and config.scheduler not in ("megha", "centralized"):
+        raise ValueError(f"--delta-offset is a timing of Megha's LM deltas, not {config.scheduler}'s")
     rule = parse_rule(config.retry) if config.retry else None
     if (rule is not None or config.fail_fraction) and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"failed runs and retry rules are simulated for Megha and centralized, not {config.scheduler}")
@@ -245,6 +253,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             delta_states=config.delta_states,
             gang_reserve_after=config.gang_reserve_after,
             event_order=config.event_order,
+            delta_offset=config.delta_offset,
         ),
         recorder,
     )

@@ -319,6 +319,15 @@ def megha() -> None:
     "order drawn with --seed, even between the same two endpoints; the authors' simulator leaves it undefined)",
 )
 @setting(LMSettings, "delta_interval", default=REPLAY.delta_interval, group=SCHEDULER)
+@option(
+    "--delta-offset",
+    type=Bounded(float, ge=0),
+    default=REPLAY.delta_offset,
+    group=SCHEDULER,
+    help="seconds past each multiple of --delta-interval at which the LMs send their deltas (less than the "
+    "interval). A replay moves the trace's first job to time 0; the constraint-aware paper's simulator sends its "
+    "heartbeats 0.05 s before that job and every interval after: --delta-interval minus 0.05",
+)
 @setting(GMSettings, "seed", default=REPLAY.seed, group=SCHEDULER, help="seed for cluster, constraints and choices")
 @option(
     "--seeds",
@@ -614,7 +623,11 @@ def _placement_default(args: SimpleNamespace, name: str) -> str:
     return value
 
 
-UNUSED_BY = {"matching": ("sparrow",), "delta_interval": ("pigeonc", "pigeonc-published", "sparrow")}
+UNUSED_BY = {
+    "matching": ("sparrow",),
+    "delta_interval": ("pigeonc", "pigeonc-published", "sparrow"),
+    "delta_offset": ("pigeonc", "pigeonc-published", "sparrow"),
+}
 """`megha replay` options a baseline scheduler has no use for: Sparrow's probes pick the workers (no matching), and
 neither baseline has LM deltas. Named on the command line with such a scheduler, they are refused, not ignored."""
 
@@ -676,6 +689,7 @@ def _replay(args: SimpleNamespace) -> int:
         hop_delay=args.hop_delay,
         event_order=args.event_order,
         delta_interval=args.delta_interval,
+        delta_offset=args.delta_offset,
         seed=args.seed,
         users=args.users,
         realtime=args.realtime,

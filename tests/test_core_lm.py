@@ -3,6 +3,8 @@ rescheduling, and the race of two GMs for the last fitting node."""
 
 from __future__ import annotations
 
+import pytest
+
 from megha.common.core.lm import LocalMaster
 from megha.common.core.messages import (
     Completions,
@@ -65,6 +67,26 @@ def test_malformed_placements_are_rejected_but_are_not_inconsistencies() -> None
     assert "repartition flag" in reasons[1]
     assert "has no node 9" in reasons[2]
     assert lm.is_idle()
+
+
+@pytest.mark.parametrize(
+    ("interval", "offset", "now", "due"),
+    [(1.0, 0.0, 0.25, 1.0), (1.0, 0.95, 0.25, 0.95), (1.0, 0.95, 0.95, 1.95), (10.0, 0.95, 1.0, 10.95)],
+)
+def test_a_change_arms_the_next_delta_at_the_offset_past_a_multiple_of_the_interval(
+    interval: float, offset: float, now: float, due: float
+) -> None:
+    spec = cluster([[[[]], [[]]]])
+    lm = LocalMaster(0, spec.partitions[0], delta_interval=interval, delta_offset=offset)
+    out = lm.handle(LaunchBatch(0, 0, 1, [Placement(task("a.0", request=HALF), 0, 0, False)]), now)
+    (timer,) = [o for o in out if isinstance(o, Wake)]
+    assert timer.at == pytest.approx(due)
+
+
+@pytest.mark.parametrize("offset", [-0.1, 1.0, 2.5])
+def test_an_offset_outside_the_interval_is_refused(offset: float) -> None:
+    with pytest.raises(ValueError, match="delta_offset must be at least 0 and less than delta_interval"):
+        LocalMaster(0, cluster([[[[]]]]).partitions[0], delta_interval=1.0, delta_offset=offset)
 
 
 def test_repeated_launch_of_a_running_task_is_idempotent() -> None:

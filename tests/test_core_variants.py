@@ -576,6 +576,7 @@ def test_the_gm_policies_are_refused_for_a_baseline(args: list[str], capsys: pyt
         ("sparrow", ["--matching", "random"], "--matching"),  # named, even as the value it would have
         ("sparrow", ["--delta-interval", "5"], "--delta-interval"),
         ("pigeonc", ["--delta-interval", "0.1"], "--delta-interval"),
+        ("pigeonc-published", ["--delta-offset", "0.5"], "--delta-offset"),
     ],
 )
 def test_an_option_a_baseline_has_no_use_for_is_refused_not_ignored(
@@ -585,6 +586,24 @@ def test_an_option_a_baseline_has_no_use_for_is_refused_not_ignored(
         cli.main([*SMALL, "--no-files", "--scheduler", scheduler, *args])
     assert exc.value.code == 2
     assert f"{named} plays no part in --scheduler {scheduler}" in capsys.readouterr().err
+
+
+def test_a_delta_offset_of_a_whole_interval_or_more_is_refused_naming_both_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main([*SMALL, "--no-files", "--delta-interval", "2", "--delta-offset", "2"]) == 2
+    assert "--delta-offset 2.0 must be at least 0 and less than --delta-interval 2.0" in capsys.readouterr().err
+
+
+def test_deltas_at_an_offset_change_when_the_gms_hear_of_other_gms_placements() -> None:
+    """With a job of 1,000 one-second tasks arriving each whole second, deltas 0.05 s before each arrival (as the
+    authors' simulator sends them) tell each GM of the last job's placements before it places the next, where deltas
+    on the whole second reach it just after: far fewer placements are refused (30 and 1 here)."""
+    base = ReplayConfig(trace="syn:1000:8", lm_order="first-fit")
+    on_the_second = replay(base)
+    early = replay(replace(base, delta_offset=0.95))
+    assert on_the_second.metrics.tasks_completed == early.metrics.tasks_completed == 8000
+    assert early.metrics.inconsistencies < on_the_second.metrics.inconsistencies / 10
 
 
 def test_a_baseline_replay_titles_only_the_policies_it_runs(capsys: pytest.CaptureFixture[str]) -> None:

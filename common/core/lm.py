@@ -91,6 +91,7 @@ class LocalMaster:
         queueable_per_node: int = QUEUEABLE_PER_NODE,
         answer_states: AnswerStates | None = None,
         delta_states: str = "latest",
+        delta_offset: float = 0.0,
     ) -> None:
         """`partitions[g]` is this LM's partition for GM g (a row of a ClusterSpec). With `fairness`, the LM
         tracks usage per user, reports it in deltas and verifies preemption requests.
@@ -110,16 +111,21 @@ class LocalMaster:
         Queueable runs (docs/queueable.md) are held apart from the free resources (`queues`), at most
         `queueable_per_node` per node. `answer_states` says whether an answer to a launch batch carries node
         states (`policies/answer_states.py`; default: always); `delta_states` what a delta reports of a node that
-        changed more than once since the last (`node_table.DELTA_STATES`; default: its latest state)."""
+        changed more than once since the last (`node_table.DELTA_STATES`; default: its latest state). Deltas go
+        out at `delta_offset` + k x `delta_interval` (0 <= offset < interval; default 0: on the multiples of the
+        interval)."""
         if [(p.lm, p.gm) for p in partitions] != [(lm_id, g) for g in range(len(partitions))] or not partitions:
             raise ValueError(f"LM {lm_id} needs its partitions for GMs 0..n-1, labelled with its id")
         if delta_interval <= 0:
             raise ValueError(f"delta_interval must be positive, got {delta_interval}")
+        if not 0 <= delta_offset < delta_interval:
+            raise ValueError(f"delta_offset must be at least 0 and less than delta_interval, got {delta_offset}")
         self.lm_id = lm_id
         self.num_gms = len(partitions)
         self.resource_names = resource_names
         self.observer = observer or CoreObserver()
         self.delta_interval = delta_interval
+        self.delta_offset = delta_offset
         self.incarnation = incarnation
         self.nodes = NodeTable(partitions, incarnation, delta_states)
         # The node table's columns, read on every launch.
@@ -209,16 +215,13 @@ class LocalMaster:
                 self._allocate(p, p.gm, promote=False)  # a queueable run its agent holds stays one
 
     def _arm_tick(self, now: float, out: list[Output]) -> None:
-        """Deltas go out on the next multiple of `delta_interval` after a change; while nothing changes the
-        timer stays off (a simulation of a quiet data centre costs nothing)."""
+        """Deltas go out at the next `delta_offset` + k x `delta_interval` after a change; while nothing changes
+        the timer stays off (a simulation of a quiet data centre costs nothing)."""
         if not self._tick_armed and any(self.nodes.dirty):
             self._tick_armed = True
+            interval, offset = self.delta_interval, self.delta_offset
             out.append(
-                Wake(
-                    (math.floor(now / self.delta_interval) + 1) * self.delta_interval,
-                    lm_address(self.lm_id),
-                    DeltaTick(),
-                )
+                Wake((math.floor((now - offset) / interval) + 1) * interval + offset, lm_address(self.lm_id), DeltaTick())
             )
 
     # --------------------------------------------------------------- launches
