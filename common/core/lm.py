@@ -221,7 +221,9 @@ class LocalMaster:
             self._tick_armed = True
             interval, offset = self.delta_interval, self.delta_offset
             out.append(
-                Wake((math.floor((now - offset) / interval) + 1) * interval + offset, lm_address(self.lm_id), DeltaTick())
+                Wake(
+                    (math.floor((now - offset) / interval) + 1) * interval + offset, lm_address(self.lm_id), DeltaTick()
+                )
             )
 
     # --------------------------------------------------------------- launches
