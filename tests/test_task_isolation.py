@@ -179,7 +179,8 @@ async def test_a_task_that_dumps_every_environment_and_secret_file_finds_nothing
     finally:
         shutil.rmtree(folder)
     assert result.succeeded, result
-    assert "== own environment" in dump and "== end" in dump and f"/proc/{pid}/environ" in dump  # it ran
+    assert "== own environment" in dump and "== end" in dump  # it ran
+    assert f"/proc/{pid}/" not in dump  # the victim's process is not even listed (its own /proc)
     assert "Permission denied" in dump and "Operation not permitted" in dump and "signalled" not in dump, dump
     for name, value in [
         ("the agent's environment", agent_secret),
@@ -190,6 +191,37 @@ async def test_a_task_that_dumps_every_environment_and_secret_file_finds_nothing
     ]:
         assert value not in dump, f"the task read {name}"
     assert "MEGHA_" not in dump.partition("== /proc/")[0], "the agent's environment reached the task"
+
+
+SNOOP = r"""
+echo "== processes"; ls /proc
+echo "== victim's command line"; tr '\0' ' ' < /proc/$VICTIM/cmdline 2>&1; echo
+echo "== ps"; ps -eo user,pid,args 2>&1
+echo "== temporary folder"; ls "${TMPDIR%/*}" 2>&1
+echo "== end"
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_task_sees_neither_the_other_tasks_processes_nor_their_command_lines_nor_their_names(
+    logs_root: Path,
+) -> None:
+    """A victim task holds a key in its command line (as `python -c '...KEY=...'` does); the attacker lists the
+    processes (/proc, ps), reads the victim's command line and lists the temporary folder where the scratch folders
+    are: it finds neither the key nor the victim's pid nor its task's name (each run has a /proc of its own showing
+    its uid's processes only, and a scratch folder of a random name)."""
+    key = secrets.token_hex(16)
+    victim = python(f"import os, time; KEY = '{key}'; print(os.getpid(), flush=True); time.sleep(60)")
+    assert "seeing only its own processes" in await ExecDriver("iso", TASK_UIDS, 64).prepare()
+    async with agent(logs_root) as (executor, logs):
+        (pid,) = await started(executor, logs, "victim-job.0", victim, 1)
+        result = await run_to_end(executor, "attacker.0", sh(SNOOP, VICTIM=pid))
+        dump = logs.read("attacker.0", 1, "stdout").decode() + logs.read("attacker.0", 1, "stderr").decode()
+        await executor.kill("victim-job.0")
+    assert result.succeeded and "== end" in dump, dump
+    assert key not in dump and "victim-job" not in dump, dump
+    listed = dump.partition("== processes")[2].partition("==")[0].split()
+    assert pid not in listed and "1" not in listed and len([p for p in listed if p.isdigit()]) <= 4, listed
 
 
 # ----------------------------------------------------------------------------------------- processes and memory

@@ -48,6 +48,13 @@ MIB = 1024 * 1024
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+PRIVATE_PROC_OPTIONS = b"hidepid=2"
+"""A run's own /proc shows the processes of its uid only (hidepid=2, "invisible"): not the command lines of the
+agent's other runs nor anyone else's."""
+PRIVATE_PROC_KERNEL = (5, 8)
+"""From Linux 5.8 each proc mount has its options of its own; before, hidepid on one would change the host's."""
 
 
 class CgroupsUnusable(Exception):
@@ -206,6 +213,7 @@ def set_up_cgroups(worker_id: str) -> Cgroups:
         tasks = own / f"megha-{worker_id}-tasks"
         with contextlib.suppress(FileExistsError):
             tasks.mkdir()
+        tasks.chmod(0o711)  # the runs' cgroups are named after their tasks: entered by path, never listed by a run
         _enable(tasks)
     except OSError as exc:
         raise CgroupsUnusable(f"cannot create child cgroups under {own}: {exc.strerror or exc}") from exc
@@ -224,6 +232,18 @@ def detect(worker_id: str) -> Cgroups | Rlimits:
         return Rlimits(str(exc))
 
 
+def private_proc() -> None:
+    """Give the calling process a mount namespace of its own, unshared with the host's (private propagation), whose
+    /proc is a new proc mount that shows each user only its own processes (`PRIVATE_PROC_OPTIONS`). Needs
+    CAP_SYS_ADMIN; raises OSError otherwise. For the time between fork and exec: libc calls only."""
+    if _LIBC.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    if _LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making the mount namespace private failed")
+    if _LIBC.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, PRIVATE_PROC_OPTIONS) != 0:
+        raise OSError(ctypes.get_errno(), "mounting a private /proc failed")
+
+
 def child_setup(
     cgroup_procs: str | None,
     data_bytes: int | None,
@@ -231,17 +251,21 @@ def child_setup(
     max_processes: int | None,
     uid: int | None,
     gid: int,
+    own_proc: bool = False,
 ) -> None:
     """Run in the task's process between fork and exec (subprocess's preexec_fn): join its cgroup (as the agent's
-    user still), no core dumps, cap its data segment and its uid's processes, lower its priority, no new privileges
-    from set-user-ID programs or file capabilities, then become `uid` and `gid` with no other group. Uses only
-    modules imported already and no locks, as code between fork and exec must."""
+    user still), with `own_proc` a /proc that hides other users' processes (`private_proc`), no core dumps, cap its
+    data segment and its uid's processes, lower its priority, no new privileges from set-user-ID programs or file
+    capabilities, then become `uid` and `gid` with no other group. Uses only modules imported already and no locks,
+    as code between fork and exec must."""
     if cgroup_procs is not None:
         fd = os.open(cgroup_procs, os.O_WRONLY)
         try:
             os.write(fd, b"0")  # 0: the writing process
         finally:
             os.close(fd)
+    if own_proc:
+        private_proc()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if data_bytes is not None:
         resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))

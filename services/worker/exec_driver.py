@@ -86,6 +86,7 @@ class ExecDriver(Driver):
         self._as_agent_user = as_agent_user
         self._enforcement = how
         self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
+        self._own_proc = False  # each run has a /proc of its own that hides the other runs (`isolation`)
         self._watch = MemoryWatch()
 
     @property
@@ -105,6 +106,14 @@ class ExecDriver(Driver):
             if problem is None:
                 self._uids.prepare()
                 self._isolated = True
+                hidden = await asyncio.to_thread(isolation.why_no_private_proc)
+                self._own_proc = hidden is None
+                if hidden is not None:
+                    log.warning(
+                        "exec tasks can list every process of this host, the other tasks' command lines included "
+                        "(/proc): %s; give the agent CAP_SYS_ADMIN, or mount /proc with hidepid=2 (docs/drivers.md)",
+                        hidden,
+                    )
             elif os.geteuid() == 0:
                 raise DriverUnavailable(
                     f"exec driver not offered: this agent runs as root but cannot give each task a uid of its own "
@@ -131,6 +140,8 @@ class ExecDriver(Driver):
         assert self._enforcement is not None
         if self._isolated:
             who = f"a uid of its own from {describe_range(self._uids.uids)}, at most {self._max_processes} processes"
+            if self._own_proc:
+                who += ", seeing only its own processes"
         else:
             who = f"this agent's own user (uid {os.geteuid()}: MEGHA_EXEC_AS_AGENT_USER), no process limit"
         return f"exec driver: each task runs as {who}; CPU and memory enforced with {self._enforcement.describe()}"
@@ -143,7 +154,8 @@ class ExecDriver(Driver):
         held = _Held(self._uids, await self._lease() if self._isolated else None)
         lease = held.lease
         try:
-            scratch = held.scratch = Path(tempfile.mkdtemp(prefix=f"megha-{folder_name(task_id)}-{attempt}-"))
+            # A random name only: the system's temp folder is listed by every user, the other runs included.
+            scratch = held.scratch = Path(tempfile.mkdtemp(prefix="megha-run-"))
             if lease is not None:
                 os.chown(scratch, lease.uid, lease.gid)
             cwd = spec.workdir or str(scratch)
@@ -159,6 +171,7 @@ class ExecDriver(Driver):
                 None if lease is None else self._max_processes,
                 None if lease is None else lease.uid,
                 -1 if lease is None else lease.gid,
+                lease is not None and self._own_proc,
             )
             # preexec_fn, not user=: the process joins its cgroup before it gives up the agent's privileges. It
             # calls only os, resource and libc functions, so the agent's other threads cannot deadlock it.

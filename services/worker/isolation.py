@@ -13,9 +13,12 @@ import errno
 import fcntl
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megha.common.lifecycle import StartupError
+from megha.services.worker import enforcement
 from megha.services.worker.enforcement import live_processes, processes, status_field, sysvipc
 
 KILL_WAIT_SECONDS = 10.0
@@ -225,6 +229,22 @@ def why_no_uid_switch(uids: range) -> str | None:
                 f"its user namespace maps {kind}s {mapped} only, not MEGHA_TASK_UIDS={describe_range(uids)} "
                 f"(/proc/self/{kind}_map)"
             )
+    return None
+
+
+def why_no_private_proc() -> str | None:
+    """Why a run cannot have a /proc of its own that hides the other runs' processes (None: it can): a kernel
+    before 5.8, or an agent not allowed to make mount namespaces (no CAP_SYS_ADMIN, as in a container by default).
+    Tried once, on a child process that exits at once."""
+    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    if release is None or tuple(map(int, release.groups())) < enforcement.PRIVATE_PROC_KERNEL:
+        return f"kernel {os.uname().release} shares one set of /proc options between all its mounts (before 5.8)"
+    try:
+        subprocess.run(
+            [sys.executable, "-c", ""], preexec_fn=enforcement.private_proc, check=True, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"it may not mount a /proc of a run's own ({exc})"
     return None
 
 
