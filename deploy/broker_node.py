@@ -145,10 +145,18 @@ class BrokerNode(ABC):
         out = self._ctl("list_queues", "-q", "--no-table-headers", "name", timeout=30)
         return [line.strip() for line in out.splitlines() if line.strip()]
 
-    def _ctl(self, *args: str, timeout: float) -> str:
-        done = subprocess.run(
-            [*self._ctl_command(), *args], env=self._ctl_env(), capture_output=True, text=True, timeout=timeout
-        )
+    def ctl(self, *args: str, timeout: float, input: str | None = None) -> str:
+        """`rabbitmqctl args` against this node (`input` on its standard input); RuntimeError when it fails."""
+        return self._ctl(*args, timeout=timeout, input=input)
+
+    def _ctl(self, *args: str, timeout: float, input: str | None = None) -> str:
+        command, env = [*self._ctl_command(), *args], self._ctl_env()
+        if input is None:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
+        else:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, input=input)
         if done.returncode != 0:
             raise RuntimeError(f"rabbitmqctl {' '.join(args)} on {self.name}: {done.stderr.strip()[-500:]}")
         return done.stdout
@@ -314,7 +322,7 @@ class ContainerNode(BrokerNode):
             raise RuntimeError(f"RabbitMQ container {self.name} exited with {codes[self.name]}:\n{self.log_tail()}")
 
     def _ctl_command(self) -> list[str]:
-        return ["docker", "exec", self.name, CTL]
+        return ["docker", "exec", "-i", self.name, CTL]
 
     def log_tail(self, chars: int = 2000) -> str:
         return containers.log_tail(self.name, chars)

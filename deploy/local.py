@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import SecretStr
@@ -103,6 +104,9 @@ class LocalDeployment(Deployment):
     share_policy: str = "share"
     takeover_after: float = 45.0  # a GM down this long is stood in for by the next GM (0: never)
     amqp_urls: dict[str, str] = field(default_factory=dict)  # role (gm, lm, worker, loadgen) -> its broker URL
+    # `bring_up` starts a RabbitMQ node of the run's own, with a user per role and no guest (deploy/run_broker.py)
+    own_broker: bool = False
+    _broker: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, init=False, repr=False, compare=False)
     tls_cert: str = ""  # with tls_key: every service serves HTTPS with this certificate (for 127.0.0.1)
     tls_key: str = ""
     tls_ca: str = ""  # CA bundle verifying the services and an amqps:// broker (empty: the system's)
@@ -321,11 +325,32 @@ class LocalDeployment(Deployment):
 
     def bring_up(self) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops us even if started ignoring it
+        if self.own_broker:
+            self._start_own_broker()
         self.start()
         self.wait_healthy()
 
     def tear_down(self) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._broker.close()  # the run's own broker node, if it has one, after its queues were removed
+
+    def _start_own_broker(self) -> None:
+        """Point the services at a RabbitMQ node of the run's own (deploy/run_broker.py), removed by `tear_down`;
+        where this machine cannot start one, say so on stderr and use `amqp_url`."""
+        from megha.deploy.run_broker import run_broker
+
+        try:
+            broker = self._broker.enter_context(run_broker(self.run_id))
+        except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:  # none here: amqp_url's
+            print(
+                f"megha local: WARNING: no RabbitMQ node of its own ({exc}); this run uses the broker at its "
+                f"--amqp-url{guest_risk(self.amqp_url)}",
+                file=sys.stderr,
+            )
+            return
+        self.amqp_url, self.amqp_urls = broker.admin_url, broker.urls
 
 
 def _bindable(port: int) -> bool:
@@ -365,6 +390,17 @@ def run_local(
         time.sleep(0.2)  # let the last worker reports reach the LMs
         states = deployment.lm_states()
     return run, states
+
+
+def guest_risk(url: str) -> str:
+    """What running users' tasks against the broker at `url` risks, as the end of a warning ("" when its user is not
+    RabbitMQ's `guest`)."""
+    if urlsplit(url).username != "guest":
+        return ""
+    return (
+        ", as guest, which every exec task of the run can log in as too and so publish deltas and completions to "
+        "the GMs or delete the run's queues (docs/security.md, Broker users)"
+    )
 
 
 def _answers_as(name: str, health: dict[str, object]) -> bool:

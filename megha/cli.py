@@ -453,7 +453,14 @@ def replay(**args: Any) -> int:
 @setting(LMSettings, "delta_interval", group=SERVICES)
 @setting(WorkerSettings, "heartbeat_interval", group=SERVICES)
 @setting(LMSettings, "worker_timeout", group=SERVICES)
-@setting(LoadgenSettings, "amqp_url", group=SERVICES)
+@setting(
+    LoadgenSettings,
+    "amqp_url",
+    group=SERVICES,
+    help="RabbitMQ connection URL (amqps:// for TLS, verified with MEGHA_TLS_CA). Without it a run of real tasks "
+    "starts a RabbitMQ node of its own with a user per role and no guest (as its tasks run on this machine, where "
+    "RabbitMQ lets its guest administrator in: docs/security.md), and --execution simulated uses this default",
+)
 @setting(
     LoadgenSettings, "run_id", default=None, group=SERVICES, help="prefix of this deployment's queues (default: random)"
 )
@@ -535,11 +542,19 @@ def _warn(command: str, warnings: list[str]) -> None:
 
 def _local(args: SimpleNamespace) -> int:
     from megha.common.settings import LoadgenSettings
-    from megha.deploy.local import LocalDeployment, run_local
+    from megha.deploy.local import LocalDeployment, guest_risk, run_local
     from megha.loadgen.progress import Progress
     from megha.loadgen.report import format_table, report_dir, run_warnings, write_outputs
 
     out = report_dir(args.out, LOCAL_OUT, args.overwrite)
+    # Real tasks run on this machine, where RabbitMQ lets guest in: unless told a broker, a node of the run's own.
+    named_broker = click.get_current_context().get_parameter_source("amqp_url") not in (
+        None,
+        click.core.ParameterSource.DEFAULT,
+    )
+    own_broker = args.execution == "real" and not named_broker
+    if args.execution == "real" and named_broker and (risk := guest_risk(args.amqp_url)):
+        print(f"megha local: WARNING: this run uses the broker at its --amqp-url{risk}", file=sys.stderr)
     deployment = LocalDeployment(
         gms=args.gms,
         lms=args.lms,
@@ -555,6 +570,7 @@ def _local(args: SimpleNamespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         worker_timeout=args.worker_timeout,
         amqp_url=args.amqp_url,
+        own_broker=own_broker,
         log_dir=out / "logs",
         **({"run_id": args.run_id} if args.run_id else {}),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -48,6 +49,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeploy
         user_tokens={"alice": ALICE, "bob": BOB},
         worker_settings=agents,
         log_dir=here / "logs",
+        own_broker=True,  # as `megha local` runs real tasks: a RabbitMQ node of the run's own, without guest
     ) as deployment:
         yield deployment
 
@@ -136,3 +138,39 @@ def test_no_token_made_from_what_a_task_can_read_is_accepted(
     for method, url, body in attempts:
         r = httpx.request(method, url, json=body, headers=as_agent, timeout=5)
         assert r.status_code == 403, (method, url, r.status_code, r.text)
+
+
+GUEST_LOGIN = r"""
+import socket, struct, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+s.sendall(b"AMQP\x00\x00\x09\x01")
+def frame():
+    data = b""
+    while len(data) < 7 or len(data) < 8 + struct.unpack(">I", data[3:7])[0]:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data[7:]
+try:
+    frame()  # Connection.Start
+    response = b"\x00guest\x00guest"
+    args = struct.pack(">HHI", 10, 11, 0) + b"\x05PLAIN" + struct.pack(">I", len(response)) + response + b"\x05en_US"
+    s.sendall(struct.pack(">BHI", 1, 0, len(args)) + args + b"\xce")
+    method = struct.unpack(">HH", frame()[:4])
+    print("LOGGED IN as guest" if method == (10, 30) else f"refused: method {method}")
+except (OSError, ConnectionError) as exc:
+    print(f"refused: {exc}")
+"""
+
+
+@needs_rabbitmq
+def test_a_task_cannot_log_in_to_the_run_s_broker_as_guest(deployment: LocalDeployment) -> None:
+    """RabbitMQ lets guest, an administrator, in from its own machine, where the tasks run: the run's own broker has
+    no guest, so a task that speaks AMQP to it as guest (the audit's attack: it could then publish deltas and
+    completions to the GMs) is refused."""
+    port = urlsplit(deployment.amqp_url).port or 5672
+    state, output = _run(deployment.gm_urls[0], "alice", ALICE, ["python3", "-c", GUEST_LOGIN, str(port)])
+    assert state["state"] == "finished", state
+    assert output.startswith("refused") and "LOGGED IN" not in output, output
+    assert port != 5672 and "guest" not in deployment.amqp_url, deployment.amqp_url  # not the machine's broker

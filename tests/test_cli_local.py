@@ -38,6 +38,30 @@ def test_timing_options_reach_the_deployment(monkeypatch: pytest.MonkeyPatch) ->
     assert (d.delta_interval, d.heartbeat_interval, d.worker_timeout) == (0.5, 0.25, 3.0)
 
 
+@pytest.mark.parametrize(
+    ("argv", "own", "warned"),
+    [
+        ([], True, False),  # real tasks, no broker named: a node of the run's own, without guest
+        (["--execution", "simulated"], False, False),  # no task runs code: the machine's broker
+        (["--amqp-url", "amqp://guest:guest@127.0.0.1:5672/"], False, True),  # named, and guest: said
+        (["--amqp-url", "amqp://megha-gm:pw@127.0.0.1:5672/"], False, False),
+    ],
+)
+def test_real_tasks_get_a_broker_of_the_run_s_own_unless_one_is_named(
+    argv: list[str], own: bool, warned: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_run_local(deployment: local.LocalDeployment, settings: Any, progress: Any = None) -> Any:
+        seen["deployment"] = deployment
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(local, "run_local", fake_run_local)
+    assert cli.main(["local", *argv]) == 2
+    assert seen["deployment"].own_broker is own
+    assert ("every exec task of the run can log in as too" in capsys.readouterr().err) is warned
+
+
 @pytest.mark.parametrize("option", ["--delta-interval", "--heartbeat-interval", "--worker-timeout"])
 def test_non_positive_timings_are_refused_naming_the_option(option: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
