@@ -327,7 +327,8 @@ class GlobalMaster:
         call itself). A batch's tasks are reported failed with `reason` (the LM may have launched them, so
         placing them elsewhere could run them twice) and forgotten, and their requests go back into the view
         (if the LM did launch them, its next report of the node says so). A preemption request counts as
-        refused: the task asks the next LM or waits. A gang's prepare or commit: see `GangScheduler.call_failed`."""
+        refused (observer `preemption_refused`, as the LM reports its own refusals): the task asks the next LM or
+        waits. A gang's prepare or commit: see `GangScheduler.call_failed`."""
         if self.gangs.owns(lm, seq):
             self.gangs.call_failed(lm, seq, reason, now)
             return self._drain(now)
@@ -348,6 +349,9 @@ class GlobalMaster:
             return self._drain(now)
         entry = self.ledger.preempting[lm].get(seq)
         if entry is not None:
+            # No LM saw the request, so none reports its refusal (an LM that refuses reports `preemption_refused`):
+            # this GM does, or observers would see the task decided again (next LM, or once unparked) while placing.
+            self.observer.preemption_refused(entry[0], reason, now)
             refusal = PreemptResponse(self.gm_id, lm, seq, entry[0], None, [], reason, [], Delta(lm, self.gm_id, 0))
             return self.handle(refusal, now)
         return []

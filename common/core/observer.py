@@ -68,7 +68,8 @@ class CoreObserver:
         """An LM granted a preemption request: it stops these running tasks (their worker reports `preempted`)."""
 
     def preemption_refused(self, task: TaskSpec, reason: str, now: float) -> None:
-        """An LM refused to preempt for `task`: no victim passed its verification."""
+        """An LM refused to preempt for `task`: no victim passed its verification. Reported by the GM instead when
+        its request got no answer (`GlobalMaster.call_failed`: the LM was down), which counts as a refusal."""
 
     def stopping(self, task_ids: Sequence[str], now: float) -> None:
         """An LM stops these runs at their GM's request (their job was cancelled)."""
