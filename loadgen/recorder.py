@@ -23,14 +23,27 @@ log = logging.getLogger("megha.loadgen")
 _WIDTH = len(Event)
 
 
+ILLEGAL_EXAMPLES = 3
+"""Illegal transitions the records keep word for word (the report names them); the rest are counted."""
+
+
+class RecordedTasks(TaskColumns):
+    """The task columns of a run's records, with the events the task lifecycle did not allow among those that
+    filled them: `compute_metrics` reports them (a replay never hides a violation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.illegal_transitions = 0
+        self.illegal_examples: list[str] = []  # the first `ILLEGAL_EXAMPLES`, as logged
+
+
 class Records:
     """Task and job records, and each task's lifecycle state."""
 
     def __init__(self) -> None:
-        self.tasks = TaskColumns()
+        self.tasks = RecordedTasks()
         self.jobs: dict[str, JobRecord] = {}
         self.states = bytearray()  # each task's lifecycle `State`, by row
-        self.illegal = 0  # events the lifecycle did not allow (logged; the record keeps what they measured)
         self.gang_jobs: set[str] = set()  # gang jobs (a finished run of theirs may be thrown away with its gang)
 
     def expect(self, gm: int, job: JobSpec) -> None:
@@ -45,6 +58,11 @@ class Records:
 
     _first = State.NEW  # the state of a task registered by `expect`
 
+    @property
+    def illegal(self) -> int:
+        """Events the lifecycle did not allow (logged and reported; the record keeps what they measured)."""
+        return self.tasks.illegal_transitions
+
     def _advance(self, row: int, task_id: str, event: Event) -> bool:
         """Move a task along `event`; False for a no-op, and for an illegal event (counted and logged)."""
         states = self.states
@@ -53,11 +71,14 @@ class Records:
             states[row] = after
             return True
         if after == ILLEGAL:
-            self.illegal += 1
+            tasks = self.tasks
+            tasks.illegal_transitions += 1
             try:
                 next_state(task_id, states[row], event)
             except IllegalTransition as exc:
                 log.warning("%s (recorded as reported)", exc)
+                if len(tasks.illegal_examples) < ILLEGAL_EXAMPLES:
+                    tasks.illegal_examples.append(str(exc))
         return False
 
     def _finished(self, row: int, task_id: str, at: float) -> bool:

@@ -5,16 +5,25 @@ PLACING and counted an illegal transition (`megha replay ... --fail lm:rate=200 
 
 from __future__ import annotations
 
+import json
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 
+import pytest
+
+import megha.loadgen.replay
+from megha.cli import main
 from megha.common.core.gm import GlobalMaster
 from megha.common.core.lifecycle import State
-from megha.common.core.messages import PreemptRequest
+from megha.common.core.messages import Placement, PreemptRequest
 from megha.common.core.parked import Shape
 from megha.common.core.policies.preemption import PreemptionPlan
 from megha.common.core.task import TaskSpec
+from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.recorder import Recorder
+from megha.loadgen.report import format_table, run_warnings, write_outputs
 
 from corekit import CAP, Net, cluster, job, task
 
@@ -87,3 +96,89 @@ def test_a_parked_task_whose_preemption_request_failed_is_placed_later_without_a
     assert state(recorder, "wait.0") == State.COMPLETED
     assert recorder.illegal == 0
     assert [state(recorder, t) for t in ("fill.0", "fill.1")] == [State.COMPLETED] * 2
+
+
+# ------------------------------------------------------------ the report
+
+
+def records_with_an_illegal_transition() -> Recorder:
+    """Three finished tasks, one of them decided again after it started (an event the lifecycle does not allow)."""
+    recorder = Recorder()
+    tasks = [task(f"j.{i}") for i in range(3)]
+    submitted = job("j", *tasks)
+    recorder.expect(0, submitted)
+    recorder.job_arrived(submitted, 0, 0.0)
+    placements = [Placement(t, 0, i, False, 0) for i, t in enumerate(tasks)]
+    recorder.decided(placements, 0.1)
+    recorder.started(placements, 0.2)
+    recorder.decided(placements[:1], 0.3)  # RUNNING -> DECIDED: illegal
+    recorder.finished([t.task_id for t in tasks], 1.2)
+    return recorder
+
+
+def metrics_of(recorder: Recorder) -> RunMetrics:
+    return compute_metrics(recorder.tasks, list(recorder.jobs.values()), CAP, ("cpu", "mem"), 1.0, clock="virtual")
+
+
+def test_the_report_counts_illegal_transitions_in_the_table_the_summary_and_a_warning(tmp_path: Path) -> None:
+    recorder = records_with_an_illegal_transition()
+    assert recorder.illegal == 1
+    metrics = metrics_of(recorder)
+    assert metrics.illegal_transitions == 1 and not metrics.not_exactly_once
+    assert "not completed exactly once: 0  illegal transitions: 1" in format_table(metrics, "t")
+    (warning,) = run_warnings(metrics)
+    assert warning.startswith("1 illegal task transition (")
+    assert "task j.0: DECIDED is not allowed in state RUNNING" in warning
+    write_outputs(metrics, recorder.tasks, list(recorder.jobs.values()), tmp_path, "t", {})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["counts"]["illegal_transitions"] == 1 and summary["warnings"] == [warning]
+
+
+def test_a_clean_run_reports_no_illegal_transition() -> None:
+    recorder = Recorder()
+    submitted = job("k", task("k.0"))
+    recorder.expect(0, submitted)
+    recorder.job_arrived(submitted, 0, 0.0)
+    metrics = metrics_of(recorder)
+    assert metrics.illegal_transitions == 0 and "illegal transitions: 0" in format_table(metrics, "t")
+    assert not any("illegal" in w for w in run_warnings(metrics))
+
+
+def test_a_replay_with_an_illegal_transition_warns_and_exits_non_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Replayed(Recorder):
+        def started(self, placements: Sequence[Placement], now: float) -> None:
+            super().started(placements, now)
+            if any(p.task.task_id == "j0.0" for p in placements):
+                self.decided([p for p in placements if p.task.task_id == "j0.0"], now)  # illegal: RUNNING
+
+    replay = ["replay", "--trace", "syn:10:5", "--lms", "1", "--gms", "2", "--workers-per-partition", "10"]
+    replay += ["--no-constraints", "--quiet", "--out", str(tmp_path)]
+    assert main(replay) == 0
+    monkeypatch.setattr(megha.loadgen.replay, "Recorder", Replayed)
+    assert main([*replay, "--overwrite"]) == 3
+    out, err = capsys.readouterr()
+    assert "illegal transitions: 1" in out
+    assert "WARNING: 1 illegal task transition" in err and "task j0.0: DECIDED is not allowed in state RUNNING" in err
+    assert json.loads((tmp_path / "summary.json").read_text())["counts"]["illegal_transitions"] == 1
+
+
+REASONS = tuple((f"reason {k}", 5 - k) for k in range(5))
+
+
+@pytest.mark.parametrize(
+    ("files", "said"),
+    [
+        (True, "; 2 more reasons in tasks.csv"),
+        (False, "; 2 more reasons not shown (--no-files: no tasks.csv was written)"),
+        (None, "; 2 more reasons in tasks.csv (not written with --no-files)"),
+    ],
+)
+def test_the_warning_says_where_further_reasons_are_only_when_the_files_hold_them(
+    files: bool | None, said: str
+) -> None:
+    recorder = records_with_an_illegal_transition()
+    metrics = replace(metrics_of(recorder), tasks=6, tasks_failed=5, failure_reasons=REASONS, illegal_transitions=0)
+    (warning,) = run_warnings(metrics, files=files)
+    assert warning.startswith("5 of 6 tasks failed") and warning.endswith(said)
