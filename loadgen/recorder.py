@@ -247,9 +247,14 @@ class Recorder(Records, CoreObserver):
         self.tasks.columns["preemption_attempts"][self.tasks.number[task.task_id]] += 1
 
     def preempted(self, task_ids: Sequence[str], now: float) -> None:
-        number, c = self.tasks.number, self.tasks.columns
+        """A worker stopped these runs. One of a task back in its queue is a run its LM already reported lost (a
+        launch that reached its node after the node's repair, stopped when the LM took the node out of service:
+        embedded/injector.py): news of a run that ended, not a preemption, whose work was counted lost then."""
+        number, c, states = self.tasks.number, self.tasks.columns, self.states
         for task_id in task_ids:
             row = number[task_id]
+            if states[row] == State.QUEUED:
+                continue
             c["preemptions"][row] += 1
             self._lose_run(row, now, math.inf)
             self.preempted_runs.append((task_id, c["started_at"][row], now))

@@ -182,3 +182,46 @@ def test_the_warning_says_where_further_reasons_are_only_when_the_files_hold_the
     metrics = replace(metrics_of(recorder), tasks=6, tasks_failed=5, failure_reasons=REASONS, illegal_transitions=0)
     (warning,) = run_warnings(metrics, files=files)
     assert warning.startswith("5 of 6 tasks failed") and warning.endswith(said)
+
+
+# ------------------------------------------- a lost run stopped on its worker
+
+
+def test_a_lost_run_stopped_on_its_worker_is_no_preemption_and_no_illegal_event() -> None:
+    """A launch reaches its node after the node's repair; its LM then takes the node out of service (the crash
+    noticed late), reports the run lost, and stops it on the worker, which reports it preempted."""
+    recorder = Recorder()
+    submitted = job("j", task("j.0"))
+    recorder.expect(0, submitted)
+    recorder.job_arrived(submitted, 0, 0.0)
+    placement = Placement(submitted.tasks[0], 0, 4, False, 0)
+    recorder.decided([placement], 1.0)
+    recorder.started([placement], 3.0)
+    recorder.task_lost(submitted.tasks[0], "worker of LM 0 node 4 silent for 2 s", 3.0)
+    recorder.preempted(["j.0"], 3.0)  # the worker stops the lost run
+    assert recorder.illegal == 0 and state(recorder, "j.0") == State.QUEUED
+    assert recorder.tasks["j.0"].preemptions == 0 and recorder.tasks["j.0"].retries == 1
+    assert recorder.preempted_runs == []
+
+
+LOST_AND_STOPPED = ["replay", "--trace", "syn:20:40", "--lms", "2", "--gms", "2", "--workers-per-partition", "5"]
+LOST_AND_STOPPED += ["--no-constraints", "--job-classes", "low:30%,high:30%", "--fail", "lm:rate=100", "--fail"]
+LOST_AND_STOPPED += ["worker:rate=200", "--fail-detect", "2", "--fail-repair", "3", "--seed", "15", "--quiet"]
+
+CALL_FAILED = ["replay", "--trace", "syn:20:40", "--lms", "2", "--gms", "2", "--workers-per-partition", "5"]
+CALL_FAILED += ["--no-constraints", "--job-classes", "low:30%,high:30%", "--fail", "lm:rate=200", "--fail-repair"]
+CALL_FAILED += ["3", "--seed", "3", "--quiet"]
+
+
+@pytest.mark.parametrize(
+    "argv", [CALL_FAILED, LOST_AND_STOPPED], ids=["preemption-call-failed", "lost-run-stopped-on-its-worker"]
+)
+def test_replays_that_saw_illegal_transitions_see_none(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The audit's reproduction (4 illegal transitions before the GM reported its refusals) and a worker and LM
+    crash replay (1 before the recorder took a lost run's stop for what it is)."""
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "illegal transitions: 0" in out and "not allowed" not in err
+    assert json.loads((tmp_path / "summary.json").read_text())["counts"]["illegal_transitions"] == 0
