@@ -243,6 +243,16 @@ class Recorder(Records, CoreObserver):
         self._lose_run(row, now, task.duration)
         self._advance(row, task.task_id, Event.LOST)
 
+    def requeued_at_recovery(self, tasks: Sequence[TaskSpec], now: float) -> None:
+        """A restarted GM queued these tasks again: one that was placed or running here lost that run while its GM
+        was down (its work is lost, as a lost worker's: at most its duration), and waits for its next run."""
+        number, states = self.tasks.number, self.states
+        for task in tasks:
+            row = number[task.task_id]
+            if states[row] == State.PLACING or states[row] == State.RUNNING:
+                self._lose_run(row, now, task.duration)
+                self._advance(row, task.task_id, Event.LOST)
+
     def preemption_attempted(self, task: TaskSpec, lm: int, now: float) -> None:
         self.tasks.columns["preemption_attempts"][self.tasks.number[task.task_id]] += 1
 

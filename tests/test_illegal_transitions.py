@@ -213,15 +213,71 @@ CALL_FAILED += ["--no-constraints", "--job-classes", "low:30%,high:30%", "--fail
 CALL_FAILED += ["3", "--seed", "3", "--quiet"]
 
 
+RUN_LOST_WHILE_ITS_GM_WAS_DOWN = ["replay", "--trace", "syn:20:40", "--lms", "2", "--gms", "2", "--no-constraints"]
+RUN_LOST_WHILE_ITS_GM_WAS_DOWN += ["--workers-per-partition", "5", "--job-classes", "low:30%,high:30%", "--fail"]
+RUN_LOST_WHILE_ITS_GM_WAS_DOWN += ["lm:rate=100", "--fail", "gm:rate=100", "--fail", "worker:rate=200", "--fail-detect"]
+RUN_LOST_WHILE_ITS_GM_WAS_DOWN += ["2", "--fail-repair", "3", "--seed", "3", "--quiet"]
+
+
 @pytest.mark.parametrize(
-    "argv", [CALL_FAILED, LOST_AND_STOPPED], ids=["preemption-call-failed", "lost-run-stopped-on-its-worker"]
+    "argv",
+    [CALL_FAILED, LOST_AND_STOPPED, RUN_LOST_WHILE_ITS_GM_WAS_DOWN],
+    ids=["preemption-call-failed", "lost-run-stopped-on-its-worker", "run-lost-while-its-gm-was-down"],
 )
 def test_replays_that_saw_illegal_transitions_see_none(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The audit's reproduction (4 illegal transitions before the GM reported its refusals) and a worker and LM
-    crash replay (1 before the recorder took a lost run's stop for what it is)."""
+    """The audit's reproduction (4 illegal transitions before the GM reported its refusals), a worker and LM crash
+    replay (1 more before the recorder took a lost run's stop for what it is), and a worker, LM and GM crash replay
+    (4 more before a restarted GM told its observers which tasks it queued again)."""
     assert main([*argv, "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "illegal transitions: 0" in out and "not allowed" not in err
     assert json.loads((tmp_path / "summary.json").read_text())["counts"]["illegal_transitions"] == 0
+
+
+# ------------------------------------------- a run lost while its GM was down
+
+
+class Requeued(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requeued: list[str] = []
+
+    def requeued_at_recovery(self, tasks: Sequence[TaskSpec], now: float) -> None:
+        self.requeued += [t.task_id for t in tasks]
+        super().requeued_at_recovery(tasks, now)
+
+
+def test_a_restarted_gm_tells_its_observers_which_tasks_it_queues_again() -> None:
+    recorder = Requeued()
+    net = Net.build(cluster([[[[]]]]), observer=recorder)
+    first = job("j", task("j.0"), task("j.1"))
+    recorder.expect(0, first)
+    net.post(net.gms[0].submit(first, 0.0))
+    net.run()  # j.0 ran to its end; j.1 waited for the one node, then ran
+    recorder.expect(0, again := job("k", task("k.0")))
+    recorder.job_arrived(again, 0, 1.0)
+    recovered = GlobalMaster(0, cluster([[[[]]]]), observer=recorder)
+    recovered.recover([net.lms[0].full_state(0)], [], [again.tasks[0]], 5.0)
+    assert recorder.requeued == ["k.0"] and recorder.illegal == 0
+    assert state(recorder, "k.0") == State.PLACING  # queued, and placed at once on the free node
+
+
+def test_a_run_lost_while_its_gm_was_down_goes_back_to_the_queue_in_the_records() -> None:
+    """Its worker crashed and its LM restarted without it while its GM was down; the GM restarted, found it
+    neither running nor ended, and queued it again: the records see it lost, and placed again legally."""
+    recorder = Recorder()
+    submitted = job("j", task("j.0", duration=4.0))
+    recorder.expect(0, submitted)
+    recorder.job_arrived(submitted, 0, 0.0)
+    placement = Placement(submitted.tasks[0], 0, 0, False, 0)
+    recorder.decided([placement], 0.0)
+    recorder.started([placement], 1.0)
+    recorder.requeued_at_recovery(submitted.tasks, 3.0)
+    assert state(recorder, "j.0") == State.QUEUED
+    assert recorder.tasks["j.0"].lost_cpu_seconds == CAP[0] / 1000 * 2.0  # ran 2 s of its 4 before it was lost
+    recorder.decided([placement], 3.0)
+    recorder.started([placement], 3.5)
+    recorder.requeued_at_recovery([], 4.0)
+    assert recorder.illegal == 0 and state(recorder, "j.0") == State.RUNNING

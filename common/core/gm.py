@@ -220,19 +220,22 @@ class GlobalMaster:
         this GM's batch numbering continues from), take `running` (the runs the LMs hold for this GM) as running,
         queue `queued` (its accepted tasks that are neither running nor ended), apply the ends `replayed`
         (`Recovery.replayed`: runs of `running` that ended, of jobs with a retry rule), and schedule. The tasks of
-        the jobs in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`)."""
+        the jobs in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`). Observers hear
+        of the queued tasks (`requeued_at_recovery`): a run one had was lost while this GM was down."""
         for delta in states:
             self.ledger.continue_from(delta.lm, delta.applied_through)
             self.apply_delta(delta)
         usage = self.policies.usage
         running = list(running)
+        queued = list(queued)
+        if queued:
+            self.observer.requeued_at_recovery(queued, now)
         for p in running:
             self.running[p.task.task_id] = p
             usage.placed(p.task, p.lm)
             if p.task.queueable:
                 self.opportunistic.placed(p)
         if gangs:
-            queued = list(queued)
             for job_id, timeout in gangs.items():
                 mine = [p for p in running if p.task.job_id == job_id]
                 waiting = [t for t in queued if t.job_id == job_id]
