@@ -145,6 +145,10 @@ class RunMetrics:
     # (reason, count), most common first; lists of ids in brackets are left out, so one cause is counted once.
     failure_reasons: tuple[tuple[str, int], ...]  # of failed tasks
     rejection_reasons: tuple[tuple[str, int], ...]  # of rejected jobs
+    # Events the task lifecycle did not allow (common/core/lifecycle.py) among those the records were taken from
+    # (should be none: each is a bug, or a race the lifecycle does not know), and the first few, as logged.
+    illegal_transitions: int = 0
+    illegal_examples: tuple[str, ...] = ()
 
 
 def compute_metrics(
@@ -157,7 +161,8 @@ def compute_metrics(
     clock: Clock = "wall",
 ) -> RunMetrics:
     """Summarise one run's records; `wall_seconds` is how long the run took on the wall clock, and `clock` the clock
-    the records' times are on (the wall clock unless a simulation says otherwise)."""
+    the records' times are on (the wall clock unless a simulation says otherwise). Records a recorder filled
+    (`loadgen/recorder.py`, `RecordedTasks`) carry the illegal transitions it counted, which the metrics report."""
     if clock not in get_args(Clock):
         raise ValueError(f"clock must be one of {get_args(Clock)}, got {clock!r}")
     tasks = TaskColumns.of(tasks)
@@ -199,6 +204,9 @@ def compute_metrics(
         ),
         failure_reasons=_tally(r for r in reasons if r),
         rejection_reasons=_tally(rejections),
+        # Counted by the recorder that filled the columns (`RecordedTasks`); records from elsewhere have none.
+        illegal_transitions=getattr(tasks, "illegal_transitions", 0),
+        illegal_examples=tuple(getattr(tasks, "illegal_examples", ())),
     )
 
 

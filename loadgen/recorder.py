@@ -23,14 +23,27 @@ log = logging.getLogger("megha.loadgen")
 _WIDTH = len(Event)
 
 
+ILLEGAL_EXAMPLES = 3
+"""Illegal transitions the records keep word for word (the report names them); the rest are counted."""
+
+
+class RecordedTasks(TaskColumns):
+    """The task columns of a run's records, with the events the task lifecycle did not allow among those that
+    filled them: `compute_metrics` reports them (a replay never hides a violation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.illegal_transitions = 0
+        self.illegal_examples: list[str] = []  # the first `ILLEGAL_EXAMPLES`, as logged
+
+
 class Records:
     """Task and job records, and each task's lifecycle state."""
 
     def __init__(self) -> None:
-        self.tasks = TaskColumns()
+        self.tasks = RecordedTasks()
         self.jobs: dict[str, JobRecord] = {}
         self.states = bytearray()  # each task's lifecycle `State`, by row
-        self.illegal = 0  # events the lifecycle did not allow (logged; the record keeps what they measured)
         self.gang_jobs: set[str] = set()  # gang jobs (a finished run of theirs may be thrown away with its gang)
 
     def expect(self, gm: int, job: JobSpec) -> None:
@@ -45,6 +58,11 @@ class Records:
 
     _first = State.NEW  # the state of a task registered by `expect`
 
+    @property
+    def illegal(self) -> int:
+        """Events the lifecycle did not allow (logged and reported; the record keeps what they measured)."""
+        return self.tasks.illegal_transitions
+
     def _advance(self, row: int, task_id: str, event: Event) -> bool:
         """Move a task along `event`; False for a no-op, and for an illegal event (counted and logged)."""
         states = self.states
@@ -53,11 +71,14 @@ class Records:
             states[row] = after
             return True
         if after == ILLEGAL:
-            self.illegal += 1
+            tasks = self.tasks
+            tasks.illegal_transitions += 1
             try:
                 next_state(task_id, states[row], event)
             except IllegalTransition as exc:
                 log.warning("%s (recorded as reported)", exc)
+                if len(tasks.illegal_examples) < ILLEGAL_EXAMPLES:
+                    tasks.illegal_examples.append(str(exc))
         return False
 
     def _finished(self, row: int, task_id: str, at: float) -> bool:
@@ -222,13 +243,28 @@ class Recorder(Records, CoreObserver):
         self._lose_run(row, now, task.duration)
         self._advance(row, task.task_id, Event.LOST)
 
+    def requeued_at_recovery(self, tasks: Sequence[TaskSpec], now: float) -> None:
+        """A restarted GM queued these tasks again: one that was placed or running here lost that run while its GM
+        was down (its work is lost, as a lost worker's: at most its duration), and waits for its next run."""
+        number, states = self.tasks.number, self.states
+        for task in tasks:
+            row = number[task.task_id]
+            if states[row] == State.PLACING or states[row] == State.RUNNING:
+                self._lose_run(row, now, task.duration)
+                self._advance(row, task.task_id, Event.LOST)
+
     def preemption_attempted(self, task: TaskSpec, lm: int, now: float) -> None:
         self.tasks.columns["preemption_attempts"][self.tasks.number[task.task_id]] += 1
 
     def preempted(self, task_ids: Sequence[str], now: float) -> None:
-        number, c = self.tasks.number, self.tasks.columns
+        """A worker stopped these runs. One of a task back in its queue is a run its LM already reported lost (a
+        launch that reached its node after the node's repair, stopped when the LM took the node out of service:
+        embedded/injector.py): news of a run that ended, not a preemption, whose work was counted lost then."""
+        number, c, states = self.tasks.number, self.tasks.columns, self.states
         for task_id in task_ids:
             row = number[task_id]
+            if states[row] == State.QUEUED:
+                continue
             c["preemptions"][row] += 1
             self._lose_run(row, now, math.inf)
             self.preempted_runs.append((task_id, c["started_at"][row], now))

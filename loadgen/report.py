@@ -94,7 +94,7 @@ def format_table(metrics: RunMetrics, title: str) -> str:
     lines += [
         "",
         f"tasks: {m.tasks:,}  completed: {m.tasks_completed:,}  failed: {m.tasks_failed:,}  "
-        f"not completed exactly once: {len(m.not_exactly_once):,}",
+        f"not completed exactly once: {len(m.not_exactly_once):,}  illegal transitions: {m.illegal_transitions:,}",
         f"jobs: {m.jobs:,}  rejected: {m.jobs_rejected:,}",
         f"attempts: {m.attempts:,}  reschedules: {m.reschedules:,}  inconsistencies: {m.inconsistencies:,}  "
         f"tasks placed by repartition: {m.repartitions:,}",
@@ -130,30 +130,46 @@ def format_counters(scheduler: str, counters: dict[str, int]) -> str:
     return f"{scheduler} counters: {counts}"
 
 
-def run_warnings(metrics: RunMetrics) -> list[str]:
+def run_warnings(metrics: RunMetrics, files: bool | None = None) -> list[str]:
     """What makes a run's figures mean little: no job at all, most tasks failed, or most jobs rejected, each with
-    its most common reasons."""
+    its most common reasons (`files`: whether tasks.csv and jobs.csv, which list every reason, are written; None:
+    not known, so the warning says where they would be); and what makes them suspect: events the task lifecycle
+    did not allow."""
     m = metrics
-    if m.jobs == 0:
-        return ["the trace held no jobs: nothing was measured"]
     warnings = []
+    if m.illegal_transitions:
+        examples = "; ".join(m.illegal_examples)
+        more = len(m.illegal_examples) < m.illegal_transitions
+        warnings.append(
+            f"{m.illegal_transitions:,} illegal task transition{'s' if m.illegal_transitions != 1 else ''} (events the "
+            f"task lifecycle does not allow: a bug; the records keep what the events reported): {examples}"
+            + ("; the others are logged" if more else "")
+        )
+    if m.jobs == 0:
+        return [*warnings, "the trace held no jobs: nothing was measured"]
     if 2 * m.tasks_failed > m.tasks:
         warnings.append(
             f"{m.tasks_failed:,} of {m.tasks:,} tasks failed ({100 * m.tasks_failed / m.tasks:.1f} %): "
-            + _reasons(m.failure_reasons, "task")
+            + _reasons(m.failure_reasons, "task", files)
         )
     if 2 * m.jobs_rejected > m.jobs:
         warnings.append(
             f"{m.jobs_rejected:,} of {m.jobs:,} jobs were rejected ({100 * m.jobs_rejected / m.jobs:.1f} %): "
-            + _reasons(m.rejection_reasons, "job")
+            + _reasons(m.rejection_reasons, "job", files)
         )
     return warnings
 
 
-def _reasons(reasons: tuple[tuple[str, int], ...], unit: str, shown: int = 3) -> str:
+def _reasons(reasons: tuple[tuple[str, int], ...], unit: str, files: bool | None = None, shown: int = 3) -> str:
     text = "; ".join(f"{reason} ({count:,} {unit}{'s' if count != 1 else ''})" for reason, count in reasons[:shown])
     if len(reasons) > shown:
-        text += f"; {len(reasons) - shown} more reasons in {unit}s.csv"
+        more = f"{len(reasons) - shown} more reason{'s' if len(reasons) - shown != 1 else ''}"
+        if files is None:
+            text += f"; {more} in {unit}s.csv (not written with --no-files)"
+        elif files:
+            text += f"; {more} in {unit}s.csv"
+        else:
+            text += f"; {more} not shown (--no-files: no {unit}s.csv was written)"
     if any("satisfies" in reason for reason, _ in reasons):
         text += (
             ". Too few nodes satisfy the trace's placement constraints: give the data centre more nodes, or "
@@ -293,7 +309,7 @@ def _summary_document(metrics: RunMetrics, title: str, extra: dict[str, Any]) ->
     summaries = {"allocation_time": m.allocation_time, **m.components, "jrt_delay": m.jrt_delay}
     return {
         "title": title,
-        "warnings": run_warnings(m),
+        "warnings": run_warnings(m, files=True),
         "summaries": {name: dataclasses.asdict(s) for name, s in summaries.items()},
         "counts": {
             "tasks": m.tasks,
@@ -307,6 +323,7 @@ def _summary_document(metrics: RunMetrics, title: str, extra: dict[str, Any]) ->
             "attempts": m.attempts,
             "preemption_requests": m.preemption_attempts,
             "runs_stopped_by_preemption": m.preemptions,
+            "illegal_transitions": m.illegal_transitions,
         },
         "failure_reasons": dict(m.failure_reasons),
         "rejection_reasons": dict(m.rejection_reasons),

@@ -220,19 +220,22 @@ class GlobalMaster:
         this GM's batch numbering continues from), take `running` (the runs the LMs hold for this GM) as running,
         queue `queued` (its accepted tasks that are neither running nor ended), apply the ends `replayed`
         (`Recovery.replayed`: runs of `running` that ended, of jobs with a retry rule), and schedule. The tasks of
-        the jobs in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`)."""
+        the jobs in `gangs` (job id -> `JobSpec.gang`) are held as gangs again (`GangScheduler.recover`). Observers hear
+        of the queued tasks (`requeued_at_recovery`): a run one had was lost while this GM was down."""
         for delta in states:
             self.ledger.continue_from(delta.lm, delta.applied_through)
             self.apply_delta(delta)
         usage = self.policies.usage
         running = list(running)
+        queued = list(queued)
+        if queued:
+            self.observer.requeued_at_recovery(queued, now)
         for p in running:
             self.running[p.task.task_id] = p
             usage.placed(p.task, p.lm)
             if p.task.queueable:
                 self.opportunistic.placed(p)
         if gangs:
-            queued = list(queued)
             for job_id, timeout in gangs.items():
                 mine = [p for p in running if p.task.job_id == job_id]
                 waiting = [t for t in queued if t.job_id == job_id]
@@ -327,7 +330,8 @@ class GlobalMaster:
         call itself). A batch's tasks are reported failed with `reason` (the LM may have launched them, so
         placing them elsewhere could run them twice) and forgotten, and their requests go back into the view
         (if the LM did launch them, its next report of the node says so). A preemption request counts as
-        refused: the task asks the next LM or waits. A gang's prepare or commit: see `GangScheduler.call_failed`."""
+        refused (observer `preemption_refused`, as the LM reports its own refusals): the task asks the next LM or
+        waits. A gang's prepare or commit: see `GangScheduler.call_failed`."""
         if self.gangs.owns(lm, seq):
             self.gangs.call_failed(lm, seq, reason, now)
             return self._drain(now)
@@ -348,6 +352,9 @@ class GlobalMaster:
             return self._drain(now)
         entry = self.ledger.preempting[lm].get(seq)
         if entry is not None:
+            # No LM saw the request, so none reports its refusal (an LM that refuses reports `preemption_refused`):
+            # this GM does, or observers would see the task decided again (next LM, or once unparked) while placing.
+            self.observer.preemption_refused(entry[0], reason, now)
             refusal = PreemptResponse(self.gm_id, lm, seq, entry[0], None, [], reason, [], Delta(lm, self.gm_id, 0))
             return self.handle(refusal, now)
         return []

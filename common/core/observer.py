@@ -40,6 +40,11 @@ class CoreObserver:
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """The worker running `task` was lost; the task runs again as its next attempt."""
 
+    def requeued_at_recovery(self, tasks: Sequence[TaskSpec], now: float) -> None:
+        """A GM restarted after a crash and queued these accepted tasks, which no LM runs and which did not end: a
+        run one of them had (placed, or running) was lost while the GM was down (its worker crashed, say, and its
+        LM restarted without it), so it runs again. The restarted GM cannot tell which had one."""
+
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool) -> None:
         """A GM learnt that its task's run ended, finished (`error` "") or failed. `forwarded`: the LM had not
         placed that run (it restarted since), so no LM announced the end as a task event; `now` is then when the
@@ -68,7 +73,8 @@ class CoreObserver:
         """An LM granted a preemption request: it stops these running tasks (their worker reports `preempted`)."""
 
     def preemption_refused(self, task: TaskSpec, reason: str, now: float) -> None:
-        """An LM refused to preempt for `task`: no victim passed its verification."""
+        """An LM refused to preempt for `task`: no victim passed its verification. Reported by the GM instead when
+        its request got no answer (`GlobalMaster.call_failed`: the LM was down), which counts as a refusal."""
 
     def stopping(self, task_ids: Sequence[str], now: float) -> None:
         """An LM stops these runs at their GM's request (their job was cancelled)."""
