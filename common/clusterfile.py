@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +141,27 @@ def _json_lines(items: list[str], depth: int, brackets: str = "[]") -> str:
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object of the file at `path`; a directory, a FIFO or device (whose read could block for ever), an
+    unreadable file, invalid or too deeply nested JSON are refused, naming the file."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        mode = Path(path).stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ClusterFileError(f"cluster file {path}: is a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise ClusterFileError(f"cluster file {path}: not a regular file")
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ClusterFileError(f"cluster file {path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ClusterFileError(f"cluster file {path}: not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ClusterFileError(f"cluster file {path}: not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ClusterFileError(f"cluster file {path}: JSON nested too deeply to read") from None
     if not isinstance(doc, dict):
         raise ClusterFileError(f"cluster file {path}: expected a JSON object at the top, got {type(doc).__name__}")
     return doc
@@ -217,6 +235,9 @@ def _parse_megha_cluster(path: str | Path, doc: dict[str, Any]) -> ClusterSpec:
     names = doc.get("resource_names")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ClusterFileError(f"{where}: field resource_names must be a non-empty list of strings")
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ClusterFileError(f"{where}: field resource_names names {', '.join(map(repr, twice))} more than once")
     lms = doc.get("lms")
     if not isinstance(lms, list) or not lms:
         raise ClusterFileError(f"{where}: field lms must be a non-empty list (one list of partitions per LM)")

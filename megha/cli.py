@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import platform
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -528,6 +529,40 @@ def credential(role: str, ident: str) -> int:
     return 0
 
 
+def check_input_file(value: str, option: str) -> None:
+    """A file a command will read, refused up front in one usage line naming `option` when it is a directory, not
+    a regular file (a FIFO would block the read for ever) or cannot be opened. A missing file is left to the
+    reader, which says what it expected there."""
+    path = Path(value)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc.strerror}", param_hint=option) from None
+    if stat.S_ISDIR(mode):
+        raise click.BadParameter(f"{value} is a directory, not a file", param_hint=option)
+    if not stat.S_ISREG(mode):
+        raise click.BadParameter(f"{value} is not a regular file", param_hint=option)
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc.strerror}", param_hint=option) from None
+
+
+def check_out_folder(out: Path | None, option: str = "--out") -> None:
+    """An --out folder refused up front in one usage line when it, or a folder above it, is an existing file."""
+    if out is None:
+        return
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file, not a folder" if folder == out else f"cannot be made: {folder} is a file"
+                raise click.BadParameter(f"{out} {what}", param_hint=option)
+            return
+
+
 def _warn(command: str, warnings: list[str]) -> None:
     for warning in warnings:
         print(f"megha {command}: WARNING: {warning}", file=sys.stderr)
@@ -539,6 +574,9 @@ def _local(args: SimpleNamespace) -> int:
     from megha.loadgen.progress import Progress
     from megha.loadgen.report import format_table, report_dir, run_warnings, write_outputs
 
+    check_out_folder(args.out)
+    if args.trace != "demo" and not args.trace.startswith("syn:"):
+        check_input_file(args.trace, "--trace")
     out = report_dir(args.out, LOCAL_OUT, args.overwrite)
     deployment = LocalDeployment(
         gms=args.gms,
@@ -653,6 +691,12 @@ def _replay(args: SimpleNamespace) -> int:
     from megha.loadgen.seeds import SeedFigures
     from megha.loadgen.trace import demo_trace_path
 
+    if not args.no_files:
+        check_out_folder(args.out)
+    if args.trace != "demo" and not args.trace.startswith("syn:"):
+        check_input_file(args.trace, "--trace")
+    if args.cluster not in ("generate", "reference"):
+        check_input_file(args.cluster, "--cluster")
     out = None if args.no_files else report_dir(args.out, REPLAY_OUT, args.overwrite)
     seeds = range(args.seed, args.seed + args.seeds)
     # Several seeds: each seed's report in a folder of its own, checked before anything runs.
@@ -797,6 +841,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except (ValueError, FileNotFoundError) as exc:
         print(f"megha {argv[0]}: error: {exc}", file=sys.stderr)
+        return 2
+    except (RecursionError, OverflowError) as exc:  # input too deep or too large for the code that reads it
+        print(f"megha {argv[0]}: error: input too large or too deeply nested: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path of the command line that cannot be read or written
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"megha {argv[0]}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
 
 

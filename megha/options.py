@@ -169,6 +169,8 @@ def usage_line(exc: click.UsageError) -> str:
         opts: Sequence[str] = getattr(exc.param, "opts", ())
         name = max(opts, key=len) if opts else exc.param.name
         return f"{name}: {exc.message.rstrip('.')}"
+    if isinstance(exc, click.BadParameter) and isinstance(exc.param_hint, str):
+        return f"{exc.param_hint}: {exc.message.rstrip('.')}"
     return exc.message.rstrip(".")
 
 

@@ -1,0 +1,173 @@
+"""Bad input is one line naming the option, field or path (usage error, exit status 2), never a traceback, a hang
+or a silent wrong result: the audit's findings on `megha replay`'s paths, traces and cluster files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from megha import cli
+from megha.common.clusterfile import ClusterFileError, load_cluster
+from megha.loadgen.trace import MAX_SECONDS, TraceError, read_trace, resolve_trace
+
+SMALL = ["--lms", "1", "--gms", "1", "--workers-per-partition", "2", "--quiet"]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """`megha <argv>`'s exit status and its stderr, which must be one line."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as exc:
+        status = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return status, err
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "one.tr"
+    path.write_text("0 1 1 1\n")
+    return path
+
+
+# 1. paths of the command line
+
+
+def test_cluster_that_is_a_directory_is_a_usage_error(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, err = _run(["replay", "--trace", str(trace), "--cluster", str(tmp_path), "--no-files", *SMALL], capsys)
+    assert status == 2
+    assert "--cluster" in err and "is a directory" in err
+
+
+def test_trace_that_is_a_directory_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = _run(["replay", "--trace", str(tmp_path), "--no-files", *SMALL], capsys)
+    assert status == 2
+    assert "--trace" in err and "is a directory" in err and "no such file" not in err
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_out_naming_an_existing_file_is_a_usage_error(
+    tmp_path: Path, trace: Path, below: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    out = file / below if below else file
+    for command in (["replay", *SMALL], ["local"]):
+        status, err = _run([*command, "--trace", str(trace), "--out", str(out)], capsys)
+        assert status == 2
+        assert "--out" in err and str(file) in err
+
+
+def test_unreadable_trace_is_a_usage_error(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace.chmod(0)
+    try:
+        if os.access(trace, os.R_OK):
+            pytest.skip("root reads any file")
+        status, err = _run(["replay", "--trace", str(trace), "--no-files", *SMALL], capsys)
+        assert status == 2 and "--trace" in err
+    finally:
+        trace.chmod(0o644)
+
+
+def test_fifo_cluster_is_refused_without_blocking(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    status, err = _run(["replay", "--trace", str(trace), "--cluster", str(fifo), "--no-files", *SMALL], capsys)
+    assert status == 2 and "--cluster" in err and "not a regular file" in err
+    with pytest.raises(ClusterFileError, match="not a regular file"):
+        load_cluster(fifo)
+
+
+# 2. arrivals and durations after the time scale
+
+
+@pytest.mark.parametrize(
+    ("second", "scale", "field"),
+    [("1e308 1 1 1", 10.0, "arrival_time"), ("1e300 1 1 1", 1.0, "arrival_time"), ("5 1 1 1e13", 1.0, "duration")],
+)
+def test_arrivals_and_durations_beyond_the_bound_are_refused_naming_the_line(
+    tmp_path: Path, second: str, scale: float, field: str
+) -> None:
+    path = tmp_path / "big.tr"
+    path.write_text(f"0 1 1 1\n{second}\n")
+    with pytest.raises(TraceError, match=f"line 2: .*{field}"):
+        read_trace(path, time_scale=scale)
+
+
+def test_time_scale_overflow_is_a_usage_error_not_an_overflow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "big.tr"
+    path.write_text("0 1 1 1\n1e308 1 1 1\n")
+    status, err = _run(["replay", "--trace", str(path), "--time-scale", "10", "--no-files", *SMALL], capsys)
+    assert status == 2 and "line 2" in err and "arrival_time" in err
+
+
+def test_a_trace_within_the_bound_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "ok.tr"
+    path.write_text(f"0 1 1 1\n{MAX_SECONDS:g} 1 1 {MAX_SECONDS:g}\n")
+    assert read_trace(path)[1].arrival == MAX_SECONDS
+
+
+def test_synthetic_trace_beyond_the_bound_is_refused() -> None:
+    with pytest.raises(TraceError, match="syn:5:5"):
+        resolve_trace("syn:5:5", time_scale=1e300)
+
+
+# 4. cluster files
+
+
+def test_deeply_nested_cluster_json_is_one_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ClusterFileError, match="nested too deeply"):
+        load_cluster(path)
+
+
+def test_duplicate_resource_names_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dup.json"
+    node = {"capacity": {"a": 1}, "constraints": []}
+    doc = {"format": "megha-cluster", "version": 1, "resource_names": ["a", "a"], "lms": [[[node]]]}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ClusterFileError, match="resource_names"):
+        load_cluster(path)
+
+
+# 5. trace numbers: ASCII only; a byte order mark is skipped
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("0 \uff11 1 1", "num_tasks"),
+        ("0 1_0 1 1", "num_tasks"),
+        ("0 1 1 \u0661", "task duration"),
+        ("1_0 1 1 1", "arrival"),
+    ],
+)
+def test_non_ascii_numbers_are_refused(tmp_path: Path, line: str, field: str) -> None:
+    path = tmp_path / "odd.tr"
+    path.write_text(line + "\n", encoding="utf-8")
+    with pytest.raises(TraceError, match=f"line 1: {field}"):
+        read_trace(path)
+
+
+def test_byte_order_mark_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "bom.tr"
+    path.write_bytes(b"\xef\xbb\xbf0 1 1 1\n2 1 2 2\n")
+    assert [job.arrival for job in read_trace(path)] == [0.0, 2.0]
+
+
+@pytest.mark.parametrize(("spec", "field"), [("syn:\u00b2:5", "tasks_per_job"), ("syn:5:\u0661", "num_jobs")])
+def test_synthetic_spec_names_its_field(spec: str, field: str) -> None:
+    with pytest.raises(TraceError, match=field):
+        resolve_trace(spec)
