@@ -171,3 +171,45 @@ def test_byte_order_mark_is_skipped(tmp_path: Path) -> None:
 def test_synthetic_spec_names_its_field(spec: str, field: str) -> None:
     with pytest.raises(TraceError, match=field):
         resolve_trace(spec)
+
+
+# 3. node capacity bounded
+
+
+@pytest.mark.parametrize("flag", ["--node-cpu", "--node-mem"])
+def test_node_capacity_beyond_the_bound_is_a_usage_error(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = _run(["replay", flag, "9999999999999999999999", "--no-files", *SMALL], capsys)
+    assert status == 2 and flag in err and "at most" in err
+
+
+def test_node_capacity_bound_is_the_settings() -> None:
+    from megha.common.settings import MAX_NODE_CAPACITY, WorkerSettings
+
+    assert WorkerSettings(node_cpu_millicores=MAX_NODE_CAPACITY, node_memory_mb=64_000).node_memory_mb == 64_000
+    with pytest.raises(ValueError, match="node_cpu_millicores"):
+        WorkerSettings(node_cpu_millicores=MAX_NODE_CAPACITY + 1)
+
+
+# 7. service URLs
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "service"),
+    [
+        ("MEGHA_LM_URLS", "not a url", "gm"),
+        ("MEGHA_GM_URLS", "http://a:1,ftp://b", "gm"),
+        ("MEGHA_LM_URL", "x", "worker"),
+    ],
+)
+def test_bad_service_url_is_one_line_naming_the_variable(
+    variable: str, value: str, service: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from megha.common.settings import GMSettings, WorkerSettings, load_settings
+
+    monkeypatch.setenv("MEGHA_AUTH", "off")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as exc:
+        load_settings(GMSettings if service == "gm" else WorkerSettings, f"megha {service}")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and variable in err
