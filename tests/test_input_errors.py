@@ -213,3 +213,28 @@ def test_bad_service_url_is_one_line_naming_the_variable(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and variable in err
+
+
+# 6. crash rates bounded: no replay that never ends
+
+
+@pytest.mark.parametrize(
+    "spec", ["worker:rate=1e308", "worker:rate=1e9", "lm:rate=3601", "worker:at=1e300,lm=0,node=0"]
+)
+def test_fail_beyond_the_bounds_is_refused_at_once(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = _run(["replay", "--trace", "syn:5:5", "--fail", spec, "--no-files", *SMALL], capsys)
+    assert status == 2 and "--fail" in err and "at most" in err
+
+
+def test_fail_rates_of_one_kind_add_up_within_the_bound() -> None:
+    from megha.embedded.faults import MAX_RATE, parse_faults
+
+    faults = parse_faults([f"worker:rate={MAX_RATE / 2:g}"] * 2, 30.0, 60.0, 0)
+    assert faults is not None and faults.worker_rate == MAX_RATE
+    with pytest.raises(ValueError, match="add up"):
+        parse_faults([f"worker:rate={MAX_RATE:g}", "worker:rate=1"], 30.0, 60.0, 0)
+
+
+def test_replay_at_the_highest_crash_rate_ends(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["replay", "--trace", "syn:5:5", "--no-constraints", "--fail", "worker:rate=3600", "--no-files", *SMALL]
+    assert cli.main(argv) in (0, 3)
