@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import stat
 import sys
@@ -60,6 +61,8 @@ exit status: 0 every task of an accepted job ended exactly once; 1 some task did
   3 most tasks failed or most jobs were rejected (a WARNING on stderr names the reasons)
 """
 CTL_COMMANDS = ("job", "queues", "nodes", "top", "reproduce")  # megha/ctl/: deployments; the papers' figures
+TOKEN_COMMANDS = ("job", "queues", "nodes", "top")  # those that call the GMs with the user's API token
+TOKEN_FILE = "MEGHA_API_TOKEN_FILE"
 LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
@@ -519,6 +522,12 @@ def credential(role: str, ident: str) -> int:
     from megha.common.auth import Credential
     from megha.common.settings import ServiceSettings, load_settings
 
+    if role in ("gm", "lm") and not (ident.isascii() and ident.isdigit() and str(int(ident)) == ident):
+        raise click.BadParameter(
+            f"{'an' if role == 'lm' else 'a'} {role.upper()}'s id is its number (0, 1, ...; "
+            f"MEGHA_{role.upper()}_ID), got {ident!r}",
+            param_hint="IDENT",
+        )
     secret = load_settings(ServiceSettings, "megha credential").cluster_secret.get_secret_value()
     if not secret:
         raise click.UsageError("MEGHA_CLUSTER_SECRET (or MEGHA_CLUSTER_SECRET_FILE) is not set")
@@ -821,6 +830,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run `megha <argv>`; its exit status. A usage error is one line on stderr and SystemExit(2); --help and
     --version exit with SystemExit(0) (as argparse did, so callers and tests see the same)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in TOKEN_COMMANDS and os.environ.get("MEGHA_API_TOKEN") and os.environ.get(TOKEN_FILE):
+        # As the services' settings refuse a secret given both ways (docs/security.md): which one is meant?
+        print(f"megha {argv[0]}: error: MEGHA_API_TOKEN and {TOKEN_FILE} are both set: set one", file=sys.stderr)
+        raise SystemExit(2)
     try:
         with megha.make_context("megha", argv) as ctx:
             return megha.invoke(ctx) or 0

@@ -238,3 +238,34 @@ def test_fail_rates_of_one_kind_add_up_within_the_bound() -> None:
 def test_replay_at_the_highest_crash_rate_ends(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["replay", "--trace", "syn:5:5", "--no-constraints", "--fail", "worker:rate=3600", "--no-files", *SMALL]
     assert cli.main(argv) in (0, 3)
+
+
+# 11. credentials and API tokens
+
+
+@pytest.mark.parametrize(("role", "ident"), [("gm", "x"), ("lm", "01"), ("gm", "+1"), ("lm", "\u0661")])
+def test_credential_of_a_gm_or_lm_needs_its_number(
+    role: str, ident: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MEGHA_CLUSTER_SECRET", "s" * 64)
+    status, err = _run(["credential", role, ident], capsys)
+    assert status == 2 and "IDENT" in err and "number" in err
+
+
+def test_credential_of_a_gm_by_number_is_issued(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MEGHA_CLUSTER_SECRET", "s" * 64)
+    assert cli.main(["credential", "gm", "1"]) == 0
+    assert capsys.readouterr().out.startswith("megha-credential1.")
+
+
+def test_api_token_given_both_ways_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    monkeypatch.setenv("MEGHA_API_TOKEN", "t")
+    monkeypatch.setenv("MEGHA_API_TOKEN_FILE", str(token))
+    status, err = _run(["job", "list", "--gm", "http://127.0.0.1:9"], capsys)
+    assert status == 2 and "MEGHA_API_TOKEN and MEGHA_API_TOKEN_FILE are both set" in err
