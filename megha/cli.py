@@ -713,6 +713,8 @@ def _replay(args: SimpleNamespace) -> int:
         seed: out if out is None or len(seeds) == 1 else report_dir(out / f"seed-{seed}", REPLAY_OUT, args.overwrite)
         for seed in seeds
     }
+    if out is not None and args.overwrite:
+        _remove_old_report(out, single=len(seeds) == 1)
     config = ReplayConfig(
         trace=str(demo_trace_path()) if args.trace == "demo" else args.trace,
         first_jobs=args.first_jobs,
@@ -777,10 +779,25 @@ def _replay(args: SimpleNamespace) -> int:
         figures = SeedFigures.of(runs)
         print(figures.table())
         if out is not None:
-            path = out / "seeds.json"
+            path = out / SEEDS_FILE
             path.write_text(json.dumps(figures.document(), indent=2, allow_nan=False) + "\n")
             print(f"wrote {path}")
     return 1 if 1 in statuses else max(statuses)
+
+
+SEEDS_FILE = "seeds.json"
+
+
+def _remove_old_report(out: Path, single: bool) -> None:
+    """With --overwrite, the report files of `out` that this run will not write again: a single replay's (with
+    --seeds N, each seed's report goes to seed-<n>/), or the seeds' summary (a single replay writes none). Only
+    the known report file names are removed."""
+    from megha.loadgen.report import REPORT_FILES
+
+    for name in (SEEDS_FILE,) if single else REPORT_FILES:
+        path = out / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
 
 
 def _replay_seed(

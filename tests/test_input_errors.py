@@ -269,3 +269,22 @@ def test_api_token_given_both_ways_is_refused(
     monkeypatch.setenv("MEGHA_API_TOKEN_FILE", str(token))
     status, err = _run(["job", "list", "--gm", "http://127.0.0.1:9"], capsys)
     assert status == 2 and "MEGHA_API_TOKEN and MEGHA_API_TOKEN_FILE are both set" in err
+
+
+# 9. --overwrite leaves no stale report beside the new one
+
+
+def test_overwrite_with_several_seeds_removes_the_single_replays_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from megha.loadgen.report import REPORT_FILES
+
+    out = tmp_path / "out"
+    argv = ["replay", "--trace", "syn:2:3", "--no-constraints", "--out", str(out), *SMALL]
+    assert cli.main(argv) == 0
+    (out / "notes.txt").write_text("mine")
+    assert cli.main([*argv, "--seeds", "2", "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "seed-0", "seed-1", "seeds.json"]
+    assert cli.main([*argv, "--overwrite"]) == 0
+    assert not (out / "seeds.json").exists() and all((out / name).exists() for name in REPORT_FILES)
+    capsys.readouterr()
