@@ -579,13 +579,11 @@ def _warn(command: str, warnings: list[str]) -> None:
 
 def _local(args: SimpleNamespace) -> int:
     from megha.common.settings import LoadgenSettings
-    from megha.deploy.local import LocalDeployment, run_local
+    from megha.deploy.local import BrokerUnreachable, LocalDeployment, run_local
     from megha.loadgen.progress import Progress
     from megha.loadgen.report import format_table, report_dir, run_warnings, write_outputs
 
-    check_out_folder(args.out)
-    if args.trace != "demo" and not args.trace.startswith("syn:"):
-        check_input_file(args.trace, "--trace")
+    _check_local(args)
     out = report_dir(args.out, LOCAL_OUT, args.overwrite)
     deployment = LocalDeployment(
         gms=args.gms,
@@ -619,6 +617,8 @@ def _local(args: SimpleNamespace) -> int:
     )
     try:
         run, states = run_local(deployment, settings, None if args.quiet else Progress())
+    except BrokerUnreachable as exc:
+        raise click.BadParameter(str(exc), param_hint="--amqp-url") from None
     except KeyboardInterrupt:
         print("interrupted: every service was stopped", file=sys.stderr)
         return 130
@@ -644,6 +644,42 @@ def _local(args: SimpleNamespace) -> int:
     if run.metrics.not_exactly_once or run.timed_out or not all(s["idle"] for s in states):
         return 1
     return 3 if warnings else 0
+
+
+def _check_local(args: SimpleNamespace) -> None:
+    """`megha local`'s inputs, checked before any service starts (each would otherwise fail, or wait a minute for
+    the broker, with a traceback in its log): one usage line naming the option."""
+    from megha.common.wire.fields import MAX_TASKS_PER_JOB
+    from megha.common.wire.jobs import MAX_TASK_SECONDS
+    from megha.loadgen.trace import demo_trace_path, resolve_trace
+
+    check_out_folder(args.out)
+    if args.nodes_per_worker > 1 and args.execution != "simulated":
+        raise click.UsageError(
+            f"--nodes-per-worker {args.nodes_per_worker} needs --execution simulated (an agent that runs its tasks "
+            "for real is one node)"
+        )
+    if args.queues:
+        try:
+            parse_queues(args.queues).check_gms(args.gms)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--queues") from None
+    if args.trace != "demo" and not args.trace.startswith("syn:"):
+        check_input_file(args.trace, "--trace")
+    trace = str(demo_trace_path()) if args.trace == "demo" else args.trace
+    for k, job in enumerate(resolve_trace(trace, args.first_jobs, args.time_scale), start=1):
+        if len(job.durations) > MAX_TASKS_PER_JOB:
+            raise click.BadParameter(
+                f"job {k} of the trace has {len(job.durations):,} tasks; a submission takes at most "
+                f"{MAX_TASKS_PER_JOB:,} (split the job in the trace)",
+                param_hint="--trace",
+            )
+        if max(job.durations) > MAX_TASK_SECONDS:
+            raise click.BadParameter(
+                f"job {k} of the trace has a task of {max(job.durations):g} s (after --time-scale); a submitted "
+                f"task lasts at most {MAX_TASK_SECONDS:,.0f} s",
+                param_hint="--trace",
+            )
 
 
 def _retry_rule(value: str) -> str:

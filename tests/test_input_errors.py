@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,69 @@ def test_overwrite_with_several_seeds_removes_the_single_replays_report(
     assert cli.main([*argv, "--overwrite"]) == 0
     assert not (out / "seeds.json").exists() and all((out / name).exists() for name in REPORT_FILES)
     capsys.readouterr()
+
+
+# 8. megha local and megha chaos check their inputs before starting anything
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--nodes-per-worker", "2"], "--nodes-per-worker"),
+        (["--queues", "a:50%:7", "--gms", "2"], "--queues"),
+        (["--amqp-url", "amqp://nobody:sekrit@127.0.0.1:5/"], "--amqp-url"),
+    ],
+)
+def test_local_refuses_bad_inputs_before_starting_a_service(
+    args: list[str], named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from megha.deploy import local
+
+    def start(self: local.LocalDeployment) -> None:
+        raise AssertionError("a service was started")
+
+    monkeypatch.setattr(local.LocalDeployment, "start", start)
+    status, err = _run(["local", *args, "--out", str(tmp_path / "out")], capsys)
+    assert status == 2 and named in err and "sekrit" not in err
+
+
+def test_local_refuses_a_job_over_the_submission_limit_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "wide.tr"
+    path.write_text("0 10001 1 " + " ".join(["1"] * 10_001) + "\n")
+    status, err = _run(["local", "--trace", str(path), "--time-scale", "1", "--out", str(tmp_path / "out")], capsys)
+    assert status == 2 and "--trace" in err and "10,001 tasks" in err
+
+
+def test_broker_check_names_the_broker_without_its_password() -> None:
+    from megha.deploy.local import BrokerUnreachable, check_broker
+
+    with pytest.raises(BrokerUnreachable, match=re.escape("amqp://nobody@127.0.0.1:5/")) as exc:
+        check_broker("amqp://nobody:sekrit@127.0.0.1:5/", timeout=2.0)
+    assert "sekrit" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--trace", "nonexist.tr"], "--trace"),
+        (["--time-scale", "nan"], "--time-scale"),
+        (["--out", "FILE"], "--out"),
+    ],
+)
+def test_chaos_refuses_bad_inputs_before_starting_a_broker(
+    args: list[str], named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from megha.deploy import chaos
+
+    def trial(*_: object) -> None:
+        raise AssertionError("a trial was started")
+
+    monkeypatch.setattr(chaos, "run_trial", trial)
+    file = tmp_path / "file"
+    file.write_text("")
+    argv = [str(file) if a == "FILE" else a for a in args]
+    assert chaos.main(["--faults", "lm-kill", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err
