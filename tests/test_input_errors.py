@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -355,3 +356,15 @@ def test_chaos_refuses_bad_inputs_before_starting_a_broker(
     assert chaos.main(["--faults", "lm-kill", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err
+
+
+@pytest.mark.skipif(not shutil.which("rabbitmq-server"), reason="needs rabbitmq-server for a private broker node")
+def test_broker_check_says_a_login_was_refused_without_the_password() -> None:
+    from megha.deploy.broker_node import broker_node
+    from megha.deploy.local import BrokerUnreachable, check_broker
+
+    with broker_node() as node:
+        check_broker(node.url)
+        with pytest.raises(BrokerUnreachable, match="ACCESS_REFUSED") as exc:
+            check_broker(node.url.replace("guest:guest", "nobody:sekrit"))
+    assert "sekrit" not in str(exc.value)
