@@ -30,6 +30,7 @@ from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_ids, constraint_mask
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
 from megha.common.machine_classes import MACHINE_DRAWS
+from megha.common.settings import MAX_NODE_CAPACITY
 
 DEFAULT_NODE_CAPACITY: Resources = (64000, 16384)
 """The Megha paper's simulated node: 64 cores (millicores) and 16 GB (MB)."""
@@ -265,8 +266,10 @@ def _node(where: str, field: str, node: Any, names: list[str]) -> tuple[Resource
         raise ClusterFileError(f"{where}: field {field}.capacity must give exactly {names}, got {got}")
     for name in names:
         value = capacity[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ClusterFileError(f"{where}: field {field}.capacity.{name} must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_NODE_CAPACITY:
+            raise ClusterFileError(
+                f"{where}: field {field}.capacity.{name} must be a positive integer of at most 2**40, got {value!r}"
+            )
     ids = node.get("constraints")
     if not isinstance(ids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in ids):
         raise ClusterFileError(f"{where}: field {field}.constraints must be a list of constraint ids, got {ids!r}")

@@ -368,3 +368,11 @@ def test_broker_check_says_a_login_was_refused_without_the_password() -> None:
         with pytest.raises(BrokerUnreachable, match="ACCESS_REFUSED") as exc:
             check_broker(node.url.replace("guest:guest", "nobody:sekrit"))
     assert "sekrit" not in str(exc.value)
+
+
+def test_cluster_file_capacity_beyond_the_bound_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "huge.json"
+    node = {"capacity": {"cpu": 10**30}, "constraints": []}
+    path.write_text(json.dumps({"format": "megha-cluster", "version": 1, "resource_names": ["cpu"], "lms": [[[node]]]}))
+    with pytest.raises(ClusterFileError, match=r"capacity\.cpu"):
+        load_cluster(path)
