@@ -365,7 +365,8 @@ def megha() -> None:
     multiple=True,
     metavar="SPEC",
     group=FAILURES,
-    help="worker:rate=R crashes worker nodes at random, R per node per hour; worker:at=T,lm=L,node=N[,down=D] "
+    help="worker:rate=R crashes worker nodes at random, R per node per hour (at most 3600); "
+    "worker:at=T,lm=L,node=N[,down=D] "
     "crashes one at time T; lm:rate=R, lm:at=T,lm=L[,down=D], gm:rate=R and gm:at=T,gm=G[,down=D] crash LMs and "
     "GMs (they restart D seconds later, default --fail-repair); partition:at=T,lm=L[,down=D] and "
     "partition:at=T,gm=G[,down=D] hold the messages to and from one for D seconds (repeatable)",
