@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_ids, constraint_mask
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
 from megha.common.machine_classes import MACHINE_DRAWS
+from megha.common.settings import MAX_NODE_CAPACITY
 
 DEFAULT_NODE_CAPACITY: Resources = (64000, 16384)
 """The Megha paper's simulated node: 64 cores (millicores) and 16 GB (MB)."""
@@ -140,10 +142,27 @@ def _json_lines(items: list[str], depth: int, brackets: str = "[]") -> str:
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object of the file at `path`; a directory, a FIFO or device (whose read could block for ever), an
+    unreadable file, invalid or too deeply nested JSON are refused, naming the file."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        mode = Path(path).stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ClusterFileError(f"cluster file {path}: is a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise ClusterFileError(f"cluster file {path}: not a regular file")
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ClusterFileError(f"cluster file {path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ClusterFileError(f"cluster file {path}: not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ClusterFileError(f"cluster file {path}: not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ClusterFileError(f"cluster file {path}: JSON nested too deeply to read") from None
     if not isinstance(doc, dict):
         raise ClusterFileError(f"cluster file {path}: expected a JSON object at the top, got {type(doc).__name__}")
     return doc
@@ -217,6 +236,9 @@ def _parse_megha_cluster(path: str | Path, doc: dict[str, Any]) -> ClusterSpec:
     names = doc.get("resource_names")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ClusterFileError(f"{where}: field resource_names must be a non-empty list of strings")
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ClusterFileError(f"{where}: field resource_names names {', '.join(map(repr, twice))} more than once")
     lms = doc.get("lms")
     if not isinstance(lms, list) or not lms:
         raise ClusterFileError(f"{where}: field lms must be a non-empty list (one list of partitions per LM)")
@@ -244,8 +266,10 @@ def _node(where: str, field: str, node: Any, names: list[str]) -> tuple[Resource
         raise ClusterFileError(f"{where}: field {field}.capacity must give exactly {names}, got {got}")
     for name in names:
         value = capacity[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ClusterFileError(f"{where}: field {field}.capacity.{name} must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_NODE_CAPACITY:
+            raise ClusterFileError(
+                f"{where}: field {field}.capacity.{name} must be a positive integer of at most 2**40, got {value!r}"
+            )
     ids = node.get("constraints")
     if not isinstance(ids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in ids):
         raise ClusterFileError(f"{where}: field {field}.constraints must be a list of constraint ids, got {ids!r}")

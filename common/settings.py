@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
 
 
+MAX_NODE_CAPACITY = 2**40
+"""The most CPU (millicores) or memory (MB) one node may have: a thousand times any machine built, and small enough
+that a data centre's total of millions of such nodes, and its use over a replay, stay exact in a float."""
 SECRET_SETTINGS = ("amqp_url", "cluster_secret", "credential", "api_tokens", "api_token")
 """Settings that may instead be read from a file named by MEGHA_<NAME>_FILE (a Docker secret, say), so that the
 secret is in no environment listing."""
@@ -476,6 +479,11 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     def _split(cls, value: object) -> object:
         return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
 
+    @field_validator("lm_urls", "gm_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        return check_http_urls(value)
+
     @model_validator(mode="after")
     def _check_peers(self) -> Self:
         if self.gm_urls and self.gm_id >= len(self.gm_urls):
@@ -544,12 +552,20 @@ class WorkerSettings(UserTokens):
         "worker-0", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="this agent's name, unique in the deployment"
     )
     lm_url: str = Field("http://127.0.0.1:8100", description="URL of the LM this agent registers with")
+
+    @field_validator("lm_url")
+    @classmethod
+    def _check_lm_url(cls, value: str) -> str:
+        return check_http_urls([value])[0]
+
     execution: Literal["real", "simulated"] = Field(
         "real", description="real: each task burns its CPU and memory in its own process; simulated: no burn"
     )
     nodes: int = Field(1, ge=1, description="nodes this agent stands for (more than one needs simulated execution)")
-    node_cpu_millicores: int = Field(2000, gt=0, description="CPU of each node, millicores")
-    node_memory_mb: int = Field(4096, gt=0, description="memory of each node, MB")
+    node_cpu_millicores: int = Field(
+        2000, gt=0, le=MAX_NODE_CAPACITY, description="CPU of each node, millicores (at most 2**40)"
+    )
+    node_memory_mb: int = Field(4096, gt=0, le=MAX_NODE_CAPACITY, description="memory of each node, MB (at most 2**40)")
     constraints: Annotated[list[int], NoDecode] = Field(
         default_factory=list, description="machine constraint ids of this agent's nodes"
     )
@@ -703,6 +719,24 @@ class LoadgenSettings(FairSettings):
     @classmethod
     def _split(cls, value: object) -> object:
         return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+    @field_validator("gm_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        return check_http_urls(value)
+
+
+def check_http_urls(urls: list[str]) -> list[str]:
+    """`urls` if each is an http:// or https:// URL with a host; otherwise ValueError naming the first that is not."""
+    for url in urls:
+        parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 (a port that is not a number raises ValueError)
+        except ValueError:
+            raise ValueError(f"{url!r} has a bad port") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    return urls
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import statistics
 import subprocess
 import sys
@@ -678,6 +679,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_inputs(args: argparse.Namespace, faults: list[Any], out: Path) -> str | None:
+    """What is wrong with the command line's inputs, in one line naming the option, or None: checked before any
+    broker or deployment starts (a trial takes minutes to reach the trace)."""
+    from megha.loadgen.trace import resolve_trace
+
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        return f"--time-scale: must be a finite number > 0, got {args.time_scale}"
+    for trace in dict.fromkeys([args.trace, *(f.trace for f in faults if f.trace)]):
+        try:
+            resolve_trace(trace, None, args.time_scale)
+        except ValueError as exc:
+            return f"--trace: {exc}"
+    for folder in (out, *out.parents):
+        if folder.exists():
+            return None if folder.is_dir() else f"--out: {out} cannot be a folder: {folder} is a file"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     faults = BACKENDS[args.backend].faults
@@ -692,6 +711,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     out = args.out or Path("out/chaos" if args.backend == "processes" else f"out/chaos-{args.backend}")
+    problem = _check_inputs(args, [faults[n] for n in names], out)
+    if problem:
+        print(f"megha chaos: error: {problem}", file=sys.stderr)
+        return 2
     config = ChaosConfig(trace=args.trace, time_scale=args.time_scale, backend=args.backend, out=out)
     config.out.mkdir(parents=True, exist_ok=True)
     # The load generator runs in this process: its broker client says what it waits for; aio-pika's own

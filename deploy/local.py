@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -349,6 +350,7 @@ class LocalDeployment(Deployment):
                 f"--amqp-url{guest_risk(self.amqp_url)}",
                 file=sys.stderr,
             )
+            check_broker(self.amqp_url, self.tls_ca)
             return
         self.amqp_url, self.amqp_urls = broker.admin_url, broker.urls
 
@@ -379,11 +381,47 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
+class BrokerUnreachable(ValueError):
+    """No AMQP broker answers at a deployment's URL, or it refuses the login (the message hides the password)."""
+
+
+def check_broker(url: str, tls_ca: str = "", timeout: float = 5.0) -> None:
+    """BrokerUnreachable, one line without the password, when no AMQP broker answers at `url` within `timeout`
+    seconds or it refuses the login: checked before any service starts (each would otherwise wait a minute)."""
+    import aio_pika
+
+    from megha.common.transport.rabbit import safe_url
+
+    async def attempt() -> None:
+        context = ssl.create_default_context(cafile=tls_ca or None) if url.startswith("amqps:") else None
+        connection = await aio_pika.connect(url, timeout=timeout, ssl_context=context)
+        await connection.close()
+
+    loggers = [logging.getLogger(name) for name in ("aio_pika", "aiormq")]  # the one line below says it all
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        asyncio.run(asyncio.wait_for(attempt(), timeout + 1.0))
+    except Exception as exc:  # aiormq raises a variety of socket, TLS and AMQP errors
+        password = urlsplit(url).password
+        reason = " ".join((str(exc) or type(exc).__name__).split())
+        if password:
+            reason = reason.replace(password, "***")
+        raise BrokerUnreachable(f"cannot reach or log in to the AMQP broker at {safe_url(url)}: {reason}") from None
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def run_local(
     deployment: LocalDeployment, settings: LoadgenSettings, progress: Progress | None = None
 ) -> tuple[ServicesRun, list[dict[str, object]]]:
     """Start the deployment, replay, and return the run and every LM's final state; `progress` says what runs and,
-    on a terminal, shows a bar of the tasks ended with the time left."""
+    on a terminal, shows a bar of the tasks ended with the time left. A broker that cannot be reached or refuses
+    the login is `BrokerUnreachable` before any service starts."""
+    if not deployment.own_broker:  # a node of its own is started, or else this one checked, by `bring_up`
+        check_broker(deployment.amqp_url, deployment.tls_ca)
     with deployment:
         settings = deployment.loadgen(settings)
         run = asyncio.run(replay_services(settings, progress))

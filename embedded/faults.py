@@ -20,6 +20,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+MAX_RATE = 3600.0
+"""The most crashes per component per hour `rate=` may ask for (one a second): a Poisson process much faster leaves
+virtual time barely advancing between crashes (at 1e9 per hour a replay runs for minutes; at 1e308 it never ends)."""
+MAX_TIME = 1e12
+"""The latest `at=` and the longest `down=`, in seconds (as a trace's arrivals and durations, loadgen/trace.py)."""
+
 Kind = Literal["worker", "lm", "gm"]
 FORMS = {
     "worker": "worker:rate=R or worker:at=T,lm=L,node=N[,down=D]",
@@ -65,8 +71,8 @@ class Faults:
     def __post_init__(self) -> None:
         rates = {"worker rate": self.worker_rate, "LM rate": self.lm_rate, "GM rate": self.gm_rate}
         for name, rate in rates.items():
-            if rate < 0:
-                raise ValueError(f"{name} must be >= 0, got {rate:g}")
+            if not 0 <= rate <= MAX_RATE:
+                raise ValueError(f"{name} must be between 0 and {MAX_RATE:g} per component per hour, got {rate:g}")
         if self.detect <= 0 or self.repair <= 0:
             raise ValueError(f"faults need detect > 0 and repair > 0; got {self.detect:g} and {self.repair:g}")
         repaired = self.worker_rate > 0 or any(f.kind == "worker" and f.down is None for f in self.at)
@@ -109,7 +115,9 @@ def parse_faults(specs: list[str], detect: float, repair: float, seed: int) -> F
             if kind != "partition" and "rate" in fields:
                 if len(fields) > 1:
                     raise ValueError("rate= goes alone")
-                rates[kind] += _number(fields, "rate", 0.0)
+                rates[kind] += _number(fields, "rate", 0.0, high=MAX_RATE)
+                if rates[kind] > MAX_RATE:
+                    raise ValueError(f"{kind} rates add up to {rates[kind]:g}, over {MAX_RATE:g} per hour")
             else:
                 at.append(_fault(kind, fields))
         except ValueError as exc:
@@ -147,12 +155,14 @@ def _fault(kind: str, fields: dict[str, str]) -> Fault:
     for name in ("at", index, "node"):
         if name in wanted and name not in fields:
             raise ValueError(f"missing field {name!r}")
-    down = _number(fields, "down", 0.0, strict=True) if "down" in fields else None
+    down = _number(fields, "down", 0.0, strict=True, high=MAX_TIME) if "down" in fields else None
     node = _whole(fields, "node") if kind == "worker" else -1
-    return Fault(target, _number(fields, "at", 0.0), _whole(fields, index), node, down, kind == "partition")
+    return Fault(
+        target, _number(fields, "at", 0.0, high=MAX_TIME), _whole(fields, index), node, down, kind == "partition"
+    )
 
 
-def _number(fields: dict[str, str], name: str, low: float, strict: bool = False) -> float:
+def _number(fields: dict[str, str], name: str, low: float, strict: bool = False, high: float = math.inf) -> float:
     try:
         value = float(fields[name])
     except ValueError:
@@ -161,6 +171,8 @@ def _number(fields: dict[str, str], name: str, low: float, strict: bool = False)
         raise ValueError(f"{name}={fields[name]!r} is not a number")
     if value < low or (strict and value == low):
         raise ValueError(f"{name}={fields[name]} must be {'>' if strict else '>='} {low:g}")
+    if value > high:
+        raise ValueError(f"{name}={fields[name]} must be at most {high:g}")
     return value
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -19,6 +21,13 @@ DEMO_TRACE = "demo_goog_100.tr"
 
 SYNTHETIC_PREFIX = "syn:"
 FIELDS = "arrival_time num_tasks mean_task_duration d1 ... dn"
+MAX_SECONDS = 1e12
+"""The largest arrival (after the first job's) and task duration a replay accepts, in seconds after the time scale
+(about 31,700 years): far beyond any trace, and small enough that a float time keeps better than millisecond
+precision (2**-13 s at 1e12 s), so no arrival or end of a task rounds onto another's or overflows to infinity."""
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I)
+_INT = re.compile(r"[+-]?[0-9]+")
+_SYN_NUMBER = re.compile(r"[0-9]+")
 
 
 class TraceError(ValueError):
@@ -56,9 +65,10 @@ def read_trace(
     next arrival time when more than 1 / `DEPHASE_STEP` jobs share one).
     """
     _check_options(first_n, time_scale)
-    jobs = list(itertools.islice(_parse_lines(Path(path)), first_n))
-    if not jobs:
+    numbered = list(itertools.islice(_parse_lines(Path(path)), first_n))
+    if not numbered:
         return []
+    jobs = [job for _, job in numbered]
     origin = jobs[0].arrival
     arrivals = [job.arrival for job in jobs]
     if dephase:
@@ -66,13 +76,28 @@ def read_trace(
         for i, arrival in enumerate(arrivals):
             k = seen[arrival] = seen.get(arrival, -1) + 1
             arrivals[i] = arrival + k * DEPHASE_STEP
-    return [
+    scaled = [
         TraceJob(
             (arrival - origin) * time_scale,
             tuple((math.trunc(d) if whole_seconds else d) * time_scale for d in job.durations),
         )
         for arrival, job in zip(arrivals, jobs, strict=True)
     ]
+    for (number, _), job in zip(numbered, scaled, strict=True):
+        _check_scaled(job, f"{path}, line {number}", time_scale)
+    return scaled
+
+
+def _check_scaled(job: TraceJob, where: str, time_scale: float) -> None:
+    """A job whose arrival or a task's duration, after the time scale, is beyond `MAX_SECONDS`, refused naming it."""
+    scale = "" if time_scale == 1 else f" (after --time-scale {time_scale:g})"
+    if not job.arrival <= MAX_SECONDS:
+        raise TraceError(
+            f"{where}: arrival_time is {job.arrival:g} s after the first job's{scale}; at most {MAX_SECONDS:g} s"
+        )
+    longest = max(job.durations)
+    if not longest <= MAX_SECONDS:
+        raise TraceError(f"{where}: task duration {longest:g} s{scale} is over the maximum, {MAX_SECONDS:g} s")
 
 
 def synthetic_trace(
@@ -104,12 +129,33 @@ def resolve_trace(
     _check_options(first_n, time_scale)
     if spec.startswith(SYNTHETIC_PREFIX):
         parts = spec[len(SYNTHETIC_PREFIX) :].split(":")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) < 1:
-            raise TraceError(f"trace spec {spec!r}: expected syn:<tasks_per_job>:<num_jobs>, e.g. syn:250:200")
+        expected = "expected syn:<tasks_per_job>:<num_jobs>, e.g. syn:250:200"
+        if len(parts) != 2:
+            raise TraceError(f"trace spec {spec!r}: {expected}")
+        for field, part in zip(("tasks_per_job", "num_jobs"), parts, strict=True):
+            if not _SYN_NUMBER.fullmatch(part):
+                raise TraceError(f"trace spec {spec!r}: {field} {part!r} is not a whole number (0-9); {expected}")
+        if int(parts[0]) < 1:
+            raise TraceError(f"trace spec {spec!r}: tasks_per_job must be at least 1; {expected}")
         num_jobs = int(parts[1]) if first_n is None else min(int(parts[1]), first_n)
+        if time_scale > MAX_SECONDS or max(num_jobs - 1, 0) * time_scale > MAX_SECONDS:
+            raise TraceError(
+                f"trace spec {spec!r}: its tasks' durations or last arrival would be over {MAX_SECONDS:g} s at "
+                f"time scale {time_scale:g}"
+            )
         return synthetic_trace(int(parts[0]), num_jobs, task_duration=time_scale, interval=time_scale)
-    if not Path(spec).is_file():
-        raise TraceError(f"trace spec {spec!r}: no such file, and not of the form syn:<tasks_per_job>:<num_jobs>")
+    try:
+        mode = Path(spec).stat().st_mode
+    except FileNotFoundError:
+        raise TraceError(
+            f"trace spec {spec!r}: no such file, and not of the form syn:<tasks_per_job>:<num_jobs>"
+        ) from None
+    except OSError as exc:
+        raise TraceError(f"trace {spec}: cannot read it: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise TraceError(f"trace {spec}: is a directory, not a trace file")
+    if not stat.S_ISREG(mode):
+        raise TraceError(f"trace {spec}: not a regular file (a trace is read from a file)")
     return read_trace(spec, first_n, time_scale, whole_seconds=whole_seconds, dephase=dephase)
 
 
@@ -125,10 +171,15 @@ def _check_options(first_n: int | None, time_scale: float) -> None:
         raise ValueError(f"time_scale must be a positive number, got {time_scale}")
 
 
-def _parse_lines(path: Path) -> Iterator[TraceJob]:
-    """Jobs of the trace with their raw arrivals, parsed one line at a time."""
+def _parse_lines(path: Path) -> Iterator[tuple[int, TraceJob]]:
+    """Jobs of the trace with their raw arrivals and line numbers, parsed one line at a time (a UTF-8 byte order
+    mark at the start is skipped)."""
     previous = -math.inf
-    with path.open(encoding="utf-8") as lines:
+    try:
+        opened = path.open(encoding="utf-8-sig")
+    except OSError as exc:
+        raise TraceError(f"trace {path}: cannot read it: {exc.strerror}") from None
+    with opened as lines:
         for number, line in enumerate(_text_lines(lines, path), start=1):
             fields = line.split()
             if not fields:
@@ -139,7 +190,7 @@ def _parse_lines(path: Path) -> Iterator[TraceJob]:
                     f"{path}, line {number}: arrival {job.arrival:g} precedes the previous job's {previous:g}"
                 )
             previous = job.arrival
-            yield job
+            yield number, job
 
 
 def _text_lines(lines: Iterator[str], path: Path) -> Iterator[str]:
@@ -155,21 +206,18 @@ def _text_lines(lines: Iterator[str], path: Path) -> Iterator[str]:
 def _parse_job(fields: list[str], where: str) -> TraceJob:
     if len(fields) < 4:
         raise TraceError(f"{where}: got {len(fields)} fields, expected {FIELDS}")
-    try:
-        arrival = float(fields[0])
-    except ValueError:
-        raise TraceError(f"{where}: arrival_time {fields[0]!r} is not a number") from None
-    try:
-        num_tasks = int(fields[1])
-    except ValueError:
-        raise TraceError(f"{where}: num_tasks {fields[1]!r} is not an integer") from None
+    if not _is_float(fields[0]):
+        raise TraceError(f"{where}: arrival_time {fields[0]!r} is not a number")
+    arrival = float(fields[0])
+    if not _INT.fullmatch(fields[1]):
+        raise TraceError(f"{where}: num_tasks {fields[1]!r} is not an integer")
+    num_tasks = int(fields[1])
     if not _is_float(fields[2]):
         raise TraceError(f"{where}: mean_task_duration {fields[2]!r} is not a number")
-    try:
-        durations = tuple(map(float, fields[3:]))
-    except ValueError:
-        bad = next(f for f in fields[3:] if not _is_float(f))
-        raise TraceError(f"{where}: task duration {bad!r} is not a number") from None
+    bad = next((f for f in fields[3:] if not _is_float(f)), None)
+    if bad is not None:
+        raise TraceError(f"{where}: task duration {bad!r} is not a number")
+    durations = tuple(map(float, fields[3:]))
     if not math.isfinite(arrival) or arrival < 0:
         raise TraceError(f"{where}: arrival_time {fields[0]} must be a finite number >= 0")
     if num_tasks < 1:
@@ -183,8 +231,6 @@ def _parse_job(fields: list[str], where: str) -> TraceJob:
 
 
 def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    """Whether `text` is a number written in ASCII (Python's float() also takes other scripts' digits and
+    underscores, which no trace writes)."""
+    return _FLOAT.fullmatch(text) is not None

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -59,6 +61,8 @@ exit status: 0 every task of an accepted job ended exactly once; 1 some task did
   3 most tasks failed or most jobs were rejected (a WARNING on stderr names the reasons)
 """
 CTL_COMMANDS = ("job", "queues", "nodes", "top", "reproduce")  # megha/ctl/: deployments; the papers' figures
+TOKEN_COMMANDS = ("job", "queues", "nodes", "top")  # those that call the GMs with the user's API token
+TOKEN_FILE = "MEGHA_API_TOKEN_FILE"
 LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
@@ -361,7 +365,8 @@ def megha() -> None:
     multiple=True,
     metavar="SPEC",
     group=FAILURES,
-    help="worker:rate=R crashes worker nodes at random, R per node per hour; worker:at=T,lm=L,node=N[,down=D] "
+    help="worker:rate=R crashes worker nodes at random, R per node per hour (at most 3600); "
+    "worker:at=T,lm=L,node=N[,down=D] "
     "crashes one at time T; lm:rate=R, lm:at=T,lm=L[,down=D], gm:rate=R and gm:at=T,gm=G[,down=D] crash LMs and "
     "GMs (they restart D seconds later, default --fail-repair); partition:at=T,lm=L[,down=D] and "
     "partition:at=T,gm=G[,down=D] hold the messages to and from one for D seconds (repeatable)",
@@ -525,6 +530,12 @@ def credential(role: str, ident: str) -> int:
     from megha.common.auth import Credential
     from megha.common.settings import ServiceSettings, load_settings
 
+    if role in ("gm", "lm") and not (ident.isascii() and ident.isdigit() and str(int(ident)) == ident):
+        raise click.BadParameter(
+            f"{'an' if role == 'lm' else 'a'} {role.upper()}'s id is its number (0, 1, ...; "
+            f"MEGHA_{role.upper()}_ID), got {ident!r}",
+            param_hint="IDENT",
+        )
     secret = load_settings(ServiceSettings, "megha credential").cluster_secret.get_secret_value()
     if not secret:
         raise click.UsageError("MEGHA_CLUSTER_SECRET (or MEGHA_CLUSTER_SECRET_FILE) is not set")
@@ -535,6 +546,40 @@ def credential(role: str, ident: str) -> int:
     return 0
 
 
+def check_input_file(value: str, option: str) -> None:
+    """A file a command will read, refused up front in one usage line naming `option` when it is a directory, not
+    a regular file (a FIFO would block the read for ever) or cannot be opened. A missing file is left to the
+    reader, which says what it expected there."""
+    path = Path(value)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc.strerror}", param_hint=option) from None
+    if stat.S_ISDIR(mode):
+        raise click.BadParameter(f"{value} is a directory, not a file", param_hint=option)
+    if not stat.S_ISREG(mode):
+        raise click.BadParameter(f"{value} is not a regular file", param_hint=option)
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc.strerror}", param_hint=option) from None
+
+
+def check_out_folder(out: Path | None, option: str = "--out") -> None:
+    """An --out folder refused up front in one usage line when it, or a folder above it, is an existing file."""
+    if out is None:
+        return
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file, not a folder" if folder == out else f"cannot be made: {folder} is a file"
+                raise click.BadParameter(f"{out} {what}", param_hint=option)
+            return
+
+
 def _warn(command: str, warnings: list[str]) -> None:
     for warning in warnings:
         print(f"megha {command}: WARNING: {warning}", file=sys.stderr)
@@ -542,10 +587,11 @@ def _warn(command: str, warnings: list[str]) -> None:
 
 def _local(args: SimpleNamespace) -> int:
     from megha.common.settings import LoadgenSettings
-    from megha.deploy.local import LocalDeployment, guest_risk, run_local
+    from megha.deploy.local import BrokerUnreachable, LocalDeployment, guest_risk, run_local
     from megha.loadgen.progress import Progress
     from megha.loadgen.report import format_table, report_dir, run_warnings, write_outputs
 
+    _check_local(args)
     out = report_dir(args.out, LOCAL_OUT, args.overwrite)
     # Real tasks run on this machine, where RabbitMQ lets guest in: unless told a broker, a node of the run's own.
     named_broker = click.get_current_context().get_parameter_source("amqp_url") not in (
@@ -588,6 +634,8 @@ def _local(args: SimpleNamespace) -> int:
     )
     try:
         run, states = run_local(deployment, settings, None if args.quiet else Progress())
+    except BrokerUnreachable as exc:
+        raise click.BadParameter(str(exc), param_hint="--amqp-url") from None
     except KeyboardInterrupt:
         print("interrupted: every service was stopped", file=sys.stderr)
         return 130
@@ -613,6 +661,42 @@ def _local(args: SimpleNamespace) -> int:
     if run.metrics.not_exactly_once or run.timed_out or not all(s["idle"] for s in states):
         return 1
     return 3 if warnings else 0
+
+
+def _check_local(args: SimpleNamespace) -> None:
+    """`megha local`'s inputs, checked before any service starts (each would otherwise fail, or wait a minute for
+    the broker, with a traceback in its log): one usage line naming the option."""
+    from megha.common.wire.fields import MAX_TASKS_PER_JOB
+    from megha.common.wire.jobs import MAX_TASK_SECONDS
+    from megha.loadgen.trace import demo_trace_path, resolve_trace
+
+    check_out_folder(args.out)
+    if args.nodes_per_worker > 1 and args.execution != "simulated":
+        raise click.UsageError(
+            f"--nodes-per-worker {args.nodes_per_worker} needs --execution simulated (an agent that runs its tasks "
+            "for real is one node)"
+        )
+    if args.queues:
+        try:
+            parse_queues(args.queues).check_gms(args.gms)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--queues") from None
+    if args.trace != "demo" and not args.trace.startswith("syn:"):
+        check_input_file(args.trace, "--trace")
+    trace = str(demo_trace_path()) if args.trace == "demo" else args.trace
+    for k, job in enumerate(resolve_trace(trace, args.first_jobs, args.time_scale), start=1):
+        if len(job.durations) > MAX_TASKS_PER_JOB:
+            raise click.BadParameter(
+                f"job {k} of the trace has {len(job.durations):,} tasks; a submission takes at most "
+                f"{MAX_TASKS_PER_JOB:,} (split the job in the trace)",
+                param_hint="--trace",
+            )
+        if max(job.durations) > MAX_TASK_SECONDS:
+            raise click.BadParameter(
+                f"job {k} of the trace has a task of {max(job.durations):g} s (after --time-scale); a submitted "
+                f"task lasts at most {MAX_TASK_SECONDS:,.0f} s",
+                param_hint="--trace",
+            )
 
 
 def _retry_rule(value: str) -> str:
@@ -669,6 +753,12 @@ def _replay(args: SimpleNamespace) -> int:
     from megha.loadgen.seeds import SeedFigures
     from megha.loadgen.trace import demo_trace_path
 
+    if not args.no_files:
+        check_out_folder(args.out)
+    if args.trace != "demo" and not args.trace.startswith("syn:"):
+        check_input_file(args.trace, "--trace")
+    if args.cluster not in ("generate", "reference"):
+        check_input_file(args.cluster, "--cluster")
     out = None if args.no_files else report_dir(args.out, REPLAY_OUT, args.overwrite)
     seeds = range(args.seed, args.seed + args.seeds)
     # Several seeds: each seed's report in a folder of its own, checked before anything runs.
@@ -676,6 +766,8 @@ def _replay(args: SimpleNamespace) -> int:
         seed: out if out is None or len(seeds) == 1 else report_dir(out / f"seed-{seed}", REPLAY_OUT, args.overwrite)
         for seed in seeds
     }
+    if out is not None and args.overwrite:
+        _remove_old_report(out, single=len(seeds) == 1)
     config = ReplayConfig(
         trace=str(demo_trace_path()) if args.trace == "demo" else args.trace,
         first_jobs=args.first_jobs,
@@ -740,10 +832,25 @@ def _replay(args: SimpleNamespace) -> int:
         figures = SeedFigures.of(runs)
         print(figures.table())
         if out is not None:
-            path = out / "seeds.json"
+            path = out / SEEDS_FILE
             path.write_text(json.dumps(figures.document(), indent=2, allow_nan=False) + "\n")
             print(f"wrote {path}")
     return 1 if 1 in statuses else max(statuses)
+
+
+SEEDS_FILE = "seeds.json"
+
+
+def _remove_old_report(out: Path, single: bool) -> None:
+    """With --overwrite, the report files of `out` that this run will not write again: a single replay's (with
+    --seeds N, each seed's report goes to seed-<n>/), or the seeds' summary (a single replay writes none). Only
+    the known report file names are removed."""
+    from megha.loadgen.report import REPORT_FILES
+
+    for name in (SEEDS_FILE,) if single else REPORT_FILES:
+        path = out / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
 
 
 def _replay_seed(
@@ -793,6 +900,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run `megha <argv>`; its exit status. A usage error is one line on stderr and SystemExit(2); --help and
     --version exit with SystemExit(0) (as argparse did, so callers and tests see the same)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in TOKEN_COMMANDS and os.environ.get("MEGHA_API_TOKEN") and os.environ.get(TOKEN_FILE):
+        # As the services' settings refuse a secret given both ways (docs/security.md): which one is meant?
+        print(f"megha {argv[0]}: error: MEGHA_API_TOKEN and {TOKEN_FILE} are both set: set one", file=sys.stderr)
+        raise SystemExit(2)
     try:
         with megha.make_context("megha", argv) as ctx:
             return megha.invoke(ctx) or 0
@@ -813,6 +924,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except (ValueError, FileNotFoundError) as exc:
         print(f"megha {argv[0]}: error: {exc}", file=sys.stderr)
+        return 2
+    except (RecursionError, OverflowError) as exc:  # input too deep or too large for the code that reads it
+        print(f"megha {argv[0]}: error: input too large or too deeply nested: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path of the command line that cannot be read or written
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"megha {argv[0]}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
 
 

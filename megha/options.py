@@ -25,10 +25,12 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 class Bounded(click.ParamType):
-    """An integer or a finite float with an optional lower bound (`ge` or `gt`)."""
+    """An integer or a finite float with an optional lower bound (`ge` or `gt`) and upper bound (`le`)."""
 
-    def __init__(self, kind: type[int] | type[float], ge: float | None = None, gt: float | None = None) -> None:
-        self.kind, self.ge, self.gt = kind, ge, gt
+    def __init__(
+        self, kind: type[int] | type[float], ge: float | None = None, gt: float | None = None, le: float | None = None
+    ) -> None:
+        self.kind, self.ge, self.gt, self.le = kind, ge, gt, le
         self.name = kind.__name__
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -46,6 +48,9 @@ class Bounded(click.ParamType):
             self.fail(f"must be {bound}, got {value}", param, ctx)
         if self.gt is not None and number <= self.gt:
             self.fail(f"must be > {self.gt:g}, got {value}", param, ctx)
+        if self.le is not None and number > self.le:
+            bound = f"at most {self.le}" if self.kind is int else f"<= {self.le:g}"
+            self.fail(f"must be {bound}, got {value}", param, ctx)
         return number
 
 
@@ -119,7 +124,8 @@ def setting(
     elif annotation in (int, float):
         ge = next((m.ge for m in field.metadata if isinstance(m, annotated_types.Ge)), None)
         gt = next((m.gt for m in field.metadata if isinstance(m, annotated_types.Gt)), None)
-        kind = Bounded(annotation, ge, gt)  # type: ignore[arg-type]
+        le = next((m.le for m in field.metadata if isinstance(m, annotated_types.Le)), None)
+        kind = Bounded(annotation, ge, gt, le)  # type: ignore[arg-type]
     elif check is not None:
         kind = Checked(check)
     elif pattern := next((m.pattern for m in field.metadata if getattr(m, "pattern", None)), None):
@@ -169,6 +175,8 @@ def usage_line(exc: click.UsageError) -> str:
         opts: Sequence[str] = getattr(exc.param, "opts", ())
         name = max(opts, key=len) if opts else exc.param.name
         return f"{name}: {exc.message.rstrip('.')}"
+    if isinstance(exc, click.BadParameter) and isinstance(exc.param_hint, str):
+        return f"{exc.param_hint}: {exc.message.rstrip('.')}"
     return exc.message.rstrip(".")
 
 

@@ -34,7 +34,6 @@ from megha.common.wire.fields import (
     JobId,
     JobRef,
     Name,
-    Seconds,
     Timestamp,
     User,
     UserName,
@@ -44,6 +43,12 @@ from megha.common.wire.fields import (
     field_error,
     mask_of,
 )
+
+MAX_TASK_SECONDS = 365 * 24 * 3600.0
+"""The longest `duration` a task may ask for: a year (31,536,000 s). A burn task holds its node for its duration
+and an exec or container task's limit bounds how long it may hold one; a longer one (1e300, say) would hold a node
+for ever. Within this bound, a run's end time stays exact to well under a millisecond."""
+TaskSeconds = Annotated[float, Field(ge=0, le=MAX_TASK_SECONDS, allow_inf_nan=False)]
 
 
 class TaskRequest(WireModel):
@@ -60,7 +65,7 @@ class TaskRequest(WireModel):
     docs/queueable.md): it may wait in a node's queue beyond the node's free resources, runs when they free, and is
     evicted (then runs again) when a guaranteed task needs its room; it never delays a guaranteed task."""
 
-    duration: Seconds | None = None
+    duration: TaskSeconds | None = None
     cpu_millicores: Annotated[int, Field(gt=0)]
     memory_mb: Annotated[int, Field(gt=0)]
     constraints: ConstraintIds = []
