@@ -656,7 +656,7 @@ def _local(args: SimpleNamespace) -> int:
         {"args": {k: str(v) for k, v in vars(args).items()}},
     )
     print(f"wrote {', '.join(str(p) for p in paths.values())}; service logs in {out / 'logs'}")
-    warnings = run_warnings(run.metrics)
+    warnings = run_warnings(run.metrics, files=True)
     _warn("local", warnings)
     if run.metrics.not_exactly_once or run.timed_out or not all(s["idle"] for s in states):
         return 1
@@ -889,7 +889,7 @@ def _replay_seed(
             drawer,
         )
         print(f"wrote {', '.join(str(p) for p in paths.values())}")
-    warnings = run_warnings(result.metrics)
+    warnings = run_warnings(result.metrics, files=out is not None)
     _warn("replay", warnings)
     if result.metrics.not_exactly_once:
         return result.metrics, 1

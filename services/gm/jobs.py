@@ -194,7 +194,8 @@ class JobTable(CoreObserver):
 
     def rescheduled(self, task: TaskSpec, now: float) -> None:
         """Nothing fitted the task: it waits. A placed one waits again because its preemption request was refused
-        (the GM core reports no refusal of its own)."""
+        (this table does not observe `preemption_refused`, which the LM, or the GM core itself when its call to a
+        crashed LM failed, reports: the refusal is inferred here, and from a decision for the next LM)."""
         rec = self.tasks.get(task.task_id)
         if rec is not None and rec.life == State.PLACING:
             self._advance(task.task_id, rec, Event.REFUSED)
