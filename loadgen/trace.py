@@ -25,6 +25,9 @@ MAX_SECONDS = 1e12
 """The largest arrival (after the first job's) and task duration a replay accepts, in seconds after the time scale
 (about 31,700 years): far beyond any trace, and small enough that a float time keeps better than millisecond
 precision (2**-13 s at 1e12 s), so no arrival or end of a task rounds onto another's or overflows to infinity."""
+MAX_SYNTHETIC_TASKS = 10**8
+"""The most tasks a `syn:<tasks_per_job>:<num_jobs>` spec (after --first-jobs) makes: a replay holds about 1 KB per
+task, so more would exhaust any machine's memory before it began."""
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I)
 _INT = re.compile(r"[+-]?[0-9]+")
 _SYN_NUMBER = re.compile(r"[0-9]+")
@@ -138,6 +141,11 @@ def resolve_trace(
         if int(parts[0]) < 1:
             raise TraceError(f"trace spec {spec!r}: tasks_per_job must be at least 1; {expected}")
         num_jobs = int(parts[1]) if first_n is None else min(int(parts[1]), first_n)
+        if int(parts[0]) * num_jobs > MAX_SYNTHETIC_TASKS:
+            raise TraceError(
+                f"trace spec {spec!r}: {int(parts[0]) * num_jobs:,} tasks is over the most a synthetic trace makes, "
+                f"{MAX_SYNTHETIC_TASKS:,} (about 1 KB of memory each in a replay)"
+            )
         if time_scale > MAX_SECONDS or max(num_jobs - 1, 0) * time_scale > MAX_SECONDS:
             raise TraceError(
                 f"trace spec {spec!r}: its tasks' durations or last arrival would be over {MAX_SECONDS:g} s at "

@@ -182,6 +182,16 @@ def test_synthetic_spec_names_its_field(spec: str, field: str) -> None:
         resolve_trace(spec)
 
 
+def test_a_synthetic_trace_too_big_to_hold_is_refused_before_any_is_made() -> None:
+    with pytest.raises(TraceError, match=r"499,999,999,995 tasks is over the most a synthetic trace makes"):
+        resolve_trace("syn:99999999999:5")
+    with pytest.raises(TraceError, match="99,999,999,999 tasks"):
+        resolve_trace("syn:99999999999:5", first_n=1)  # one job of them: still too many
+    assert len(resolve_trace("syn:1000:100000")) == 100_000  # 10**8 tasks: the bound itself is made
+    with pytest.raises(TraceError, match="100,001,000 tasks"):
+        resolve_trace("syn:1000:100001")
+
+
 # 3. node capacity bounded
 
 
