@@ -109,7 +109,7 @@ async def test_a_shell_command_finishes_and_its_output_is_kept(tmp_path: Path) -
         assert out[0] == "hi" and logs.read("sh.0", 1, "stderr") == b"oops\n"
         # As a uid of its own when the agent is root, else as the agent's user; in a scratch folder removed after.
         assert int(out[1]) in TASK_UIDS if ROOT else int(out[1]) == os.geteuid()
-        assert "megha-sh.0-1-" in out[2] and not Path(out[2]).exists()
+        assert Path(out[2]).name.startswith("megha-run-") and "sh.0" not in out[2] and not Path(out[2]).exists()
 
 
 @pytest.mark.asyncio
