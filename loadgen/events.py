@@ -119,6 +119,12 @@ _EVENTS: dict[str, Event] = {
 }  # a task event's kind -> the lifecycle event it is
 
 
+_NEWS_OF_AN_UNSEEN_RUN = frozenset({Event.LOST})
+"""News of a run this recorder may never see start, that does not end its task: its LM reports the runs of a worker
+agent that is gone lost, and the agent's outbox, with the start in it, went with it. A preemption or a failure is
+reported by the agent that started the run, after its start: before it, they stay illegal."""
+
+
 class EventRecorder(Records):
     """The load generator's records of a replay against the services, from the task events they publish (delivered
     at least once, in batches, from several publishers, so a start may arrive after its run's end). It sees no
@@ -151,6 +157,14 @@ class EventRecorder(Records):
             return False
         self._failures[event.task_id] = done + 1
         return True
+
+    def _advance(self, row: int, task_id: str, event: Event) -> bool:
+        """As `Records._advance`, but a run lost while its task is QUEUED here is legal: this recorder sees no
+        decisions, and the start of that run may never come (`_NEWS_OF_AN_UNSEEN_RUN`). The task stays QUEUED: it
+        runs again."""
+        if event in _NEWS_OF_AN_UNSEEN_RUN and self.states[row] == State.QUEUED:
+            return False
+        return super()._advance(row, task_id, event)
 
     def accept(self, job: JobSpec) -> None:
         """A GM accepted the job: its tasks not yet ended (their ends may come before the answer) are awaited."""

@@ -37,6 +37,21 @@ def test_a_preempted_task_is_not_ended_and_completes_once_when_it_runs_again() -
     assert job.finished_tasks == 1 and job.finished_at != job.finished_at  # NaN: j.1 is still to finish
 
 
+def test_a_run_lost_before_its_start_came_is_no_illegal_event() -> None:
+    """A worker agent killed with the start in its outbox: its LM reports the run lost while the recorder, which
+    sees no decisions, still has the task QUEUED (35 such in a `megha local` run with an agent killed). It runs
+    again and completes once."""
+    recorder = _recorder()
+    assert recorder.record(_event("lost", at=3.0), 3.0) is False
+    assert recorder.illegal == 0 and recorder.states[recorder.tasks.number["j.0"]] == State.QUEUED
+    assert recorder.record(_event("started", at=5.0, attempt=2), 5.0) is False
+    assert recorder.record(_event("finished", at=15.0, attempt=2), 15.0) is True
+    assert recorder.illegal == 0 and recorder.tasks["j.0"].completions == 1
+    assert recorder.record(_event("finished", "j.1", at=1.0), 1.0) is True
+    assert recorder.record(_event("lost", "j.1", at=2.0), 2.0) is False  # news of a run after the end: no-op
+    assert recorder.illegal == 0
+
+
 def test_a_failed_task_keeps_the_first_reason_and_its_job_never_finishes() -> None:
     recorder = _recorder()
     assert recorder.record(_event("failed", error="worker agent w0 silent for 31 s", at=2.0), 2.0) is True
