@@ -662,6 +662,29 @@ def drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
+CAP_SYS_ADMIN = 21
+
+
+def drop_sys_admin() -> None:
+    """Still root with every capability it had but CAP_SYS_ADMIN, as a container's root by default: it can switch
+    uids, not make mount namespaces."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    data[0].effective &= ~(1 << CAP_SYS_ADMIN)
+    data[0].permitted &= ~(1 << CAP_SYS_ADMIN)
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
 def start_agent(**settings: Any) -> dict[str, Any]:
     """An agent made and started (`prepare`, as its app's start-up does): what it logged, the drivers it offers and
     registers, and, when it offers exec, the uid an exec task ran as."""
@@ -748,3 +771,18 @@ def test_signalling_a_uid_reaches_only_that_uid() -> None:
         os.waitpid(children[1], 0)
     with pytest.raises(ValueError):
         isolation.signal_uid(0, signal.SIGTERM)
+
+
+def test_root_without_cap_sys_admin_runs_exec_tasks_as_their_own_uids_and_says_they_can_see_every_process(
+    tmp_path: Path,
+) -> None:
+    """A container's root by default: the uids are still the runs' own, but no run can have a /proc of its own, so
+    the agent says in one line at start-up that tasks can list every process and read their command lines."""
+    settings = {"drivers": "burn,exec", "task_log_dir": str(tmp_path / "logs")}
+    started = in_child(drop_sys_admin, lambda: start_agent(**settings))
+    assert started["drivers"] == started["registered"] == ["burn", "exec"]
+    assert int(started["task_uid"]) in TASK_UIDS
+    warnings = [line for line in started["lines"] if line.startswith("WARNING")]
+    assert len(warnings) == 1, started["lines"]
+    assert "exec tasks can list every process of this host" in warnings[0] and "CAP_SYS_ADMIN" in warnings[0]
+    assert not any("seeing only its own processes" in line for line in started["lines"]), started["lines"]
