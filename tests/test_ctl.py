@@ -82,6 +82,11 @@ def test_a_bad_job_file_names_the_field_and_bad_usage_is_status_2(tmp_path: Path
     broken = tmp_path / "broken.json"
     broken.write_text('{"tasks": [')
     assert "not valid JSON" in megha("job", "submit", str(broken), code=2).stderr
+    laughs = tmp_path / "laughs.yaml"  # nine levels of nine aliases: 9**9 nodes if expanded
+    levels = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    levels += [f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)]
+    laughs.write_text("\n".join([*levels, "tasks: *i"]) + "\n")
+    assert "a job file takes no YAML aliases" in megha("job", "submit", str(laughs), code=2).stderr
     assert "not both" in megha("job", "submit", str(EXAMPLE), "--tasks", "2", code=2).stderr
     assert "--duration" in megha("job", "submit", code=2).stderr
     assert "not an http" in megha("job", "list", "--gm", "localhost:8000", code=2).stderr

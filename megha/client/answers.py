@@ -29,6 +29,18 @@ class JobFileError(ValueError):
     """A job file that cannot be read, or holds no mapping (the message names the file and the problem)."""
 
 
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases (`*name`): a job file needs none, and a few nested ones expand a small file into
+    billions of nodes ("billion laughs"), which would hang the reader."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "a job file takes no YAML aliases (*name)", self.peek_event().start_mark
+            )
+        return super().compose_node(parent, index)
+
+
 def read_job_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A job file's mapping, the body of `POST /v1/jobs`: YAML, or JSON for a `.json` file; `-` reads stdin."""
     name = str(path)
@@ -38,7 +50,7 @@ def read_job_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise JobFileError(f"{name}: {exc.strerror or exc}") from None
     kind = "JSON" if name.endswith(".json") else "YAML"
     try:
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+        data = json.loads(text) if kind == "JSON" else yaml.load(text, Loader=_NoAliases)  # a SafeLoader
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise JobFileError(f"{name}: not valid {kind}: {exc}".replace("\n", " ")) from None
     if not isinstance(data, dict):
