@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import platform
 import stat
 import sys
@@ -62,7 +61,6 @@ exit status: 0 every task of an accepted job ended exactly once; 1 some task did
 """
 CTL_COMMANDS = ("job", "queues", "nodes", "top", "reproduce")  # megha/ctl/: deployments; the papers' figures
 TOKEN_COMMANDS = ("job", "queues", "nodes", "top")  # those that call the GMs with the user's API token
-TOKEN_FILE = "MEGHA_API_TOKEN_FILE"
 LOCAL_EPILOG = """\
 output:
   The report goes to stdout (its times are wall-clock times); without --out, its files and the services' logs go
@@ -900,10 +898,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run `megha <argv>`; its exit status. A usage error is one line on stderr and SystemExit(2); --help and
     --version exit with SystemExit(0) (as argparse did, so callers and tests see the same)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in TOKEN_COMMANDS and os.environ.get("MEGHA_API_TOKEN") and os.environ.get(TOKEN_FILE):
-        # As the services' settings refuse a secret given both ways (docs/security.md): which one is meant?
-        print(f"megha {argv[0]}: error: MEGHA_API_TOKEN and {TOKEN_FILE} are both set: set one", file=sys.stderr)
-        raise SystemExit(2)
+    if argv and argv[0] in TOKEN_COMMANDS:
+        from megha.client import token_from_env
+
+        try:
+            token_from_env()  # the token given both ways, or a file that cannot be read: before anything runs
+        except ValueError as exc:
+            print(f"megha {argv[0]}: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     try:
         with megha.make_context("megha", argv) as ctx:
             return megha.invoke(ctx) or 0

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from megha import cli
+from megha.client import Client
 from megha.common.clusterfile import ClusterFileError, load_cluster
 from megha.loadgen.trace import MAX_SECONDS, TraceError, read_trace, resolve_trace
 
@@ -288,6 +289,8 @@ def test_api_token_given_both_ways_is_refused(
     monkeypatch.setenv("MEGHA_API_TOKEN_FILE", str(token))
     status, err = _run(["job", "list", "--gm", "http://127.0.0.1:9"], capsys)
     assert status == 2 and "MEGHA_API_TOKEN and MEGHA_API_TOKEN_FILE are both set" in err
+    with pytest.raises(ValueError, match="MEGHA_API_TOKEN and MEGHA_API_TOKEN_FILE are both set"):
+        Client("http://127.0.0.1:9")  # the Python client refuses it too, as the CLI does
 
 
 # 9. --overwrite leaves no stale report beside the new one

@@ -58,11 +58,11 @@ class _Base:
         transport: Any = None,
     ) -> None:
         """`gm`: a GM's URL, or several (a list, or separated by commas): calls about a job go to the GM that holds
-        it. `token`: the user's or operator's API token (default: MEGHA_API_TOKEN, else the file
-        MEGHA_API_TOKEN_FILE names; none is sent without one). `ca`: a PEM bundle of the certificate authorities
-        that verify https:// GMs (default: the system's). `timeout`: seconds for each answer. `on_throttled` is
-        told of each 429 a request waits out (`RetryPolicy.wait_when_throttled`). `transport`: httpx's (tests give
-        an `httpx.MockTransport`)."""
+        it. `token`: the user's or operator's API token (default: MEGHA_API_TOKEN, or the file
+        MEGHA_API_TOKEN_FILE names; ValueError when both are set; none is sent without one). `ca`: a PEM bundle of
+        the certificate authorities that verify https:// GMs (default: the system's). `timeout`: seconds for each
+        answer. `on_throttled` is told of each 429 a request waits out (`RetryPolicy.wait_when_throttled`).
+        `transport`: httpx's (tests give an `httpx.MockTransport`)."""
         self.urls = gm_urls(gm)
         self.plans = Plans(self.urls, retry, random.Random(seed))
         token = token or token_from_env()

@@ -63,10 +63,14 @@ class Done:
 
 
 def token_from_env() -> str | None:
-    """The API token the CLI uses: MEGHA_API_TOKEN, else the file MEGHA_API_TOKEN_FILE names (a Docker secret)."""
-    if token := os.environ.get("MEGHA_API_TOKEN"):
+    """The API token the CLI and `Client` use: MEGHA_API_TOKEN, or the file MEGHA_API_TOKEN_FILE names (a Docker
+    secret). ValueError when both are set (which one is meant? as the services' settings refuse a secret given both
+    ways, docs/security.md), or the file cannot be read."""
+    token, path = os.environ.get("MEGHA_API_TOKEN"), os.environ.get("MEGHA_API_TOKEN_FILE")
+    if token and path:
+        raise ValueError("MEGHA_API_TOKEN and MEGHA_API_TOKEN_FILE are both set: set one")
+    if token:
         return token
-    path = os.environ.get("MEGHA_API_TOKEN_FILE")
     if not path:
         return None
     try:

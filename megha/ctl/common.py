@@ -112,7 +112,7 @@ def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., 
             gms = _urls(gm, ("MEGHA_GM_URL", "MEGHA_GM_URLS"), DEFAULT_GM_URL)
             try:
                 client = Client(gms, token=token, ca=ca, timeout=timeout)
-            except ValueError as exc:  # MEGHA_API_TOKEN_FILE cannot be read
+            except ValueError as exc:  # MEGHA_API_TOKEN_FILE cannot be read, or both token variables are set
                 raise CtlError(str(exc), USAGE) from None
             ctl = Ctl(gms, _urls(lm, ("MEGHA_LM_URLS",), None), client, as_json)
             try:
@@ -135,7 +135,7 @@ def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., 
                 "--token",
                 envvar="MEGHA_API_TOKEN",
                 metavar="TOKEN",
-                help="your API token (default: $MEGHA_API_TOKEN, else the file $MEGHA_API_TOKEN_FILE names); "
+                help="your API token (default: $MEGHA_API_TOKEN, or the file $MEGHA_API_TOKEN_FILE names; not both); "
                 "none is sent without one (a deployment with MEGHA_AUTH=off)",
             ),
             click.option(
