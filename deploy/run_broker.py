@@ -12,18 +12,16 @@ its own) cannot read. The node and its data are removed when the run ends.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import aio_pika
-
 from megha.common.auth import new_secret
 from megha.common.transport.rabbit import BROKER_ROLES, broker_user
 from megha.deploy.broker_node import broker_node
+from megha.deploy.local import BrokerUnreachable, check_broker
 from megha.deploy.secrets import ADMIN, definitions, role_url
 
 USERS_TIMEOUT = 60.0
@@ -57,16 +55,12 @@ def run_broker(run_id: str) -> Iterator[RunBroker]:
 
 def _wait_for_logins(urls: list[str]) -> None:
     deadline = time.monotonic() + USERS_TIMEOUT
-    while not all(asyncio.run(_logs_in(url)) for url in urls):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the run's broker users could not log in after {USERS_TIMEOUT:g} s")
-        time.sleep(0.2)
-
-
-async def _logs_in(url: str) -> bool:
-    try:
-        connection = await aio_pika.connect(url, timeout=5)
-    except Exception:  # refused, not yet imported, or any other failure to log in: try again
-        return False
-    await connection.close()
-    return True
+    while True:
+        try:
+            for url in urls:
+                check_broker(url)
+            return
+        except BrokerUnreachable:  # not yet imported: try again
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the run's broker users could not log in after {USERS_TIMEOUT:g} s") from None
+            time.sleep(0.2)
