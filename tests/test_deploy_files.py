@@ -344,6 +344,20 @@ def test_one_run_id(megha: dict[str, ServiceSettings]) -> None:
     assert run_ids == {_secrets_service()["environment"]["MEGHA_RUN_ID"]}, "the broker users are made for another run"
 
 
+def test_agents_running_real_tasks_alone_hold_cap_sys_admin(
+    compose: dict[str, dict[str, Any]], megha: dict[str, ServiceSettings]
+) -> None:
+    """An agent that runs real tasks needs CAP_SYS_ADMIN to give each run a /proc of its own (docs/security.md,
+    "A worker agent's container"); no service but an agent holds an added capability."""
+    for name, svc in compose.items():
+        added = set(svc.get("cap_add", []))
+        settings = megha.get(name)
+        if isinstance(settings, WorkerSettings) and settings.execution == "real":
+            assert added == {"SYS_ADMIN"}, f"{name} runs real tasks with the added capabilities {sorted(added)}"
+        elif not isinstance(settings, WorkerSettings):
+            assert not added, f"{name} is no agent but holds {sorted(added)}"
+
+
 def _maker_services(compose: dict[str, dict[str, Any]]) -> list[str]:
     """The services the secrets service makes a folder for (its --services)."""
     argv = list(compose["secrets"]["command"])

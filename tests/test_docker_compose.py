@@ -96,6 +96,35 @@ def _check_prometheus_saw_the_run(tasks: int) -> None:
         assert answer["result"], f"the dashboard's {expr} has no data for the run"
 
 
+# Two runs in an agent's container as its service starts it, each started as the exec driver starts a run (a uid of
+# its own, and a /proc of its own when the agent can make one): the snooping one lists /proc and every command line.
+SNOOP = """
+import json, subprocess
+from megha.services.worker import enforcement, isolation
+why = isolation.why_no_private_proc()
+def as_run(uid):
+    return lambda: enforcement.child_setup(None, None, 0, None, uid, uid, own_proc=why is None)
+victim = ["python", "-c", "import time; time.sleep(60)", "victim-key-7f3a"]
+victim = subprocess.Popen(victim, preexec_fn=as_run(900000006))
+snoop = "ls /proc; for f in /proc/[0-9]*/cmdline; do tr '\\\\0' ' ' < $f; echo; done"
+seen = subprocess.run(["sh", "-c", snoop], capture_output=True, text=True, preexec_fn=as_run(900000005))
+victim.kill()
+print(json.dumps({"why": why, "seen": seen.stdout, "victim": victim.pid}))
+"""
+
+
+def _check_a_run_reads_no_other_run_s_command_line(compose: list[str], env: dict[str, str]) -> None:
+    """The demo's agent container may give each run a /proc of its own (`x-agent`'s CAP_SYS_ADMIN), and a run then
+    finds neither the pid nor the command line of another run, though it sees its own."""
+    done = run([*compose, "run", "--rm", "--no-deps", "-T", AGENT, "python", "-c", SNOOP], 120, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["why"] is None, f"{AGENT}'s container cannot give a run a /proc of its own: {found['why']}"
+    assert "for f in /proc" in found["seen"], f"the snooping run did not see its own command line:\n{found['seen']}"
+    assert "victim-key-7f3a" not in found["seen"], f"a run read another run's command line:\n{found['seen']}"
+    assert str(found["victim"]) not in found["seen"].split(), f"a run saw another run's pid:\n{found['seen']}"
+
+
 def _check_each_container_saw_only_its_own_secrets(compose: list[str], env: dict[str, str], project: str) -> None:
     """The run's containers mounted no secrets volume but their own (the secrets service alone the root material,
     volume `secrets`), and an agent's container, as its service runs it, sees at /secrets its own credential and broker
@@ -166,6 +195,7 @@ def test_compose_demo_replays_every_task_exactly_once_and_leaves_nothing_behind(
             completions = [int(row["completions"]) for row in csv.DictReader(handle)]
         assert len(completions) == counts["tasks"] and set(completions) == {1}, "a task did not finish exactly once"
         _check_each_container_saw_only_its_own_secrets(compose, env, project)
+        _check_a_run_reads_no_other_run_s_command_line(compose, env)
 
         started = run([*compose, "start", "prometheus"], 120, cwd=ROOT, env=env)
         assert started.returncode == 0, started.stderr

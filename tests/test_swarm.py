@@ -225,6 +225,15 @@ def test_every_service_is_placed_by_a_role_label_and_restarts(stack: dict[str, A
 
 
 @STACK_TESTS
+def test_the_agents_alone_hold_cap_sys_admin(stack: dict[str, Any]) -> None:
+    """Each run of an agent gets a /proc of its own, which takes CAP_SYS_ADMIN (docs/security.md, "A worker
+    agent's container"); no other service holds an added capability."""
+    for name, svc in stack["services"].items():
+        expected = {"SYS_ADMIN"} if module_of(svc) == "megha.services.worker" else set()
+        assert set(svc.get("cap_add", [])) == expected, f"{name}: cap_add {svc.get('cap_add')}"
+
+
+@STACK_TESTS
 def test_servers_bind_all_interfaces_and_published_ports_reach_them(stack: dict[str, Any]) -> None:
     for name, s in _megha(stack).items():
         if isinstance(s, LoadgenSettings):
