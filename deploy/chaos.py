@@ -37,6 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import httpx
 
 from megha.common.settings import LoadgenSettings
+from megha.common.usage import OneLineParser
 from megha.deploy.broker_node import BrokerNode, broker_node
 from megha.deploy.containers import ContainerDeployment, DockerError, docker
 from megha.deploy.local import LocalDeployment
@@ -652,7 +653,7 @@ def table(trials: list[Trial], target: float) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="megha chaos",
         description="The chaos matrix: replay a trace through a deployment and a RabbitMQ node of its own, inject "
         "each fault, and count what became of every accepted task.",

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from megha.common.auth import Credential, Role, new_secret, token_digest
 from megha.common.transport.rabbit import BROKER_ROLES, broker_permissions, broker_user
+from megha.common.usage import OneLineParser
 
 CLUSTER_SECRET = "cluster-secret"
 """The root the services' credentials are issued from: in DIR only, never in a service's folder."""
@@ -236,7 +237,7 @@ def _owner(text: str) -> tuple[Kind, tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m megha.deploy.secrets",
         description="Make a deployment's secrets in DIR, keeping those it holds (the cluster secret, the operator's "
         "API token, a RabbitMQ user per role and RabbitMQ's definitions of them), and give each service of "

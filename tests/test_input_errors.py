@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -396,3 +398,25 @@ def test_cluster_file_capacity_beyond_the_bound_is_refused(tmp_path: Path) -> No
     path.write_text(json.dumps({"format": "megha-cluster", "version": 1, "resource_names": ["cpu"], "lms": [[[node]]]}))
     with pytest.raises(ClusterFileError, match=r"capacity\.cpu"):
         load_cluster(path)
+
+
+# 9. the argparse-based commands: a usage error is one line naming the option, exit status 2
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "named"),
+    [
+        ("megha.deploy.chaos", ["--trials", "x"], "--trials"),
+        ("megha.deploy.secrets", ["--bogus", "/tmp/x"], "--bogus"),
+        ("megha.sim.experiments.differences", ["--bogus"], "--bogus"),
+        ("megha.sim.experiments.fairness", ["--bogus"], "--bogus"),
+        ("megha.sim.experiments.failures", ["--bogus"], "--bogus"),
+        ("megha.sim.experiments.priority", ["--bogus"], "--bogus"),
+        ("megha.services.worker.burn", ["--cpu-millicores", "-1"], "--cpu-millicores"),
+    ],
+)
+def test_an_argparse_command_s_usage_error_is_one_line(module: str, argv: list[str], named: str) -> None:
+    done = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and "--help" in lines[0], done.stderr

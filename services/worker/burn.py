@@ -32,6 +32,7 @@ import time
 from collections.abc import Sequence
 
 from megha.common.argtypes import non_negative_float, non_negative_int
+from megha.common.usage import OneLineParser
 
 SLICE_SECONDS = 0.01
 SPIN_STEPS = 1000
@@ -136,7 +137,7 @@ def _report(wall_start: float, memory_mb: int) -> dict[str, float | int]:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m megha.services.worker.burn", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m megha.services.worker.burn", description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-millicores", type=non_negative_int, required=True)
     parser.add_argument("--memory-mb", type=non_negative_int, required=True)
     parser.add_argument("--duration", type=non_negative_float, required=True, help="seconds")

@@ -10,7 +10,6 @@ replay is deterministic, so the same command at the same commit prints the same 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
+from megha.common.usage import OneLineParser
 from megha.loadgen.replay import ReplayConfig, ReplayResult, read_jobs, trace_workload
 from megha.loadgen.trace import TraceJob, read_trace, synthetic_trace
 from megha.sim.experiments import fairness, harness
@@ -1121,7 +1121,7 @@ def table(name: str, seeds: Sequence[int]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m megha.sim.experiments.differences", description=__doc__)
+    parser = OneLineParser(prog="python -m megha.sim.experiments.differences", description=__doc__)
     parser.add_argument("name", nargs="?", choices=sorted(EXPERIMENTS), help="the experiment")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default: 0)")
     parser.add_argument("--list", action="store_true", help="name every experiment, what it explains and tests")

@@ -15,13 +15,13 @@ loaded.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
 from pathlib import Path
 
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
+from megha.common.usage import OneLineParser
 from megha.embedded.faults import Faults
 from megha.loadgen.replay import ReplayConfig, replay
 
@@ -133,7 +133,7 @@ def markdown(rows: list[dict[str, object]], first_jobs: int, seed: int, down: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m megha.sim.experiments.failures", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--rates", type=float, nargs="*", default=DEFAULT_RATES, help="worker crashes per node per hour (0: none)"
     )

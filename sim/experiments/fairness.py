@@ -14,7 +14,6 @@ contended; it plots each queue's share over time against its target.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import platform
@@ -26,6 +25,7 @@ from pathlib import Path
 from megha.common.argtypes import positive_int
 from megha.common.core.fairness.policy import SHARE_POLICIES
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
+from megha.common.usage import OneLineParser
 from megha.loadgen.replay import ReplayConfig, replay
 from megha.loadgen.report import format_seconds
 from megha.sim.experiments.shares import ShareSeries, share_series
@@ -185,7 +185,7 @@ def markdown(rows: list[Row], command: str, first_jobs: int, wall: float) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m megha.sim.experiments.fairness",
         description="The Megha paper's fairness study (4 queues, 3 GMs, 200/500/1,500 workers) for every share "
         "policy; writes fairness.csv, fairness.md and plots.",

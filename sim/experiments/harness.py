@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from megha.common.usage import OneLineParser
 from megha.loadgen.progress import Progress
 from megha.loadgen.replay import ReplayConfig, ReplayResult, replay
 from megha.loadgen.report import format_seconds
@@ -342,7 +343,7 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
 
 def parser(module: str, name: str, description: str, seeds: Sequence[int] = (0, 1, 2)) -> argparse.ArgumentParser:
     """The options every experiment has: `--seeds`, `--out` and `--name` (the stem of the files it writes)."""
-    p = argparse.ArgumentParser(prog=f"python -m megha.sim.experiments.{module}", description=description)
+    p = OneLineParser(prog=f"python -m megha.sim.experiments.{module}", description=description)
     p.add_argument("--seeds", type=int, nargs="+", default=list(seeds), help="seeds (default: %(default)s)")
     p.add_argument("--out", type=Path, default=RESULTS, help="output directory (default: docs/results)")
     p.add_argument("--name", default=name, help="stem of the files written (default: %(default)s)")

@@ -8,7 +8,6 @@ time each user's jobs see, and Jain's index of the users within the class (docs/
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import platform
@@ -21,6 +20,7 @@ import numpy as np
 
 from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, parse_priority_classes
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
+from megha.common.usage import OneLineParser
 from megha.loadgen.priority import draw_classes
 from megha.loadgen.replay import ReplayConfig, ReplayResult, replay
 from megha.sim.experiments.shares import share_series
@@ -189,9 +189,7 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m megha.sim.experiments.priority", description=__doc__.split("\n")[0]
-    )
+    parser = OneLineParser(prog="python -m megha.sim.experiments.priority", description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=150, help="jobs of the synthetic trace (250 tasks each)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of priority.csv, .md and .png")
