@@ -127,10 +127,15 @@ class Recorder(Records, CoreObserver):
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         number, arrival = self.tasks.number, self.tasks.columns["arrival"]
+        states, step, arrived = self.states, _WIDTH, Event.ARRIVED
         for t in job.tasks:
             row = number[t.task_id]
             arrival[row] = now
-            self._advance(row, t.task_id, Event.ARRIVED)
+            after = STEPS[states[row] * step + arrived]  # `_advance`, inline on the hot path
+            if after >= 0:
+                states[row] = after
+            else:
+                self._advance(row, t.task_id, arrived)
         record = self.jobs[job.job_id]
         if len(job.tasks) != record.num_tasks:
             # The GM dropped tasks no node could ever run (they failed): the job is its other tasks, as in the

@@ -28,6 +28,15 @@ def test_select_bit_finds_each_set_bit_in_order() -> None:
     assert [select_bit(bits, r) for r in range(4)] == [3, 70, 130, 399]
 
 
+def test_select_bit_agrees_with_the_positions_at_every_rank_small_and_large() -> None:
+    rng = random.Random(7)
+    for width in (1, 9, 64, 400, 2_000):
+        for density in (0.01, 0.2, 0.9):
+            bits = sum(1 << i for i in range(width) if rng.random() < density) or 1 << (width - 1)
+            positions = [i for i in range(width) if bits >> i & 1]
+            assert [select_bit(bits, r) for r in range(len(positions))] == positions
+
+
 def test_constraint_mask_round_trip_and_bounds() -> None:
     assert constraint_ids(constraint_mask([0, 7, 20])) == [0, 7, 20]
     with pytest.raises(ValueError, match="21"):

@@ -31,8 +31,18 @@ def iter_bits(bits: int) -> Iterable[int]:
         bits ^= low
 
 
+#: Up to this rank `select_bit` clears the lower set bits one by one: fewer big-int operations than halving a
+#: partition-wide bitset (node choices often leave a handful of candidates: a rank of 0 to 2 is common).
+SMALL_RANK = 8
+
+
 def select_bit(bits: int, rank: int) -> int:
-    """Position of the `rank`-th (0-based) set bit of `bits`, by binary search over bit counts."""
+    """Position of the `rank`-th (0-based) set bit of `bits`: the lower set bits cleared one by one for a small
+    rank, else by binary search over bit counts."""
+    if rank < SMALL_RANK:
+        for _ in range(rank):
+            bits &= bits - 1
+        return (bits & -bits).bit_length() - 1
     offset = 0
     width = bits.bit_length()
     while width > 8:

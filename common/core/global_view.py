@@ -31,10 +31,12 @@ class GlobalView:
         self.locate: list[list[tuple[PartitionView, int]]] = [
             [(view, i) for view in row for i in range(view.size)] for row in self.views
         ]
-        # The newest node version each LM reported and the view has adopted.
-        self._known_version: list[list[int]] = [[0] * len(nodes) for nodes in self.locate]
-        # Newest LM-reported state per node not yet in the view: node -> (free, version, applied_through).
-        self._unapplied_states: list[dict[int, tuple[Resources, int, int]]] = [{} for _ in range(cluster.num_lms)]
+        # The newest node version each LM reported, held or adopted: a held state is newer than the node's adopted
+        # one, so one number per node is all `hold_states` needs to keep only the newest state of each node.
+        self._newest_version: list[list[int]] = [[0] * len(nodes) for nodes in self.locate]
+        # Newest LM-reported state per node not yet in the view: node -> (free, applied_through), in the order the
+        # nodes were first reported since the last `sync` (the order in which freed nodes retry parked tasks).
+        self._unapplied_states: list[dict[int, tuple[Resources, int]]] = [{} for _ in range(cluster.num_lms)]
         self.has_unapplied_states = False
         # The requests of launch batches sent and not answered yet, per LM: node -> [(seq, request)].
         self._unanswered_requests: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
@@ -81,16 +83,14 @@ class GlobalView:
 
     def hold_states(self, lm: int, states: Iterable[NodeState], applied_through: int) -> None:
         """Keep the newest reported state of each node until the view next needs it."""
-        known = self._known_version[lm]
+        newest = self._newest_version[lm]
         unapplied = self._unapplied_states[lm]
-        held_get = unapplied.get
         held_any = False
         for node, free, version in states:
-            if version > known[node]:
-                held = held_get(node)
-                if held is None or version > held[1]:
-                    unapplied[node] = (free, version, applied_through)
-                    held_any = True
+            if version > newest[node]:  # newer than the node's adopted state and than any state held for it
+                newest[node] = version
+                unapplied[node] = (free, applied_through)
+                held_any = True
         if held_any:
             self.has_unapplied_states = True
 
@@ -105,11 +105,9 @@ class GlobalView:
         for lm, unapplied in enumerate(self._unapplied_states):
             if not unapplied:
                 continue
-            known = self._known_version[lm]
             locate = self.locate[lm]
             unanswered = self._unanswered_requests[lm]
-            for node, (free, version, applied_through) in unapplied.items():
-                known[node] = version
+            for node, (free, applied_through) in unapplied.items():
                 if unanswered:
                     pending = unanswered.get(node)
                     if pending:

@@ -27,6 +27,13 @@ def missing_constraints(mask: int) -> tuple[int, ...]:
     return tuple(iter_bits(ALL_CONSTRAINTS_MASK & ~mask))
 
 
+@cache
+def constraints_of(mask: int) -> tuple[int, ...]:
+    """The constraint ids in `mask` (memoised: every GM's view of every partition looks up the masks of the tasks it
+    matches, thousands of distinct masks in a replay, each once per view)."""
+    return tuple(iter_bits(mask))
+
+
 def covers(free: Resources, request: Resources) -> bool:
     """True when `free` has at least `request` of every resource."""
     return all(map(ge, free, request))
@@ -113,7 +120,7 @@ class PartitionView:
         bits = self._match.get(mask)
         if bits is None:
             bits = self.all_bits
-            for k in iter_bits(mask):
+            for k in constraints_of(mask):
                 bits &= self.constraint_bits[k]
             self._match[mask] = bits
         return bits

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.placement.search import PartitionSearch, by_cost
 from megha.common.core.task import TaskSpec
-from megha.common.core.view import PartitionView
+from megha.common.core.view import PartitionView, constraints_of
 
 #: Tasks between two estimates of the pressures (sorting 21 of them is too dear to do for every task).
 RELEARN = 1024
@@ -41,22 +41,32 @@ class ConstraintDemand:
     """How often the tasks counted (by the scarcity order: every try; by the scarcity node choice: every placement)
     carry each constraint, and when to re-estimate the pressures."""
 
-    __slots__ = ("counts", "seen")
+    __slots__ = ("_counts", "_unfolded", "seen")
 
     def __init__(self) -> None:
-        self.counts = [0] * NUM_CONSTRAINTS  # tasks seen that carry each constraint
+        self._counts = [0] * NUM_CONSTRAINTS  # tasks seen that carry each constraint, up to the last fold
+        # Constraint mask -> tasks seen with it since the last fold: a task costs one dict update, and the
+        # per-constraint counts are added up only when an estimate reads them (`counts`).
+        self._unfolded: dict[int, int] = {}
         self.seen = 0  # tasks seen
 
     def count(self, mask: int) -> bool:
         """Count one task's constraints; True when the pressures are due for an estimate (the FIRST_ESTIMATE-th
         task, then every RELEARN-th)."""
-        counts = self.counts
-        while mask:
-            low = mask & -mask
-            counts[low.bit_length() - 1] += 1
-            mask ^= low
+        unfolded = self._unfolded
+        unfolded[mask] = unfolded.get(mask, 0) + 1
         self.seen += 1
         return self.seen == FIRST_ESTIMATE or self.seen % RELEARN == 0
+
+    @property
+    def counts(self) -> list[int]:
+        """How many of the tasks seen carry each constraint."""
+        counts = self._counts
+        for mask, tasks in self._unfolded.items():
+            for k in constraints_of(mask):
+                counts[k] += tasks
+        self._unfolded.clear()
+        return counts
 
     def hot(self, supply: list[float]) -> tuple[tuple[int, float], ...]:
         """(constraint, pressure) of the hot constraints, hottest first, against nodes with the given `supply` (the
@@ -64,8 +74,9 @@ class ConstraintDemand:
         seen = self.seen
         if seen < FIRST_ESTIMATE:
             return ()
+        counts = self.counts
         pressures = sorted(
-            ((self.counts[k] / seen / share, k) for k, share in enumerate(supply) if 0 < share < 1), reverse=True
+            ((counts[k] / seen / share, k) for k, share in enumerate(supply) if 0 < share < 1), reverse=True
         )
         return tuple((k, p) for p, k in pressures[:MAX_HOT] if p >= HOT_PRESSURE)
 
