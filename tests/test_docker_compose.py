@@ -182,6 +182,9 @@ def test_compose_demo_replays_every_task_exactly_once_and_leaves_nothing_behind(
         logs = f"{up.stdout[-15000:]}\n{up.stderr[-5000:]}"
         assert up.returncode == 0, f"`up` ended with {up.returncode}; the services' output:\n{logs}"
         assert "wrote /out/" in up.stdout, f"the load generator wrote no report:\n{logs}"
+        # Each agent could give its runs a /proc of their own (x-agent's CAP_SYS_ADMIN), and said so at start-up.
+        assert up.stdout.count("seeing only its own processes") == 4, f"an agent's runs see every process:\n{logs}"
+        assert "exec tasks can list every process" not in up.stdout, logs
 
         missing = [name for name in REPORT if not (out / name).is_file()]
         assert not missing, f"the report lacks {missing}; {out} holds {sorted(p.name for p in out.iterdir())}"
