@@ -174,20 +174,17 @@ class TaskConstraintSampler:
 
     def masks(self, n: int) -> list[int]:
         """The next `n` masks, as `n` calls of `sample` give them (the same draws of the same generator, which is
-        then where those calls leave it), drawn at once with numpy: its MT19937 from the generator's state gives
-        Python's own floats. Each task draws a type, a cluster and one number per constraint its cluster may
-        carry; when every cluster may carry as many, each task's draws are a row of one table."""
+        then where those calls leave it), drawn at once: each task draws a type, a cluster and one number per
+        constraint its cluster may carry; when every cluster may carry as many, each task's draws are a row of one
+        table."""
         import numpy as np
 
         if n <= 0:
             return []
-        version, words, gauss = self._rng.getstate()
-        state = ("MT19937", np.array(words[:-1], dtype=np.uint32), words[-1])
-        generator = np.random.RandomState()
-        generator.set_state(state)
         sizes = [len(bits) for bits in self._bit_probabilities]
         stride = 2 + max(sizes)
-        draws = generator.random_sample(n * stride)
+        state = self._rng.getstate()
+        draws = _floats(self._rng, n * stride)
         if min(sizes) == max(sizes):
             table = draws.reshape(n, stride)
             types = (table[:, 0] * len(TASK_TYPES)).astype(np.intp)
@@ -209,8 +206,8 @@ class TaskConstraintSampler:
                 cluster = bisect.bisect(row, draws[at + 1] * row[-1], 0, self._last)
                 starts[k], clusters[k] = at, cluster
                 at += 2 + sizes[cluster]
-            generator.set_state(state)
-            generator.random_sample(at)  # where `n` calls of `sample` leave the generator
+            self._rng.setstate(state)
+            _floats(self._rng, at)  # where `n` calls of `sample` leave the generator
 
             def drawn(chosen: np.ndarray, size: int) -> np.ndarray:
                 return draws[starts[chosen, None] + 2 + np.arange(size)]
@@ -222,6 +219,14 @@ class TaskConstraintSampler:
                 bits, probabilities = (np.array(column) for column in zip(*bit_probabilities))
                 taken = drawn(chosen, len(bits)) < probabilities
                 masks[chosen] = taken.astype(np.int64) @ bits.astype(np.int64)
-        key, position = generator.get_state()[1:3]
-        self._rng.setstate((version, (*key.tolist(), position), gauss))
         return masks.tolist()
+
+
+def _floats(rng: random.Random, n: int) -> Any:
+    """The next `n` floats of `rng` as a numpy array: what `n` calls of `rng.random()` return, from one call of
+    `getrandbits`. Each float is made of two 32-bit outputs of the Mersenne Twister, a and b, as (a >> 5) * 2**26 +
+    (b >> 6) over 2**53; `getrandbits(32 * k)` holds k outputs, the first in the lowest bits."""
+    import numpy as np
+
+    words = np.frombuffer(rng.getrandbits(64 * n).to_bytes(8 * n, "little"), dtype="<u4").reshape(n, 2)
+    return ((words[:, 0] >> 5) * 67108864.0 + (words[:, 1] >> 6)) / 9007199254740992.0

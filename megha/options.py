@@ -12,7 +12,6 @@ Errors name the option in one line, e.g. "--lms: must be at least 1, got 0" (`us
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import json
 import math
@@ -20,6 +19,7 @@ import re
 import sys
 import types
 import typing
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -30,7 +30,7 @@ FIELD_DEFAULT: Any = object()
 """`setting(default=...)` left out: the field's own default."""
 
 FIELDS_FILE = Path(__file__).with_name("setting_fields.json")
-"""The fields of the settings models the options are generated from, as `field_spec` gives them, and the SHA-256 of
+"""The fields of the settings models the options are generated from, as `field_spec` gives them, and the CRC-32 of
 the common/settings.py they were generated from."""
 
 FieldSpec = dict[str, Any]
@@ -206,16 +206,17 @@ def _generated_fields() -> dict[str, FieldSpec]:
     except (OSError, ValueError):
         return {}
     fields: dict[str, FieldSpec] = generated["fields"]
-    return fields if generated.get("settings_sha256") == _settings_digest() else {}
+    return fields if generated.get("settings_crc32") == _settings_digest() else {}
 
 
-def _settings_digest() -> str | None:
-    """The SHA-256 of common/settings.py, found without importing it (None: not found)."""
+def _settings_digest() -> int | None:
+    """The CRC-32 of common/settings.py, found without importing it (None: not found): enough to tell an edited
+    source from the one setting_fields.json was generated from, and zlib is imported already (hashlib is not)."""
     spec = importlib.util.find_spec("megha.common.settings")
     if spec is None or spec.origin is None:
         return None
     try:
-        return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+        return zlib.crc32(Path(spec.origin).read_bytes())
     except OSError:
         return None
 
@@ -229,7 +230,7 @@ def generated_document() -> str:
     _fields = {}
     import megha.cli  # noqa: F401 (generates every option)
 
-    document = {"settings_sha256": _settings_digest(), "fields": dict(sorted(used_fields.items()))}
+    document = {"settings_crc32": _settings_digest(), "fields": dict(sorted(used_fields.items()))}
     return json.dumps(document, indent=1, sort_keys=True) + "\n"
 
 
