@@ -30,7 +30,10 @@ from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_ids, constraint_mask
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
 from megha.common.machine_classes import MACHINE_DRAWS
-from megha.common.settings import MAX_NODE_CAPACITY
+
+MAX_NODE_CAPACITY = 2**40
+"""The most CPU (millicores) or memory (MB) one node may have: a thousand times any machine built, and small enough
+that a data centre's total of millions of such nodes, and its use over a replay, stay exact in a float."""
 
 DEFAULT_NODE_CAPACITY: Resources = (64000, 16384)
 """The Megha paper's simulated node: 64 cores (millicores) and 16 GB (MB)."""

@@ -171,3 +171,62 @@ class TaskConstraintSampler:
             if rand() < probability:
                 mask |= bit
         return mask
+
+    def masks(self, n: int) -> list[int]:
+        """The next `n` masks, as `n` calls of `sample` give them (the same draws of the same generator, which is
+        then where those calls leave it), drawn at once: each task draws a type, a cluster and one number per
+        constraint its cluster may carry; when every cluster may carry as many, each task's draws are a row of one
+        table."""
+        import numpy as np
+
+        if n <= 0:
+            return []
+        sizes = [len(bits) for bits in self._bit_probabilities]
+        stride = 2 + max(sizes)
+        state = self._rng.getstate()
+        draws = _floats(self._rng, n * stride)
+        if min(sizes) == max(sizes):
+            table = draws.reshape(n, stride)
+            types = (table[:, 0] * len(TASK_TYPES)).astype(np.intp)
+            cumulative = np.array(self._cumulative)
+            picks = table[:, 1] * cumulative[types, -1]
+            clusters = np.empty(n, dtype=np.intp)
+            for t in range(len(TASK_TYPES)):
+                chosen = types == t
+                clusters[chosen] = np.searchsorted(cumulative[t, : self._last], picks[chosen], side="right")
+
+            def drawn(chosen: np.ndarray, size: int) -> np.ndarray:
+                return table[chosen, 2 : 2 + size]
+
+        else:  # where each task's draws start depends on the clusters before it
+            starts, clusters = np.empty(n, dtype=np.intp), np.empty(n, dtype=np.intp)
+            at = 0
+            for k in range(n):
+                row = self._cumulative[int(draws[at] * len(TASK_TYPES))]
+                cluster = bisect.bisect(row, draws[at + 1] * row[-1], 0, self._last)
+                starts[k], clusters[k] = at, cluster
+                at += 2 + sizes[cluster]
+            self._rng.setstate(state)
+            _floats(self._rng, at)  # where `n` calls of `sample` leave the generator
+
+            def drawn(chosen: np.ndarray, size: int) -> np.ndarray:
+                return draws[starts[chosen, None] + 2 + np.arange(size)]
+
+        masks = np.zeros(n, dtype=np.int64)
+        for cluster, bit_probabilities in enumerate(self._bit_probabilities):
+            chosen = np.flatnonzero(clusters == cluster)
+            if chosen.size and bit_probabilities:
+                bits, probabilities = (np.array(column) for column in zip(*bit_probabilities))
+                taken = drawn(chosen, len(bits)) < probabilities
+                masks[chosen] = taken.astype(np.int64) @ bits.astype(np.int64)
+        return masks.tolist()
+
+
+def _floats(rng: random.Random, n: int) -> Any:
+    """The next `n` floats of `rng` as a numpy array: what `n` calls of `rng.random()` return, from one call of
+    `getrandbits`. Each float is made of two 32-bit outputs of the Mersenne Twister, a and b, as (a >> 5) * 2**26 +
+    (b >> 6) over 2**53; `getrandbits(32 * k)` holds k outputs, the first in the lowest bits."""
+    import numpy as np
+
+    words = np.frombuffer(rng.getrandbits(64 * n).to_bytes(8 * n, "little"), dtype="<u4").reshape(n, 2)
+    return ((words[:, 0] >> 5) * 67108864.0 + (words[:, 1] >> 6)) / 9007199254740992.0

@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from megha.common.auth import MIN_SECRET_CHARS, Credential, Signer, Verifier, parse_api_tokens, root_public
+from megha.common.clusterfile import MAX_NODE_CAPACITY
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.policies import QUEUE_ORDERS
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
 
 
-MAX_NODE_CAPACITY = 2**40
-"""The most CPU (millicores) or memory (MB) one node may have: a thousand times any machine built, and small enough
-that a data centre's total of millions of such nodes, and its use over a replay, stay exact in a float."""
 SECRET_SETTINGS = ("amqp_url", "cluster_secret", "credential", "api_tokens", "api_token")
 """Settings that may instead be read from a file named by MEGHA_<NAME>_FILE (a Docker secret, say), so that the
 secret is in no environment listing."""

@@ -6,6 +6,7 @@ docs/report.md says what every line of the table and every column of the files h
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import time
@@ -238,7 +239,9 @@ def _write_tasks(tasks: TaskColumns, path: Path, resource_names: tuple[str, ...]
     columns = [_task_column(tasks, f.name, str(f.type)) for f in scalar]
     if resource_names:
         header += [f"request_{name}" for name in resource_names]
-        requests = np.array(tasks.column("request"), dtype=np.int64).reshape(len(tasks), len(resource_names))
+        amounts = itertools.chain.from_iterable(tasks.column("request"))
+        requests = np.fromiter(amounts, dtype=np.int64, count=len(tasks) * len(resource_names))
+        requests = requests.reshape(len(tasks), len(resource_names))
         columns += list(requests.T)
     derived = allocation_columns(tasks)
     header += _DERIVED_TASK_COLUMNS
@@ -264,10 +267,11 @@ def _write_jobs(jobs: Sequence[JobRecord], path: Path) -> None:
 
 def _write_csv(path: Path, header: list[str], columns: list[np.ndarray | list[Any]]) -> None:
     """`columns` under `header`, in the bytes `csv.writer` writes, but formatted a column at a time."""
-    rows = map(",".join, zip(*map(_csv_cells, columns)))
+    rows = list(map(",".join, zip(*map(_csv_cells, columns))))
     with path.open("w", newline="") as handle:
         handle.write(",".join(_csv_cells(header)) + _CSV_LINE_END)
-        handle.writelines(row + _CSV_LINE_END for row in rows)
+        if rows:
+            handle.write(_CSV_LINE_END.join(rows) + _CSV_LINE_END)
 
 
 def _csv_cells(column: np.ndarray | Sequence[Any]) -> list[str]:
@@ -283,7 +287,8 @@ def _csv_cells(column: np.ndarray | Sequence[Any]) -> list[str]:
     joined = "".join(cells)
     if not any(c in joined for c in _CSV_QUOTED):
         return cells
-    return ['"' + cell.replace('"', '""') + '"' if any(c in cell for c in _CSV_QUOTED) else cell for cell in cells]
+    quoted = {cell: '"' + cell.replace('"', '""') + '"' for cell in set(cells) if any(c in cell for c in _CSV_QUOTED)}
+    return list(map(quoted.get, cells, cells))  # a distinct string is checked, and quoted, once
 
 
 def _values(records: Sequence[Any], name: str, rounded: bool) -> np.ndarray | list[Any]:

@@ -82,7 +82,9 @@ def read_trace(
     scaled = [
         TraceJob(
             (arrival - origin) * time_scale,
-            tuple((math.trunc(d) if whole_seconds else d) * time_scale for d in job.durations),
+            tuple((math.trunc(d) if whole_seconds else d) * time_scale for d in job.durations)
+            if whole_seconds or time_scale != 1
+            else job.durations,  # d * 1 is d
         )
         for arrival, job in zip(arrivals, jobs, strict=True)
     ]
@@ -222,8 +224,8 @@ def _parse_job(fields: list[str], where: str) -> TraceJob:
     num_tasks = int(fields[1])
     if not _is_float(fields[2]):
         raise TraceError(f"{where}: mean_task_duration {fields[2]!r} is not a number")
-    bad = next((f for f in fields[3:] if not _is_float(f)), None)
-    if bad is not None:
+    if not all(map(_FLOAT.fullmatch, set(fields[3:]))):  # each distinct text checked once, then the first named
+        bad = next(f for f in fields[3:] if not _is_float(f))
         raise TraceError(f"{where}: task duration {bad!r} is not a number")
     durations = tuple(map(float, fields[3:]))
     if not math.isfinite(arrival) or arrival < 0:
@@ -232,7 +234,7 @@ def _parse_job(fields: list[str], where: str) -> TraceJob:
         raise TraceError(f"{where}: num_tasks is {num_tasks}; a job needs at least one task")
     if num_tasks != len(durations):
         raise TraceError(f"{where}: num_tasks is {num_tasks} but the line has {len(durations)} task durations")
-    if not all(0 <= d < math.inf for d in durations):
+    if not all(0 <= d < math.inf for d in set(durations)):
         bad = next(f for f, d in zip(fields[3:], durations, strict=True) if not 0 <= d < math.inf)
         raise TraceError(f"{where}: task duration {bad} must be a finite number >= 0")
     return TraceJob(arrival, durations)

@@ -21,7 +21,7 @@ import bisect
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -68,10 +68,11 @@ def build_workload(
     trace_jobs: Sequence[TraceJob], config: WorkloadConfig, stats: ConstraintStats | None = None
 ) -> list[tuple[int, JobSpec]]:
     """(GM, job) for every trace job, in trace order; `submitted_at` is the trace arrival."""
-    sample_constraints: Callable[[], int] = (
-        TaskConstraintSampler(stats if stats is not None else load_constraint_stats(), config.seed).sample
+    n = sum(len(trace_job.durations) for trace_job in trace_jobs)
+    masks: Iterator[int] = (
+        iter(TaskConstraintSampler(stats if stats is not None else load_constraint_stats(), config.seed).masks(n))
         if config.constraints
-        else int
+        else itertools.repeat(0)
     )
     draw_request = _request_drawer(config)
     workload = []
@@ -83,8 +84,8 @@ def build_workload(
         else:
             user, gm = f"user-{k % config.users}", k % config.num_gms
         tasks = tuple(
-            TaskSpec(f"{job_id}.{i}", job_id, user, duration, draw_request(), sample_constraints())
-            for i, duration in enumerate(trace_job.durations)
+            TaskSpec(f"{job_id}.{i}", job_id, user, duration, draw_request(), mask)
+            for i, (duration, mask) in enumerate(zip(trace_job.durations, masks))
         )
         workload.append((gm, JobSpec(job_id, tasks, trace_job.arrival)))
     return workload

@@ -18,7 +18,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from pydantic_settings import BaseSettings
 
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
@@ -27,7 +26,6 @@ from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABL
 from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.common.machine_classes import MACHINE_DRAWS
-from megha.common.settings import GMSettings, LMSettings, LoadgenSettings, WorkerSettings, settings_help
 from megha.common.transport.inmemory import EVENT_ORDERS, fewer_gc_pauses
 from megha.embedded.faults import parse_faults
 from megha.loadgen.metrics import RunMetrics
@@ -100,10 +98,10 @@ def _verbatim(text: str) -> str:
 def _workload(trace: str, first_jobs: int | None, time_scale: float, mode: str, time_help: str = "") -> Decorator:
     """The workload options of `replay` and `local` (the load generator's settings), with each command's defaults."""
     return options(
-        setting(LoadgenSettings, "trace", default=trace, group=WORKLOAD),
-        setting(LoadgenSettings, "first_jobs", default=first_jobs, group=WORKLOAD),
-        setting(LoadgenSettings, "time_scale", default=time_scale, group=WORKLOAD, help=time_help or None),
-        setting(LoadgenSettings, "mode", default=mode, group=WORKLOAD),
+        setting("LoadgenSettings", "trace", default=trace, group=WORKLOAD),
+        setting("LoadgenSettings", "first_jobs", default=first_jobs, group=WORKLOAD),
+        setting("LoadgenSettings", "time_scale", default=time_scale, group=WORKLOAD, help=time_help or None),
+        setting("LoadgenSettings", "mode", default=mode, group=WORKLOAD),
     )
 
 
@@ -115,10 +113,15 @@ def _node(default_cpu: int, default_mem: int) -> Decorator:
     """Each node's capacity (a worker agent's settings)."""
     return options(
         setting(
-            WorkerSettings, "node_cpu_millicores", "--node-cpu", dest="node_cpu", default=default_cpu, group=DATA_CENTRE
+            "WorkerSettings",
+            "node_cpu_millicores",
+            "--node-cpu",
+            dest="node_cpu",
+            default=default_cpu,
+            group=DATA_CENTRE,
         ),
         setting(
-            WorkerSettings, "node_memory_mb", "--node-mem", dest="node_mem", default=default_mem, group=DATA_CENTRE
+            "WorkerSettings", "node_memory_mb", "--node-mem", dest="node_mem", default=default_mem, group=DATA_CENTRE
         ),
     )
 
@@ -126,8 +129,8 @@ def _node(default_cpu: int, default_mem: int) -> Decorator:
 def _fairness(queues_help: str = "") -> Decorator:
     """Fair scheduling, as every GM, LM and the load generator read it (FairSettings)."""
     return options(
-        setting(LoadgenSettings, "queues", check=parse_queues, group=FAIRNESS, help=queues_help or None),
-        setting(LoadgenSettings, "share_policy", group=FAIRNESS),
+        setting("LoadgenSettings", "queues", check=parse_queues, group=FAIRNESS, help=queues_help or None),
+        setting("LoadgenSettings", "share_policy", group=FAIRNESS),
     )
 
 
@@ -175,8 +178,8 @@ def megha() -> None:
     epilog=_verbatim(REPLAY_EXAMPLES),
 )
 @_workload(REPLAY.trace, REPLAY.first_jobs, REPLAY.time_scale, REPLAY.mode)
-@setting(LoadgenSettings, "cpu_scale", default=REPLAY.cpu_scale, group=WORKLOAD)
-@setting(LoadgenSettings, "mem_scale", default=REPLAY.mem_scale, group=WORKLOAD)
+@setting("LoadgenSettings", "cpu_scale", default=REPLAY.cpu_scale, group=WORKLOAD)
+@setting("LoadgenSettings", "mem_scale", default=REPLAY.mem_scale, group=WORKLOAD)
 @option(
     "--truncate-durations",
     is_flag=True,
@@ -226,12 +229,12 @@ def megha() -> None:
     "published figures), sparrow (batch sampling, late binding); a baseline refuses Megha's GM policies and "
     "--delta-interval, and sparrow --matching",
 )
-@setting(GMSettings, "matching", default=REPLAY.matching, group=SCHEDULER)
-@setting(GMSettings, "lm_order", default=REPLAY.lm_order, group=SCHEDULER)
-@setting(GMSettings, "queue_order", default=REPLAY.queue_order, group=SCHEDULER)
-@setting(GMSettings, "unplaceable", default=REPLAY.unplaceable, group=SCHEDULER)
+@setting("GMSettings", "matching", default=REPLAY.matching, group=SCHEDULER)
+@setting("GMSettings", "lm_order", default=REPLAY.lm_order, group=SCHEDULER)
+@setting("GMSettings", "queue_order", default=REPLAY.queue_order, group=SCHEDULER)
+@setting("GMSettings", "unplaceable", default=REPLAY.unplaceable, group=SCHEDULER)
 @setting(
-    GMSettings,
+    "GMSettings",
     "priority_classes",
     default=REPLAY.priority_classes,
     group=SCHEDULER,
@@ -296,7 +299,7 @@ def megha() -> None:
     help="fraction of jobs (drawn with --seed) that are gangs: every task of the job starts or none does "
     "(docs/gang.md)",
 )
-@setting(GMSettings, "gang_reserve_after", default=REPLAY.gang_reserve_after, group=SCHEDULER)
+@setting("GMSettings", "gang_reserve_after", default=REPLAY.gang_reserve_after, group=SCHEDULER)
 @option(
     "--queueable",
     type=click.FloatRange(0.0, 1.0),
@@ -320,7 +323,7 @@ def megha() -> None:
     help="the order of events due at the same virtual time: fifo (the order they were sent) or seeded (a random "
     "order drawn with --seed, even between the same two endpoints; the authors' simulator leaves it undefined)",
 )
-@setting(LMSettings, "delta_interval", default=REPLAY.delta_interval, group=SCHEDULER)
+@setting("LMSettings", "delta_interval", default=REPLAY.delta_interval, group=SCHEDULER)
 @option(
     "--delta-offset",
     type=Bounded(float, ge=0),
@@ -330,7 +333,7 @@ def megha() -> None:
     "interval). A replay moves the trace's first job to time 0; the constraint-aware paper's simulator sends its "
     "heartbeats 0.05 s before that job and every interval after: --delta-interval minus 0.05",
 )
-@setting(GMSettings, "seed", default=REPLAY.seed, group=SCHEDULER, help="seed for cluster, constraints and choices")
+@setting("GMSettings", "seed", default=REPLAY.seed, group=SCHEDULER, help="seed for cluster, constraints and choices")
 @option(
     "--seeds",
     type=positive(int),
@@ -370,7 +373,7 @@ def megha() -> None:
     "partition:at=T,gm=G[,down=D] hold the messages to and from one for D seconds (repeatable)",
 )
 @setting(
-    LMSettings,
+    "LMSettings",
     "worker_timeout",
     "--fail-detect",
     dest="fail_detect",
@@ -384,7 +387,7 @@ def megha() -> None:
     group=FAILURES,
     help="seconds after a crash until the node is back in service, or the LM or GM restarts",
 )
-@setting(GMSettings, "max_attempts", default=REPLAY.max_attempts, group=FAILURES)
+@setting("GMSettings", "max_attempts", default=REPLAY.max_attempts, group=FAILURES)
 @option(
     "--fail-fraction",
     type=click.FloatRange(0, 1),
@@ -427,37 +430,37 @@ def replay(**args: Any) -> int:
 @_size("lms", 2, "LMs")
 @_size("workers-per-lm", 2, "worker agents per LM")
 @setting(
-    WorkerSettings,
+    "WorkerSettings",
     "nodes",
     "--nodes-per-worker",
     dest="nodes_per_worker",
     group=DATA_CENTRE,
     help="nodes each agent stands for; more than 1 needs --execution simulated",
 )
-@setting(WorkerSettings, "execution", group=DATA_CENTRE)
+@setting("WorkerSettings", "execution", group=DATA_CENTRE)
 @_node(2000, 4096)
 @setting(
-    WorkerSettings,
+    "WorkerSettings",
     "constraint_seed",
     group=DATA_CENTRE,
     help="draw node constraints with the published fractions (default: nodes satisfy all)",
 )
 @_workload("demo", 20, 0.0002, "scaled", "multiply arrivals and durations; the demo's tasks last hours")
-@setting(LoadgenSettings, "cpu_scale", group=WORKLOAD)
+@setting("LoadgenSettings", "cpu_scale", group=WORKLOAD)
 @setting(
-    LoadgenSettings,
+    "LoadgenSettings",
     "mem_scale",
     default=1000,
     group=WORKLOAD,
     help="scaled mode memory divisor; 1000 keeps a laptop's memory safe",
 )
-@setting(LoadgenSettings, "seed", group=WORKLOAD)
+@setting("LoadgenSettings", "seed", group=WORKLOAD)
 @_fairness()
-@setting(LMSettings, "delta_interval", group=SERVICES)
-@setting(WorkerSettings, "heartbeat_interval", group=SERVICES)
-@setting(LMSettings, "worker_timeout", group=SERVICES)
+@setting("LMSettings", "delta_interval", group=SERVICES)
+@setting("WorkerSettings", "heartbeat_interval", group=SERVICES)
+@setting("LMSettings", "worker_timeout", group=SERVICES)
 @setting(
-    LoadgenSettings,
+    "LoadgenSettings",
     "amqp_url",
     group=SERVICES,
     help="RabbitMQ connection URL (amqps:// for TLS, verified with MEGHA_TLS_CA). Without it a run of real tasks "
@@ -465,7 +468,11 @@ def replay(**args: Any) -> int:
     "RabbitMQ lets its guest administrator in: docs/security.md), and --execution simulated uses this default",
 )
 @setting(
-    LoadgenSettings, "run_id", default=None, group=SERVICES, help="prefix of this deployment's queues (default: random)"
+    "LoadgenSettings",
+    "run_id",
+    default=None,
+    group=SERVICES,
+    help="prefix of this deployment's queues (default: random)",
 )
 @_output(LOCAL_OUT, "the report files and service logs")
 def local(**args: Any) -> int:
@@ -474,14 +481,35 @@ def local(**args: Any) -> int:
     return _local(SimpleNamespace(**args))
 
 
-def _service(name: str, what: str, model: type[BaseSettings]) -> None:
-    """`megha gm|lm|worker|loadgen`: a service, configured by MEGHA_* variables, which its --help lists."""
+class _ServiceCommand(click.Command):
+    """A service's command, whose --help ends with every MEGHA_* variable of its settings model (`model`, a class of
+    megha.common.settings by name), read from the model (importing pydantic) only when the help is shown."""
+
+    def __init__(self, *args: Any, model: str, **kwargs: Any) -> None:
+        self.model = model
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def epilog(self) -> str:
+        from megha.common import settings
+
+        return _verbatim(settings.settings_help(getattr(settings, self.model)))
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:
+        """Ignored (click.Command sets it): the epilog is the model's variables."""
+
+
+def _service(name: str, what: str, model: str) -> None:
+    """`megha gm|lm|worker|loadgen`: a service, configured by MEGHA_* variables (those of the settings model
+    `model`), which its --help lists."""
 
     @megha.command(
         name,
+        cls=_ServiceCommand,
+        model=model,
         short_help=f"run {what}, configured by MEGHA_* environment variables (see docs/deploy.md)",
         help=f"Run {what}, configured by MEGHA_* environment variables (docs/deploy.md).",
-        epilog=_verbatim(settings_help(model)),
     )
     def serve() -> int:
         if name == "loadgen":
@@ -494,10 +522,10 @@ def _service(name: str, what: str, model: type[BaseSettings]) -> None:
         return 0
 
 
-_service("gm", "a Global Master", GMSettings)
-_service("lm", "a Local Master", LMSettings)
-_service("worker", "a worker agent", WorkerSettings)
-_service("loadgen", "the request generator against running GMs", LoadgenSettings)
+_service("gm", "a Global Master", "GMSettings")
+_service("lm", "a Local Master", "LMSettings")
+_service("worker", "a worker agent", "WorkerSettings")
+_service("loadgen", "the request generator against running GMs", "LoadgenSettings")
 
 
 @megha.command(

@@ -3,9 +3,14 @@ the settings model's field (megha/options.py), whose type, bounds, choices and d
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from megha import cli
+from megha import cli, options
 from megha.common.settings import FairSettings, LMSettings, LoadgenSettings, WorkerSettings
 from megha.options import Bounded, OneOf
 
@@ -88,3 +93,29 @@ def test_the_operating_commands_and_chaos_are_in_the_same_group(capsys: pytest.C
     out = capsys.readouterr().out
     commands = ("replay", "local", "gm", "lm", "worker", "loadgen", "chaos", *cli.CTL_COMMANDS)
     assert all(f"  {name} " in out for name in commands), out
+
+
+def test_setting_fields_json_is_what_the_models_give(tmp_path: Path) -> None:
+    # In a fresh interpreter: the fields are collected as megha.cli generates its options.
+    command = [sys.executable, "-m", "megha.options", "--check"]
+    check = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+    document = json.loads(options.FIELDS_FILE.read_text())
+    for key, spec in document["fields"].items():
+        assert options.describe_field(*key.split(".")) == spec, key
+
+
+def test_a_setting_fields_json_of_another_settings_source_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert options._generated_fields()
+    monkeypatch.setattr(options, "_settings_digest", lambda: -1)
+    assert options._generated_fields() == {}  # then field_spec reads each field from its model
+
+
+def test_the_command_line_starts_without_pydantic(tmp_path: Path) -> None:
+    # In a fresh interpreter: `megha replay` and `megha local` need no settings model until `local` runs.
+    check = (
+        "import sys, megha.console\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pydantic', 'megha.common.settings'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert done.stdout.strip() == "[]"

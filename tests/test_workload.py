@@ -60,6 +60,23 @@ def test_sampler_is_reproducible(stats: ConstraintStats) -> None:
     assert all(0 <= m < 1 << NUM_CONSTRAINTS for m in draws)
 
 
+@pytest.mark.parametrize("uneven", [False, True])
+def test_sampler_masks_are_the_samples_drawn_at_once(stats: ConstraintStats, uneven: bool) -> None:
+    """`masks(n)` gives what `n` calls of `sample` give, and leaves the generator where they do, also when the
+    clusters carry different numbers of constraints (so tasks draw different numbers of floats)."""
+    if uneven:
+        frequencies = dict(stats.task_frequency_percent)
+        frequencies[3] = tuple(0.0 if j % 3 == 0 else p for j, p in enumerate(frequencies[3]))
+        frequencies[7] = (0.0,) * NUM_CONSTRAINTS
+        stats = ConstraintStats(frequencies, stats.cluster_weights, stats.machine_fraction)
+    for seed in (0, 5):
+        one, many = TaskConstraintSampler(stats, seed), TaskConstraintSampler(stats, seed)
+        assert one.sample() == many.sample()
+        for n in (0, 1, 2_000):
+            assert many.masks(n) == [one.sample() for _ in range(n)]
+        assert [one.sample() for _ in range(10)] == [many.sample() for _ in range(10)]
+
+
 def test_packaged_stats_shape(stats: ConstraintStats) -> None:
     assert sorted(stats.task_frequency_percent) == list(range(1, 11))
     assert all(len(v) == NUM_CONSTRAINTS for v in stats.task_frequency_percent.values())
