@@ -174,13 +174,18 @@ class TaskConstraintSampler:
 
     def masks(self, n: int) -> list[int]:
         """The next `n` masks, as `n` calls of `sample` give them (the same draws of the same generator, which is
-        then where those calls leave it), drawn at once: each task draws a type, a cluster and one number per
-        constraint its cluster may carry; when every cluster may carry as many, each task's draws are a row of one
-        table."""
+        then where those calls leave it), drawn MASKS_AT_ONCE at a time, so that a trace of millions of tasks
+        holds a few megabytes of draws at once, not hundreds of bytes per task."""
+        masks: list[int] = []
+        for start in range(0, n, MASKS_AT_ONCE):
+            masks += self._masks(min(MASKS_AT_ONCE, n - start))
+        return masks
+
+    def _masks(self, n: int) -> list[int]:
+        """The next `n` (> 0) masks at once: each task draws a type, a cluster and one number per constraint its
+        cluster may carry; when every cluster may carry as many, each task's draws are a row of one table."""
         import numpy as np
 
-        if n <= 0:
-            return []
         sizes = [len(bits) for bits in self._bit_probabilities]
         stride = 2 + max(sizes)
         state = self._rng.getstate()
@@ -220,6 +225,11 @@ class TaskConstraintSampler:
                 taken = drawn(chosen, len(bits)) < probabilities
                 masks[chosen] = taken.astype(np.int64) @ bits.astype(np.int64)
         return masks.tolist()
+
+
+MASKS_AT_ONCE = 1 << 14
+"""Tasks whose constraint draws `TaskConstraintSampler.masks` makes at once (about 3 MB of floats, and as much of
+the generator's bits while they are converted)."""
 
 
 def _floats(rng: random.Random, n: int) -> Any:

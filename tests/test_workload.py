@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from megha.common import constraint_stats
 from megha.common.clusterfile import DEFAULT_NODE_CAPACITY, PROTOTYPE_NODE_CAPACITY
 from megha.common.constraint_stats import ConstraintStats, TaskConstraintSampler, load_constraint_stats
 from megha.common.core.constraints import NUM_CONSTRAINTS
@@ -75,6 +76,14 @@ def test_sampler_masks_are_the_samples_drawn_at_once(stats: ConstraintStats, une
         for n in (0, 1, 2_000):
             assert many.masks(n) == [one.sample() for _ in range(n)]
         assert [one.sample() for _ in range(10)] == [many.sample() for _ in range(10)]
+
+
+def test_sampler_masks_drawn_in_parts_are_the_samples(stats: ConstraintStats, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace longer than `MASKS_AT_ONCE` tasks is drawn in parts, which give the same masks as one draw."""
+    monkeypatch.setattr(constraint_stats, "MASKS_AT_ONCE", 7)
+    one, many = TaskConstraintSampler(stats, 3), TaskConstraintSampler(stats, 3)
+    assert many.masks(50) == [one.sample() for _ in range(50)]
+    assert one.sample() == many.sample()
 
 
 def test_packaged_stats_shape(stats: ConstraintStats) -> None:
