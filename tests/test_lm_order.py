@@ -326,6 +326,44 @@ def test_rarity_choice_takes_the_fewest_extra_constraints_then_spares_the_hot_on
     assert {choice.choose(view, 0b110, random.Random(i), task(f"p.{i}")) for i in range(50)} == {2}
 
 
+def test_the_placers_fused_rarity_pass_places_as_the_order_and_the_choice_do_step_by_step() -> None:
+    """The placer runs the rarity order and choice in one pass (`Placer._match_rarity`); on random clusters, free
+    states and tasks it picks the same LM, node and repartition flag, drawing the same random numbers, as the order's
+    first partition with room and the choice among its feasible nodes."""
+    compared = repartitions = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        layout = [
+            [[rng.sample(range(8), rng.randint(0, 5)) for _ in range(rng.randint(1, 6))] for _gm in range(3)]
+            for _lm in range(rng.randint(1, 4))
+        ]
+        spec = cluster(layout, capacity=(4, 4))
+        gm = GlobalMaster(0, spec, policies=gm_policies(0, spec, lm_order="rarity", choice=make_choice("rarity")))
+        placer = gm.placer
+        assert placer._fused is placer.search
+        for view in gm.view.partitions():  # some nodes partly or wholly taken
+            for i in range(view.size):
+                view.set_free(i, (rng.randint(0, 4), rng.randint(0, 4)))
+        step_by_step = RarityChoice()
+        for n in range(60):
+            t = task(f"t.{seed}.{n}", rng.sample(range(8), rng.randint(0, 3)), request=(rng.randint(1, 3), 1))
+            draws = random.Random(n)
+            placer.rng = random.Random(n)
+            fused = placer.match(t)
+            expected = None
+            for views, repartition in ((placer.search.internal(t), False), (placer.search.external(t), True)):
+                first = next(views, None)
+                if first is not None:
+                    node = step_by_step.choose(first, first.feasible(t), draws, t)
+                    expected = (first.lm, first.start + node, repartition)
+                    break
+            assert (None if fused is None else (fused.lm, fused.node, fused.repartition)) == expected
+            assert placer.rng.random() == draws.random()  # the same numbers drawn
+            compared += fused is not None
+            repartitions += fused is not None and fused.repartition
+    assert compared > 1000 and repartitions > 50  # both internal and external placements were compared
+
+
 def test_rarity_is_an_lm_order_a_node_choice_and_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LM_ORDERS["rarity"] is RaritySearch and isinstance(make_choice("rarity"), RarityChoice)
     monkeypatch.setenv("MEGHA_LM_ORDER", "rarity")

@@ -153,6 +153,10 @@ class RarityChoice(ScarcityChoice):
     def choose(self, view: PartitionView, candidates: int, rng: random.Random, task: TaskSpec) -> int:
         return super().choose(view, fewest(view, candidates), rng, task)
 
+    def choose_among(self, view: PartitionView, fewest: int, rng: random.Random, task: TaskSpec) -> int:
+        """`choose` given the candidates' fewest-constraint nodes already (the placer's fused path)."""
+        return ScarcityChoice.choose(self, view, fewest, rng, task)
+
 
 CHOICE_POLICIES: dict[
     str,

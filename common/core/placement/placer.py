@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 
 from megha.common.core.global_view import GlobalView
 from megha.common.core.messages import Placement
-from megha.common.core.placement.choice import ChoicePolicy
+from megha.common.core.placement.choice import ChoicePolicy, RarityChoice
 from megha.common.core.placement.feasibility import driver_feasible_nodes, ever_feasible_nodes, feasible_nodes
 from megha.common.core.placement.filters import CAPACITY, CONSTRAINTS, DRIVER, Filter, explain, malformed
+from megha.common.core.placement.rarity import RaritySearch
 from megha.common.core.placement.search import PartitionSearch
 from megha.common.core.task import TaskSpec
 from megha.common.core.view import PartitionView
@@ -34,6 +35,10 @@ class Placer:
         self.choice = choice
         self.rng = rng
         self.search = search or PartitionSearch(gm, view.views)
+        # The default pipeline (rarity order, rarity choice) fused into one pass per task: the same placement as
+        # the steps one by one (tests/test_placement_rarity.py), while `search` is that order (a reservation
+        # wraps it for a while).
+        self._fused = self.search if isinstance(self.search, RaritySearch) and type(choice) is RarityChoice else None
         # Burn tasks skip the driver filter while every node offers burn (always, in a simulation).
         self._burn_everywhere = all(v.offering("burn") == v.all_bits for v in view.partitions())
         self._partitions = list(view.partitions())
@@ -42,7 +47,13 @@ class Placer:
 
     def match(self, task: TaskSpec) -> Placement | None:
         """The first feasible partition in LM order and the chosen node in it, or None when none has room."""
-        feasible = feasible_nodes if task.run is None and self._burn_everywhere else driver_feasible_nodes
+        if task.run is None and self._burn_everywhere:
+            fused = self._fused
+            if fused is not None and fused is self.search:
+                return self._match_rarity(task, fused)
+            feasible = feasible_nodes
+        else:
+            feasible = driver_feasible_nodes
         choose = self.choice.choose
         for view in self.search.internal(task):
             candidates = feasible(view, task)
@@ -53,6 +64,20 @@ class Placer:
             if candidates:
                 return Placement(task, view.lm, view.start + choose(view, candidates, self.rng, task), True, self.gm)
         return None
+
+    def _match_rarity(self, task: TaskSpec, search: RaritySearch) -> Placement | None:
+        """`match` for the rarity order and choice: the first partition and its fewest-constraint candidates in one
+        scan, then the choice's narrowing among those."""
+        found = search.first_internal(task)
+        repartition = False
+        if found is None:
+            found = search.first_external(task)
+            if found is None:
+                return None
+            repartition = True
+        view, fewest = found
+        node = self.choice.choose_among(view, fewest, self.rng, task)  # type: ignore[attr-defined]
+        return Placement(task, view.lm, view.start + node, repartition, self.gm)
 
     def match_on(self, task: TaskSpec, lm: int, node: int) -> Placement | None:
         """`task` on LM `lm`'s node `node` if it is feasible there in the view (no LM order, no node choice)."""

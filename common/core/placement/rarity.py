@@ -67,6 +67,16 @@ class RaritySearch(PartitionSearch):
     def external(self, task: TaskSpec) -> Iterator[PartitionView]:
         return self._ranked(self._external, task)
 
+    def first_internal(self, task: TaskSpec) -> tuple[PartitionView, int] | None:
+        """The partition `internal` yields first and its feasible free nodes with the fewest constraints (what the
+        `rarity` node choice narrows to first), or None when no internal partition has room: the placer's fused
+        path for this order and that choice, in one pass without a generator."""
+        return _first(self._internal, task)
+
+    def first_external(self, task: TaskSpec) -> tuple[PartitionView, int] | None:
+        """As `first_internal`, among the other GMs' partitions."""
+        return _first(self._external, task)
+
     def _ranked(self, views: list[PartitionView], task: TaskSpec) -> Iterator[PartitionView]:
         """The views where `task` has room, fewest extra constraints first, in the given (first-fit) order among
         equals. Lazily: a view with a node of no extra constraint is yielded as soon as it is found; of the others
@@ -103,6 +113,41 @@ class RaritySearch(PartitionSearch):
         ranked = sorted((view.fewest_constraints(free)[0], i, view) for i, view, free in others)
         for _, _, view in ranked:
             yield view
+
+
+def _first(views: list[PartitionView], task: TaskSpec) -> tuple[PartitionView, int] | None:
+    """The first of `views` in the rarity order and its fewest-constraint candidates for `task` (`_ranked`'s first
+    yield, found by the same scan; each view's feasible nodes read straight from its caches)."""
+    mask = task.constraints
+    request = task.request
+    needed = mask.bit_count()
+    best_count = 1 << 30
+    best_view = None
+    best_nodes = 0
+    for view in views:
+        free = view._match.get(mask)
+        if free is None:
+            free = view.matching(mask)
+        if not free:
+            continue
+        fit = view.fit_cache.get(request)
+        if fit is None:
+            fit = view.fitting(request)
+        free &= fit
+        if not free:
+            continue
+        for count, nodes in view.count_levels:
+            if count >= best_count:
+                break
+            nodes &= free
+            if nodes:
+                best_count, best_view, best_nodes = count, view, nodes
+                break
+        if best_count == needed:  # no extra constraint: nothing comes before it
+            break
+    if best_view is None:
+        return None
+    return best_view, best_nodes
 
 
 def _remember(view: PartitionView, candidates: int, nodes: int) -> None:
