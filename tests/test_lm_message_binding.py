@@ -13,10 +13,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from test_broker_users import users  # noqa: F401 (a fixture: a broker user per role)
-from test_report_binding import Gate, gate  # noqa: F401 (a fixture: a task held until the test lets it go)
+from test_report_binding import (  # gate: a fixture, a task held until the test lets it go
+    Gate,
+    agent_runs,
+    call,
+    deployment,
+    gate,  # noqa: F401
+)
 
 from megha.common import auth
 from megha.common.auth import Credential, MessageSigner, MessageVerifier, Unauthenticated
@@ -203,11 +208,6 @@ async def test_with_authentication_off_a_gm_applies_an_unsigned_message() -> Non
 # -------------------------------------------------------------------------------------- a real deployment
 
 
-def call(d: LocalDeployment, method: str, url: str, **kwargs: Any) -> httpx.Response:
-    with d.client() as http:
-        return http.request(method, url, **kwargs)
-
-
 def gm_state(d: LocalDeployment, gm: int = 0) -> dict[str, Any]:
     return call(d, "GET", f"{d.gm_urls[gm]}/v1/state").json()  # type: ignore[no-any-return]
 
@@ -216,11 +216,6 @@ def job_status(d: LocalDeployment, job_id: str) -> dict[str, Any]:
     r = call(d, "GET", f"{d.gm_urls[0]}/v1/jobs/{job_id}")
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
-
-
-def agent_runs(d: LocalDeployment) -> list[str]:
-    """The tasks LM 1's agent runs now."""
-    return call(d, "GET", f"{d.process('worker-1-0').url}/v1/state").json()["running"]  # type: ignore[no-any-return]
 
 
 @needs_rabbitmq
@@ -234,16 +229,8 @@ def test_a_real_gm_ends_runs_on_the_lms_own_word_only(
     it (and a delta) that LM 1 did not sign for GM 0 are published to GM 0's queue with the LMs' broker user: GM 0
     ignores them, and the run ends once, when it really ends."""
     run_id, urls = users
-    with LocalDeployment(
-        gms=2,
-        lms=2,
-        workers_per_lm=1,
-        heartbeat_interval=0.5,
-        log_dir=tmp_path / "logs",
-        worker_settings={"worker-0-0": {"constraints": ""}, "worker-1-0": {"constraints": "0"}},
-        run_id=run_id,
-        amqp_urls=urls,
-    ) as d:
+    agents = {"worker-0-0": {"constraints": ""}, "worker-1-0": {"constraints": "0"}}
+    with deployment(tmp_path, users, gms=2, lms=2, workers_per_lm=1, worker_settings=agents) as d:
         short = {"driver": "exec", "command": ["/bin/true"], "cpu_millicores": 100, "memory_mb": 64}
         r = call(d, "POST", f"{d.gm_urls[0]}/v1/jobs", json={"job_id": "short", "user": "alice", "tasks": [short] * 6})
         assert r.status_code == 201, r.text
@@ -251,10 +238,10 @@ def test_a_real_gm_ends_runs_on_the_lms_own_word_only(
         held = {**gate.task(), "constraints": [0]}
         r = call(d, "POST", f"{d.gm_urls[0]}/v1/jobs", json={"job_id": "held", "user": "alice", "tasks": [held]})
         assert r.status_code == 201, r.text
-        wait_until(lambda: agent_runs(d) != [], 30, lambda: job_status(d, "held"))
+        wait_until(lambda: agent_runs(d, "worker-1-0") != [], 30, lambda: job_status(d, "held"))
         status = job_status(d, "held")["tasks"][0]
         task_id, node = status["task_id"], status["node"]
-        assert status["state"] == "launched" and status["lm"] == 1 and agent_runs(d) == [task_id], status
+        assert status["state"] == "launched" and status["lm"] == 1 and agent_runs(d, "worker-1-0") == [task_id], status
 
         # What a compromised LM 0 (its credential, the LMs' broker user) can publish, and LM 1's message for GM 1.
         lm0 = MessageSigner(Credential.decode(d.credential("lm", "0")))
@@ -282,7 +269,7 @@ def test_a_real_gm_ends_runs_on_the_lms_own_word_only(
         asyncio.run(forge())
         wait_until(lambda: gm_state(d)["ignored_broker_messages"] == len(forged), 20, lambda: gm_state(d))
         # Ignored: the run still runs, at its GM and on its agent.
-        assert job_status(d, "held")["tasks"][0]["state"] == "launched" and agent_runs(d) == [task_id]
+        assert job_status(d, "held")["tasks"][0]["state"] == "launched" and agent_runs(d, "worker-1-0") == [task_id]
         gate.open()
         wait_until(lambda: job_status(d, "held")["state"] == "finished", 30, lambda: job_status(d, "held"))
         final = job_status(d, "held")["tasks"][0]

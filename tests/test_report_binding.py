@@ -222,19 +222,16 @@ def gate() -> Iterator[Gate]:
 
 
 @contextmanager
-def deployment(tmp_path: Path, broker_users: tuple[str, dict[str, str]] | None = None) -> Iterator[LocalDeployment]:
+def deployment(
+    tmp_path: Path, broker_users: tuple[str, dict[str, str]] | None = None, **shape: Any
+) -> Iterator[LocalDeployment]:
     """One GM, one LM, two real agents (exec offered), each agent one node: worker-0-1's node alone satisfies
-    constraint 0, so a task asking it runs there. `broker_users`: the run id and each role's broker URL."""
+    constraint 0, so a task asking it runs there. `broker_users`: the run id and each role's broker URL; `shape`:
+    other `LocalDeployment` fields (gms, lms, workers_per_lm, worker_settings)."""
     broker = {"run_id": broker_users[0], "amqp_urls": broker_users[1]} if broker_users is not None else {}
-    with LocalDeployment(
-        gms=1,
-        lms=1,
-        workers_per_lm=2,
-        heartbeat_interval=0.5,
-        log_dir=tmp_path / "logs",
-        worker_settings={"worker-0-0": {"constraints": ""}, "worker-0-1": {"constraints": "0"}},
-        **broker,  # type: ignore[arg-type]
-    ) as d:
+    fields: dict[str, Any] = {"gms": 1, "lms": 1, "workers_per_lm": 2} | broker | shape
+    fields.setdefault("worker_settings", {"worker-0-0": {"constraints": ""}, "worker-0-1": {"constraints": "0"}})
+    with LocalDeployment(heartbeat_interval=0.5, log_dir=tmp_path / "logs", **fields) as d:
         yield d
 
 
