@@ -341,13 +341,14 @@ class MessageSigner:
 
 class MessageVerifier:
     """Checks broker messages a `MessageSigner` of role `role` signed: the certificate against the deployment's root
-    key, then the signature against the certified key. Certificates that passed are remembered by their text (the
-    root issues one per service, so they are few), so a message costs one Ed25519 verification."""
+    key, then the signature against the certified key. Certificates that passed are remembered (by what they
+    decode to, however they were spelt; the root issues one per service, so they are few), so a message costs one
+    Ed25519 verification."""
 
     def __init__(self, root: bytes, role: Role) -> None:
         self._root = _public_key(root)
         self.role = role
-        self._certified: dict[str, tuple[str, Ed25519PublicKey]] = {}  # certificate -> (service id, its key)
+        self._certified: dict[tuple[str, bytes, bytes], Ed25519PublicKey] = {}  # (id, public key, cert) -> key
 
     def signer(self, certificate: str, signature: str, data: Callable[[str], bytes]) -> str:
         """The id of the service that `certificate` certifies, when `signature` is its signature of `data(its id)`;
@@ -362,9 +363,6 @@ class MessageVerifier:
         return ident
 
     def _check(self, certificate: str) -> tuple[str, Ed25519PublicKey]:
-        known = self._certified.get(certificate)
-        if known is not None:
-            return known
         parts = certificate.split(" ")
         try:
             if len(parts) != 4 or not SERVICE_ID.match(parts[1]):
@@ -376,7 +374,10 @@ class MessageVerifier:
             raise Unauthenticated("its certificate is malformed") from None
         if role != self.role:
             raise Unauthenticated(f"its certificate is of role {role[:16]!r}, not {self.role!r}")
+        known = self._certified.get((ident, public, cert))
+        if known is not None:
+            return ident, known
         if not _verifies(self._root, cert, _certified(role, ident, public)):
             raise Unauthenticated(f"its certificate of {role} {ident} is not signed by this deployment's root key")
-        self._certified[certificate] = (ident, _public_key(public))
-        return self._certified[certificate]
+        key = self._certified[(ident, public, cert)] = _public_key(public)
+        return ident, key

@@ -120,6 +120,12 @@ def test_a_certificate_counts_only_under_the_root_for_the_role_and_is_checked_on
         body = delta(1, version=n + 1)
         assert lm_report_signer(check, 0, body, lm_report_headers(LM1, 0, body)) == "1"
     assert verifications == 2 + 1 + 1
+    # It is remembered by what it decodes to: the same certificate spelt otherwise (base64 decoding skips what is
+    # not base64) is not checked, nor kept, again.
+    role, ident, public, certificate = LM1.certificate.split(" ")
+    respelt = f"{role} {ident} {public} {certificate[:8]}!!!!{certificate[8:]}"
+    assert lm_report_signer(check, 0, body, lm_report_headers(LM1, 0, body) | {LM_CERTIFICATE: respelt}) == "1"
+    assert verifications == 2 + 1 + 1 + 1 and len(check._certified) == 1
 
 
 # ------------------------------------------------------------------------------------ the GM in-process

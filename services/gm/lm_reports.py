@@ -67,5 +67,7 @@ def _lm_of(msg: BrokerMessage | None) -> str:
     """The LM a message on a GM's queue says it comes from ("" when it is none of an LM's messages)."""
     if msg is None:
         return ""
-    about = msg.delta or msg.completions or msg.lm_rebuilt
-    return "" if about is None else str(about.lm)
+    for about in (msg.delta, msg.completions, msg.lm_rebuilt):
+        if about is not None:
+            return str(about.lm)
+    return ""
