@@ -16,8 +16,9 @@ Each service holds only its own **credential** (`MEGHA_CREDENTIAL`): its private
 its (role, id, public key), and the root's public key. The root private key is derived from the deployment's
 cluster secret (`MEGHA_CLUSTER_SECRET`), which only the tool that issues credentials needs (`megha local`, the
 compose demo's and the swarm stack's secret makers, `megha credential`). So nothing an agent holds can sign as a
-GM, an LM or another agent, and a compromised service can sign only as itself. docs/security.md has the threat
-model.
+GM, an LM or another agent, and a compromised service can sign only as itself. The same credential signs an LM's
+broker messages to its GMs (`MessageSigner`, checked by `MessageVerifier`: docs/security.md, "Broker reports"),
+which has the threat model.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -320,3 +322,62 @@ class Verifier:
         if user is None:
             raise Unauthenticated("unknown API token")
         return Principal("user", user, operator=user in self._operators), now + RENEW_AFTER
+
+
+class MessageSigner:
+    """Signs a service's broker messages with its own key. `certificate` (its role, id, public key and the root's
+    certificate of them, one line) travels with each message, so that a receiver trusting the root can check it."""
+
+    def __init__(self, credential: Credential) -> None:
+        self.ident = credential.ident
+        self._key = _private_key(credential.key)
+        public = _b64(_raw(self._key.public_key()))
+        self.certificate = f"{credential.role} {credential.ident} {public} {_b64(credential.certificate)}"
+
+    def sign(self, data: bytes) -> str:
+        """This service's signature of `data` (base64)."""
+        return _b64(self._key.sign(data))
+
+
+class MessageVerifier:
+    """Checks broker messages a `MessageSigner` of role `role` signed: the certificate against the deployment's root
+    key, then the signature against the certified key. Certificates that passed are remembered (by what they
+    decode to, however they were spelt; the root issues one per service, so they are few), so a message costs one
+    Ed25519 verification."""
+
+    def __init__(self, root: bytes, role: Role) -> None:
+        self._root = _public_key(root)
+        self.role = role
+        self._certified: dict[tuple[str, bytes, bytes], Ed25519PublicKey] = {}  # (id, public key, cert) -> key
+
+    def signer(self, certificate: str, signature: str, data: Callable[[str], bytes]) -> str:
+        """The id of the service that `certificate` certifies, when `signature` is its signature of `data(its id)`;
+        Unauthenticated says why not."""
+        ident, key = self._check(certificate)
+        try:
+            mac = _unb64(signature)
+        except (ValueError, binascii.Error):
+            raise Unauthenticated("its signature is malformed") from None
+        if not _verifies(key, mac, data(ident)):
+            raise Unauthenticated(f"its signature is not {self.role} {ident}'s for this receiver")
+        return ident
+
+    def _check(self, certificate: str) -> tuple[str, Ed25519PublicKey]:
+        parts = certificate.split(" ")
+        try:
+            if len(parts) != 4 or not SERVICE_ID.match(parts[1]):
+                raise ValueError(len(parts))
+            role, ident, public, cert = parts[0], parts[1], _unb64(parts[2]), _unb64(parts[3])
+            if len(public) != 32:
+                raise ValueError(len(public))
+        except (ValueError, binascii.Error):
+            raise Unauthenticated("its certificate is malformed") from None
+        if role != self.role:
+            raise Unauthenticated(f"its certificate is of role {role[:16]!r}, not {self.role!r}")
+        known = self._certified.get((ident, public, cert))
+        if known is not None:
+            return ident, known
+        if not _verifies(self._root, cert, _certified(role, ident, public)):
+            raise Unauthenticated(f"its certificate of {role} {ident} is not signed by this deployment's root key")
+        key = self._certified[(ident, public, cert)] = _public_key(public)
+        return ident, key

@@ -15,7 +15,12 @@ from megha.services.worker.app import create_app as create_worker
 
 from corekit import CAP, cluster, job, task
 
-SERVICE_ADDS = {"unfinished_tasks": 3, "finished_jobs_dropped": 0, "lm_urls": ["http://127.0.0.1:9100"]}
+SERVICE_ADDS = {
+    "unfinished_tasks": 3,
+    "finished_jobs_dropped": 0,
+    "lm_urls": ["http://127.0.0.1:9100"],
+    "ignored_broker_messages": 0,
+}
 """What the GM service adds to the core's snapshot in `GET /v1/state`."""
 
 

@@ -28,6 +28,7 @@ from megha.common.core.task import TaskSpec
 from megha.common.models import BrokerMessage, TaskEvents, WorkerHeartbeat, WorkerNode, WorkerRegistration
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import (
+    IGNORED_LOG_EVERY,
     REPORT_SENDER,
     REPORT_SIGNATURE,
     Broker,
@@ -37,7 +38,6 @@ from megha.common.transport.rabbit import (
     report_key,
 )
 from megha.deploy.local import LocalDeployment
-from megha.services.lm.reports import IGNORED_LOG_EVERY
 from megha.services.lm.service import LMService
 
 from servicekit import AMQP, needs_rabbitmq, wait_for, wait_until
@@ -136,13 +136,13 @@ async def test_forged_unsigned_and_misdirected_reports_are_ignored_and_the_agent
         for body, headers in forged:
             await lm.on_broker_message(body, headers)
         await settle()
-        assert lm.reports.ignored == len(forged) and completed(broker) == []
+        assert lm.reports.ignored.count == len(forged) and completed(broker) == []
         assert lm.core is not None and sorted(lm.core.running) == ["a.0", "b.0"]
         # A heartbeat of b signed by a does not count as b's; a's own does.
         await lm.on_broker_message(heartbeat("b"), report_headers(key_a, 0, "a", heartbeat("b")))
         beat = heartbeat("a")
         await lm.on_broker_message(beat, report_headers(key_a, 0, "a", beat))
-        assert set(lm.state()["heartbeats"]) == {"a"} and lm.reports.ignored == len(forged) + 1  # type: ignore[arg-type]
+        assert set(lm.state()["heartbeats"]) == {"a"} and lm.reports.ignored.count == len(forged) + 1  # type: ignore[arg-type]
         # A report of a's signed by a: its item about a's node counts, the one about b's node does not.
         body = json.dumps(
             {"worker_report": {"lm": 0, "finished": [{"task_id": "a.0", "node": 0}, {"task_id": "b.0", "node": 1}]}}
@@ -162,8 +162,8 @@ async def test_forged_unsigned_and_misdirected_reports_are_ignored_and_the_agent
         assert "from worker agent 'b'" in lines[1] and "signature is not that agent's" in lines[1]
         assert "from worker agent 'a'" in lines[2] and "runs on nodes [1], which that agent does not hold" in lines[2]
         # Once IGNORED_LOG_EVERY seconds have passed, the next one is logged with the count of those not logged.
-        last, unlogged = lm.reports._ignored_logged["b"]
-        lm.reports._ignored_logged["b"] = (last - IGNORED_LOG_EVERY, unlogged)
+        last, unlogged = lm.reports.ignored._logged["b"]
+        lm.reports.ignored._logged["b"] = (last - IGNORED_LOG_EVERY, unlogged)
         await lm.on_broker_message(report("b.0", 1), {REPORT_SENDER: "b"})
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignored ")]
         assert len(lines) == 4 and lines[3].endswith("; 4 more ignored since the last such line"), lines
@@ -175,7 +175,7 @@ async def test_with_authentication_off_nothing_is_signed_or_checked() -> None:
         assert lm.members.workers["a"].report_key is None
         await lm.on_broker_message(report("b.0", 1))
         await wait_for(lambda: completed(broker) == ["b.0"], 5, lambda: completed(broker))
-        assert lm.reports.ignored == 0
+        assert lm.reports.ignored.count == 0
 
 
 # -------------------------------------------------------------------------------------- real deployments
@@ -222,19 +222,16 @@ def gate() -> Iterator[Gate]:
 
 
 @contextmanager
-def deployment(tmp_path: Path, broker_users: tuple[str, dict[str, str]] | None = None) -> Iterator[LocalDeployment]:
+def deployment(
+    tmp_path: Path, broker_users: tuple[str, dict[str, str]] | None = None, **shape: Any
+) -> Iterator[LocalDeployment]:
     """One GM, one LM, two real agents (exec offered), each agent one node: worker-0-1's node alone satisfies
-    constraint 0, so a task asking it runs there. `broker_users`: the run id and each role's broker URL."""
+    constraint 0, so a task asking it runs there. `broker_users`: the run id and each role's broker URL; `shape`:
+    other `LocalDeployment` fields (gms, lms, workers_per_lm, worker_settings)."""
     broker = {"run_id": broker_users[0], "amqp_urls": broker_users[1]} if broker_users is not None else {}
-    with LocalDeployment(
-        gms=1,
-        lms=1,
-        workers_per_lm=2,
-        heartbeat_interval=0.5,
-        log_dir=tmp_path / "logs",
-        worker_settings={"worker-0-0": {"constraints": ""}, "worker-0-1": {"constraints": "0"}},
-        **broker,  # type: ignore[arg-type]
-    ) as d:
+    fields: dict[str, Any] = {"gms": 1, "lms": 1, "workers_per_lm": 2} | broker | shape
+    fields.setdefault("worker_settings", {"worker-0-0": {"constraints": ""}, "worker-0-1": {"constraints": "0"}})
+    with LocalDeployment(heartbeat_interval=0.5, log_dir=tmp_path / "logs", **fields) as d:
         yield d
 
 

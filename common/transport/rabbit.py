@@ -19,7 +19,9 @@ docs/topology.md; which queue type (classic or quorum) to choose, and why, is in
   with one clear `BrokerUnavailable` line.
 * **Signed reports.** A worker agent signs each report it sends its LM (`report_headers`: HMAC-SHA256 with a key
   its LM derived for it, `report_key`); the LM checks the signature (`report_sender`) and which nodes the signer
-  holds (docs/security.md, "Broker reports").
+  holds (docs/security.md, "Broker reports"). An LM signs each message it sends a GM with its own credential
+  (`lm_report_headers`: Ed25519, its certificate beside); the GM checks it (`lm_report_signer`) and that the
+  message is about the signer. What either ignores is counted and logged sparingly (`IgnoredMessages`).
 """
 
 from __future__ import annotations
@@ -36,14 +38,18 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 from pydantic import ValidationError
 
+from megha.common.auth import Unauthenticated
 from megha.common.lifecycle import StartupError, check_stop, exit_on_startup_error
+
+if TYPE_CHECKING:
+    from megha.common.auth import MessageSigner, MessageVerifier
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,18 @@ REPORT_SENDER = "megha-worker"
 """Header of a worker agent's report to its LM: the id of the agent that signed it."""
 REPORT_SIGNATURE = "megha-signature"
 """Header of a worker agent's report to its LM: `report_signature` of it, in hex."""
+LM_CERTIFICATE = "megha-lm-certificate"
+"""Header of an LM's message to a GM: the LM's certificate (`MessageSigner.certificate`)."""
+LM_SIGNATURE = "megha-lm-signature"
+"""Header of an LM's message to a GM: the LM's Ed25519 signature of `lm_report_bytes` of it, base64."""
+
+
+def _header(headers: Mapping[str, object], name: str) -> str | None:
+    """Header `name` as text (None when absent or not text; AMQP may hand text over as bytes)."""
+    value = headers.get(name)
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return value if isinstance(value, str) else None
 
 
 def report_key(report_secret: bytes, worker_id: str) -> bytes:
@@ -108,20 +126,65 @@ def report_headers(key: bytes, lm: int, worker_id: str, body: bytes) -> Headers:
 
 def report_sender(headers: Mapping[str, object]) -> str | None:
     """The agent a report's headers name as its signer (None when they name none); not yet checked."""
-    sender = headers.get(REPORT_SENDER)
-    if isinstance(sender, bytes):
-        sender = sender.decode(errors="replace")
-    return sender if isinstance(sender, str) else None
+    return _header(headers, REPORT_SENDER)
 
 
 def report_signed_by(key: bytes, lm: int, worker_id: str, body: bytes, headers: Mapping[str, object]) -> bool:
     """Whether `headers` carry a valid signature of `body` by `worker_id` (whose key is `key`) for LM `lm`."""
-    signature = headers.get(REPORT_SIGNATURE)
-    if isinstance(signature, bytes):
-        signature = signature.decode(errors="replace")
-    if not isinstance(signature, str):
+    signature = _header(headers, REPORT_SIGNATURE)
+    if signature is None:
         return False
     return hmac.compare_digest(signature, report_signature(key, lm, worker_id, body).hex())
+
+
+def lm_report_bytes(lm: str, gm: int, body: bytes) -> bytes:
+    """What an LM signs of a message `body` to GM `gm`: b"megha-lm-report1 lm <lm> gm <gm>\n" followed by the
+    body's exact bytes, so a signed message is bound to its LM and to the GM it was meant for."""
+    return b"megha-lm-report1 lm %s gm %d\n%s" % (lm.encode(), gm, body)
+
+
+def lm_report_headers(signer: MessageSigner, gm: int, body: bytes) -> Headers:
+    """The headers that sign a message `body` the LM of `signer` sends GM `gm`."""
+    return {LM_CERTIFICATE: signer.certificate, LM_SIGNATURE: signer.sign(lm_report_bytes(signer.ident, gm, body))}
+
+
+def lm_report_signer(verifier: MessageVerifier, gm: int, body: bytes, headers: Mapping[str, object]) -> str:
+    """The id of the LM that signed `body` for GM `gm` (its certificate and signature in `headers`);
+    Unauthenticated says why no LM did."""
+    certificate, signature = _header(headers, LM_CERTIFICATE), _header(headers, LM_SIGNATURE)
+    if certificate is None or signature is None:
+        raise Unauthenticated("it is not signed")
+    return verifier.signer(certificate, signature, lambda lm: lm_report_bytes(lm, gm, body))
+
+
+IGNORED_LOG_EVERY = 60.0
+"""Seconds between two log lines about ignored broker messages claiming the same sender (a flood of forged messages
+costs one line a minute per claimed sender, with the count of those not logged)."""
+IGNORED_SENDERS_KEPT = 1024
+"""Claimed senders whose last log line a consumer remembers; messages claiming any further one share one line."""
+
+
+class IgnoredMessages:
+    """The count of the broker messages (or parts of them) a consumer ignored, unsigned or forged, and when to log
+    them: at once for a claimed sender not logged in the last IGNORED_LOG_EVERY seconds, else with the next line
+    about it (a flood is not a flood of lines)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged: dict[str, tuple[float, int]] = {}  # claimed sender -> (last logged, ignored since)
+
+    def due(self, claimed: str) -> str | None:
+        """Count one ignored message claiming to come from `claimed`. Returns the end of the log line to write
+        about it now ("" or "; N more ignored since the last such line"), or None when no line is due."""
+        self.count += 1
+        now = time.monotonic()
+        sender = claimed if claimed in self._logged or len(self._logged) < IGNORED_SENDERS_KEPT else "*"
+        last, unlogged = self._logged.get(sender, (-IGNORED_LOG_EVERY, 0))
+        if now - last < IGNORED_LOG_EVERY:
+            self._logged[sender] = (last, unlogged + 1)
+            return None
+        self._logged[sender] = (now, 0)
+        return f"; {unlogged} more ignored since the last such line" if unlogged else ""
 
 
 BROKER_ROLES = ("gm", "lm", "worker", "loadgen")

@@ -149,6 +149,9 @@ class GMState(WireModel):
     unfinished_tasks: Count
     finished_jobs_dropped: Count
     lm_urls: list[str]
+    ignored_broker_messages: Count = Field(
+        description="messages on this GM's queue not signed for it by the LM they name (docs/security.md)"
+    )
 
 
 class Heartbeat(WireModel):

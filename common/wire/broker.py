@@ -58,6 +58,30 @@ class BrokerMessage(WireModel):
         return self
 
     @classmethod
+    def described(cls, body: bytes) -> tuple[BrokerMessage | None, str]:
+        """A body a consumer ignores, for its log line: the message, if it parses, and " (what it names)": its
+        kind, and its sender, the GM it is for, its nodes or tasks ("" for an empty body)."""
+        if not body:
+            return None, ""
+        try:
+            msg = cls.model_validate_json(body)
+        except ValueError:
+            return None, f" ({len(body)} bytes that are no broker message)"
+        if msg.heartbeat is not None:
+            return msg, f" (a heartbeat of {msg.heartbeat.worker_id})"
+        if msg.worker_report is not None:
+            items = msg.worker_report.finished
+            nodes = sorted({i.node for i in items})[:20]
+            return msg, f" (a report of tasks {[i.task_id for i in items[:20]]} on nodes {nodes})"
+        if msg.completions is not None:
+            ended = [i.task_id for i in msg.completions.items[:20]]
+            return msg, f" (completions of tasks {ended} for GM {msg.completions.gm})"
+        if msg.delta is not None:
+            return msg, f" (a delta of {len(msg.delta.nodes)} nodes for GM {msg.delta.gm})"
+        assert msg.lm_rebuilt is not None
+        return msg, f" (a notice of LM {msg.lm_rebuilt.lm} rebuilt, for GM {msg.lm_rebuilt.gm})"
+
+    @classmethod
     def core_json(cls, msg: Delta | Completions | WorkerReport) -> bytes:
         """The JSON of the envelope carrying the core message `msg`, built as `CoreMirror.core_json` does."""
         field, model = _ENVELOPE_FIELDS[type(msg)]

@@ -85,7 +85,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             service.adopt(cluster)
         async with connected(broker):
             if broker is not None:
-                await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message)
+                await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message, headers=True)
             peers.start()
             service.parents.start()
             log.info(
@@ -395,6 +395,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         snapshot["unfinished_tasks"] = service.jobs.unfinished()
         snapshot["finished_jobs_dropped"] = service.jobs.dropped_jobs
         snapshot["lm_urls"] = settings.lm_urls  # as this GM reaches them (`megha nodes` asks here without --lm)
+        snapshot["ignored_broker_messages"] = service.lm_reports.ignored.count  # unsigned or forged (docs/security.md)
         return GMState.model_validate(snapshot)
 
     @app.get("/v1/peers/jobs/{job_id}", response_model=ParentJob, responses=errors(404))

@@ -213,6 +213,11 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
                 "Finished jobs forgotten to keep the job table bounded (MEGHA_FINISHED_TASKS_KEPT).",
                 service.jobs.dropped_jobs,
             ),
+            (
+                "megha_gm_ignored_broker_messages_total",
+                "Messages on this GM's queue ignored as not signed for it by the LM they name (docs/security.md).",
+                service.lm_reports.ignored.count,
+            ),
         )
     )
     preemptions = me.counter(

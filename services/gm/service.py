@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from urllib.parse import quote
@@ -26,7 +26,6 @@ from megha.common.core.recovery import RunsHeld, runs_lost
 from megha.common.core.task import JobSpec
 from megha.common.lifecycle import StartupError, check_stop
 from megha.common.models import (
-    BrokerMessage,
     GMRecovery,
     JobStatus,
     JobSubmission,
@@ -41,6 +40,7 @@ from megha.services.gm.dispatch import GMDispatch
 from megha.services.gm.events_route import JobEvents
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, NotWritten
+from megha.services.gm.lm_reports import LMReportGate
 from megha.services.gm.metrics import GMMeter
 from megha.services.gm.peers import Replicator
 from megha.services.gm.recovery import Restart
@@ -89,6 +89,7 @@ class GMService:
         self.serving = True
         self.on_superseded: Callable[[str], None] | None = None
         self.lock = asyncio.Lock()  # taken by every step of the core
+        self.lm_reports = LMReportGate(settings)  # which of the LMs' broker messages count (docs/security.md)
         self.calls = ServiceClient(settings.http_timeout, authorization=settings.credentials())
         self.dispatch = GMDispatch(self)  # the core's outputs to the LMs and the broker
         self._accepting: set[str] = set()  # job ids being journaled
@@ -345,8 +346,12 @@ class GMService:
         if self.on_superseded is not None:
             self.on_superseded(reason)
 
-    async def on_broker_message(self, body: bytes) -> None:
-        msg = BrokerMessage.model_validate_json(body)
+    async def on_broker_message(self, body: bytes, headers: Mapping[str, object] | None = None) -> None:
+        """Apply an LM's delta, completions or rebuilt notice. With MEGHA_AUTH=on only what the LM it names signed
+        for this GM counts: the rest is ignored and logged (`LMReportGate`), never requeued."""
+        msg = self.lm_reports.admitted(body, headers or {})
+        if msg is None:
+            return
         if not self.serving:
             raise TryLater(f"GM {self.settings.gm_id} is changing hands")
         core = self.ready_core()

@@ -204,7 +204,7 @@ class Peers:
             stand_in.adopt(self.service.cluster)
             await stand_in.recover()
             if self.broker is not None:
-                self._consumer = await self.broker.consume("gm", gm_key(gm), stand_in.on_broker_message)
+                self._consumer = await self.broker.consume("gm", gm_key(gm), stand_in.on_broker_message, headers=True)
         except StartupError as exc:
             log.warning("standing in for GM %d failed, again in %g s: %s", gm, RETRY_PAUSE, exc)
             self.stand_in = None

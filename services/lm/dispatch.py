@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
+from megha.common.auth import MessageSigner
 from megha.common.core.messages import (
     Completions,
     Delta,
@@ -24,7 +25,7 @@ from megha.common.core.messages import (
 )
 from megha.common.models import BrokerMessage, TaskEvents, WorkerLaunchModel, WorkerPreemptModel
 from megha.common.settings import LMSettings
-from megha.common.transport.rabbit import Broker, gm_key
+from megha.common.transport.rabbit import Broker, gm_key, lm_report_headers
 from megha.services import retry
 from megha.services.background import spawn
 from megha.services.client import CallError, ServiceClient
@@ -59,6 +60,8 @@ class LMDispatch:
         self.members = members
         self._lose = lose
         self._tick = tick
+        # Signs each message to a GM with this LM's credential (None with MEGHA_AUTH=off: nothing is signed).
+        self.signer = MessageSigner(settings.own_credential()) if settings.auth == "on" else None
         self.tasks: set[asyncio.Task[None]] = set()  # background sends, cancelled when the LM closes
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -84,9 +87,9 @@ class LMDispatch:
         if self.broker is None or not completions:
             self.send(outputs)
             return
-        publish = self.broker.publish_confirmed
         confirmed = [
-            asyncio.ensure_future(publish("gm", gm_key(o.msg.gm), BrokerMessage.core_json(o.msg))) for o in completions
+            asyncio.ensure_future(self.publish(o.msg.gm, BrokerMessage.core_json(o.msg), confirmed=True))
+            for o in completions
         ]
         self.send([o for o in outputs if not (isinstance(o, Send) and isinstance(o.msg, Completions))])
         await asyncio.gather(*confirmed)
@@ -95,9 +98,13 @@ class LMDispatch:
         await asyncio.sleep(max(0.0, at - time.time()))
         await self._tick(msg)
 
-    async def publish(self, gm: int, body: bytes) -> None:
+    async def publish(self, gm: int, body: bytes, confirmed: bool = False) -> None:
+        """Publish `body` to GM `gm`'s queue, signed for that GM (docs/security.md, "Broker reports"); with
+        `confirmed`, return only once the broker confirmed it (`Broker.publish_confirmed`)."""
         assert self.broker is not None, "the LM needs a broker to reach GMs"
-        await self.broker.publish("gm", gm_key(gm), body)
+        headers = None if self.signer is None else lm_report_headers(self.signer, gm, body)
+        publish = self.broker.publish_confirmed if confirmed else self.broker.publish
+        await publish("gm", gm_key(gm), body, headers)
 
     def send_to_workers(self, launch: WorkerLaunch) -> None:
         """One POST per agent, concurrently, split into several when its body would pass the agent's body limit

@@ -5,22 +5,15 @@ costs a line a minute per claimed sender)."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 
 from megha.common.models import BrokerMessage, WorkerReportModel
 from megha.common.settings import LMSettings
-from megha.common.transport.rabbit import report_key, report_sender, report_signed_by
+from megha.common.transport.rabbit import IgnoredMessages, report_key, report_sender, report_signed_by
 from megha.services.lm.membership import Membership
 from megha.services.logs import ids
 
 log = logging.getLogger("megha.lm")
-
-IGNORED_LOG_EVERY = 60.0
-"""Seconds between two log lines about ignored broker reports claiming the same sender (a flood of forged reports
-costs one line a minute per claimed sender, with the count of those not logged)."""
-IGNORED_SENDERS_KEPT = 1024
-"""Claimed senders whose last log line an LM remembers; reports claiming any further one share one line."""
 
 
 class ReportGate:
@@ -33,8 +26,7 @@ class ReportGate:
         # the keys of registered agents.
         self.secret = settings.report_secret() if settings.auth == "on" else None
         self.keys: dict[str, bytes] = {}
-        self.ignored = 0  # messages (or parts of them) ignored
-        self._ignored_logged: dict[str, tuple[float, int]] = {}  # claimed sender -> (last logged, ignored since)
+        self.ignored = IgnoredMessages()  # messages (or parts of them) ignored, and when to log them
 
     def key_for(self, worker_id: str) -> bytes | None:
         """The signing key of a newly registered agent (None with MEGHA_AUTH=off), kept for its reports."""
@@ -83,35 +75,14 @@ class ReportGate:
         """Count a broker message (or part of one) this LM ignores, and log it: at once for a sender not logged in
         the last IGNORED_LOG_EVERY seconds, else with the next line about it (a flood is not a flood of lines).
         `claimed` is the agent the message says it comes from ("" when it names none)."""
-        self.ignored += 1
-        now = time.monotonic()
-        sender = claimed if claimed in self._ignored_logged or len(self._ignored_logged) < IGNORED_SENDERS_KEPT else "*"
-        last, unlogged = self._ignored_logged.get(sender, (-IGNORED_LOG_EVERY, 0))
-        if now - last < IGNORED_LOG_EVERY:
-            self._ignored_logged[sender] = (last, unlogged + 1)
+        suffix = self.ignored.due(claimed)
+        if suffix is None:
             return
-        self._ignored_logged[sender] = (now, 0)
         log.warning(
             "ignored a broker message from worker agent %s%s: %s%s",
             repr(claimed[:128]) if claimed else "(none named)",
-            _what_it_names(body),
+            BrokerMessage.described(body)[1],
             what,
-            f"; {unlogged} more ignored since the last such line" if unlogged else "",
+            suffix,
             extra=ids(lm=self.settings.lm_id, worker=claimed[:128] or None),
         )
-
-
-def _what_it_names(body: bytes) -> str:
-    """For a log line about an ignored broker message: the worker, nodes and tasks its body names, if it parses."""
-    if not body:
-        return ""
-    try:
-        msg = BrokerMessage.model_validate_json(body)
-    except ValueError:
-        return f" ({len(body)} bytes that are no broker message)"
-    if msg.heartbeat is not None:
-        return f" (a heartbeat of {msg.heartbeat.worker_id})"
-    if msg.worker_report is not None:
-        items = msg.worker_report.finished
-        return f" (a report of tasks {[i.task_id for i in items[:20]]} on nodes {sorted({i.node for i in items})[:20]})"
-    return " (a message that is no worker's)"

@@ -452,7 +452,7 @@ class LMService:
                 for w, h in self.members.heartbeats.items()
             },
             "down_nodes": {str(n): why for n, why in core.down.items()} if core else {},
-            "ignored_reports": self.reports.ignored,  # unsigned or forged broker reports (docs/security.md)
+            "ignored_reports": self.reports.ignored.count,  # unsigned or forged broker reports (docs/security.md)
             "lost_workers": {w: len(ids) for w, ids in self.members.liveness.lost.items()},
             "gang_leases": [  # gang parts prepared here, awaiting their commit (docs/gang.md)
                 {
