@@ -36,9 +36,12 @@ class Placer:
         self.rng = rng
         self.search = search or PartitionSearch(gm, view.views)
         # The default pipeline (rarity order, rarity choice) fused into one pass per task: the same placement as
-        # the steps one by one (tests/test_placement_rarity.py), while `search` is that order (a reservation
-        # wraps it for a while).
-        self._fused = self.search if isinstance(self.search, RaritySearch) and type(choice) is RarityChoice else None
+        # the steps one by one (tests/test_lm_order.py), while `search` is that order (a reservation wraps it for a
+        # while).
+        self._fused: RaritySearch | None = None
+        self._fused_choice: RarityChoice | None = None
+        if isinstance(self.search, RaritySearch) and type(choice) is RarityChoice:
+            self._fused, self._fused_choice = self.search, choice
         # Burn tasks skip the driver filter while every node offers burn (always, in a simulation).
         self._burn_everywhere = all(v.offering("burn") == v.all_bits for v in view.partitions())
         self._partitions = list(view.partitions())
@@ -76,7 +79,8 @@ class Placer:
                 return None
             repartition = True
         view, fewest = found
-        node = self.choice.choose_among(view, fewest, self.rng, task)  # type: ignore[attr-defined]
+        assert self._fused_choice is not None  # set whenever `_fused` is
+        node = self._fused_choice.choose_among(view, fewest, self.rng, task)
         return Placement(task, view.lm, view.start + node, repartition, self.gm)
 
     def match_on(self, task: TaskSpec, lm: int, node: int) -> Placement | None:

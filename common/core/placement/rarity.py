@@ -117,23 +117,14 @@ class RaritySearch(PartitionSearch):
 
 def _first(views: list[PartitionView], task: TaskSpec) -> tuple[PartitionView, int] | None:
     """The first of `views` in the rarity order and its fewest-constraint candidates for `task` (`_ranked`'s first
-    yield, found by the same scan; each view's feasible nodes read straight from its caches)."""
-    mask = task.constraints
-    request = task.request
-    needed = mask.bit_count()
+    yield, found by the same scan)."""
+    needed = task.constraints.bit_count()
+    feasible = PartitionView.feasible
     best_count = 1 << 30
     best_view = None
     best_nodes = 0
     for view in views:
-        free = view._match.get(mask)
-        if free is None:
-            free = view.matching(mask)
-        if not free:
-            continue
-        fit = view.fit_cache.get(request)
-        if fit is None:
-            fit = view.fitting(request)
-        free &= fit
+        free = feasible(view, task)
         if not free:
             continue
         for count, nodes in view.count_levels:
