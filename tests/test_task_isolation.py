@@ -10,6 +10,7 @@ unprivileged agent is a child of it that became `nobody` before it made its agen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import json
@@ -39,6 +40,7 @@ from megha.common.settings import WorkerSettings
 from megha.services.worker import enforcement, isolation
 from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.drivers import Limits
+from megha.services.worker.enforcement import MIB, Cgroups, Rlimits
 from megha.services.worker.exec_driver import ExecDriver
 from megha.services.worker.execution import ExecutionResult
 from megha.services.worker.executor import TaskExecutor
@@ -76,11 +78,14 @@ def uid_processes(uid: int) -> list[int]:
 
 
 @asynccontextmanager
-async def agent(logs_root: Path, max_processes: int = 64) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
-    """An executor with the exec driver as an agent makes it from its settings, prepared as at its start-up."""
+async def agent(
+    logs_root: Path, max_processes: int = 64, how: Cgroups | Rlimits | None = None
+) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
+    """An executor with the exec driver as an agent makes it from its settings, prepared as at its start-up (`how`:
+    CPU and memory enforced so, rather than as the agent would choose)."""
     logs = TaskLogs(logs_root, 1 << 20, kept=100)
     logs.prepare()
-    driver = ExecDriver("iso", TASK_UIDS, max_processes)
+    driver = ExecDriver("iso", TASK_UIDS, max_processes, how=how)
     await driver.prepare()
     assert driver.isolated
     executor = TaskExecutor(drivers={"exec": driver}, logs=logs, kill_grace=1.0)
@@ -162,7 +167,8 @@ async def test_a_task_that_dumps_every_environment_and_secret_file_finds_nothing
     and cannot signal the victim."""
     agent_secret, file_secret, victim_token, victim_file = (secrets.token_hex(16) for _ in range(4))
     monkeypatch.setenv("MEGHA_CREDENTIAL", agent_secret)
-    folder = Path(tempfile.mkdtemp(prefix="megha-secrets-"))
+    # Not in the system's temp folder: a task with a /tmp of its own would not even find it there.
+    folder = Path(tempfile.mkdtemp(prefix="megha-secrets-", dir="/run"))
     folder.chmod(0o755)
     secret_file = folder / "credential"
     secret_file.write_text(file_secret)
@@ -286,12 +292,18 @@ async def test_a_preempted_task_s_processes_are_all_killed_even_those_that_left_
 
 SHM_HOG = """
 import os, time
-print(os.getuid(), flush=True)
-with open(f"/dev/shm/megha-hog-{os.getpid()}", "wb") as f:
-    for _ in range(100):
-        f.write(b"x" * 2**20)  # 100 MB in a tmpfs: memory no process of the task holds
-print("written", flush=True)
-time.sleep(60)
+print(os.getuid(), os.stat("/dev/shm").st_dev, flush=True)
+written = 0
+try:
+    with open(f"/dev/shm/megha-hog-{os.getpid()}", "wb") as f:
+        for _ in range(100):
+            f.write(b"x" * 2**20)  # 100 MB in a tmpfs: memory no process of the task holds
+            f.flush()
+            written += 2**20
+except OSError as exc:  # its own /dev/shm is full: at most its memory request
+    print(exc, flush=True)
+print("written", written, flush=True)
+time.sleep(30)
 """
 
 LEAVE_BEHIND = r"""
@@ -307,14 +319,23 @@ print(os.getuid(), segment)
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("own_folders", [True, False], ids=["own-dev-shm", "host-dev-shm"])
 async def test_shared_memory_counts_against_the_task_s_memory_and_what_a_task_leaves_behind_is_removed(
-    logs_root: Path,
+    logs_root: Path, monkeypatch: pytest.MonkeyPatch, own_folders: bool
 ) -> None:
-    async with agent(logs_root) as (executor, logs):
+    """Under rlimits (the memory watch), a task that writes more than its 64 MB into /dev/shm, its own tmpfs or the
+    host's shared one (an agent that cannot mount one), is killed for its memory; its own holds at most 64 MB."""
+    if not own_folders:
+        monkeypatch.setattr(isolation, "why_no_own_folders", lambda folders: "refused by the test")
+    async with agent(logs_root, how=Rlimits("forced by the test")) as (executor, logs):
         hog = await run_to_end(executor, "shm.0", python(SHM_HOG), memory_mb=64)
-        hog_uid = int(logs.read("shm.0", 1, "stdout").split()[0])
+        hog_uid, hog_dev = (int(n) for n in logs.read("shm.0", 1, "stdout").split()[:2])
         left = await run_to_end(executor, "left.0", python(LEAVE_BEHIND))
     assert hog.error.startswith("exceeded its memory limit of 64 MB"), hog
+    assert (hog_dev != os.stat("/dev/shm").st_dev) is own_folders  # its own tmpfs, or the host's
+    said = logs.read("shm.0", 1, "stdout").decode()
+    if own_folders and "written" in said:  # not killed before it said: its own /dev/shm was full at 64 MB
+        assert int(said.rpartition("written ")[2].split()[0]) <= 64 * MIB, said
     assert not [p for p in Path("/dev/shm").iterdir() if p.stat().st_uid == hog_uid]
     assert left.succeeded, left
     uid, segment = (int(n) for n in logs.read("left.0", 1, "stdout").split())
@@ -322,6 +343,79 @@ async def test_shared_memory_counts_against_the_task_s_memory_and_what_a_task_le
         assert not Path(f"{folder}/megha-left-{uid}").exists(), folder
     ipc = Path("/proc/sysvipc/shm").read_text().splitlines()
     assert not [row for row in ipc[1:] if row.split()[1] == str(segment)], ipc
+
+
+OWNER = r"""
+id -u; pwd
+for folder in /dev/shm /tmp /var/tmp "$OPEN"; do (umask 022; echo "$TOKEN" > "$folder/megha-own-$TOKEN"); done
+echo scratch > "$TMPDIR/scratch-file" && mktemp > /dev/null && echo "scratch works"
+stat -c '%a %n' /dev/shm /tmp /var/tmp
+cat /proc/self/mounts
+echo ready; exec sleep 60
+"""
+
+OTHER = r"""
+ls -a /dev/shm /tmp /var/tmp "$OPEN"
+for folder in /dev/shm /tmp /var/tmp; do cat "$folder/megha-own-$TOKEN"; done
+echo end
+"""
+
+
+def owned_by(uid: int, *folders: Path) -> list[Path]:
+    """What `uid` owns at the top of `folders`."""
+    found = []
+    for folder in folders:
+        for path in folder.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # another test's, gone meanwhile
+                if path.lstat().st_uid == uid:
+                    found.append(path)
+    return found
+
+
+@pytest.mark.asyncio
+async def test_a_task_s_dev_shm_and_tmp_are_its_own_unseen_by_another_task_and_gone_with_it(logs_root: Path) -> None:
+    """Two tasks at once, of two uids: the owner writes a file anyone may read (0644) in /dev/shm, /tmp and /var/tmp,
+    and in a folder of /tmp anyone may write to that is not its own (as /tmp/.X11-unix, which no end of a run looks
+    into); the other lists those folders and reads the files. It finds neither names nor contents: each sees its own
+    tmpfs (1777, nosuid, nodev, at most its memory request) there, and nothing of the owner's reaches the host's
+    folders, where nothing of it is left after its run. Its TMPDIR, its scratch folder on the host, still works."""
+    token = secrets.token_hex(8)
+    open_folder = Path(tempfile.mkdtemp(prefix="megha-open-"))
+    open_folder.chmod(0o1777)
+    env = {"TOKEN": token, "OPEN": str(open_folder)}
+    try:
+        async with agent(logs_root) as (executor, logs):
+            printed = await started(executor, logs, "owner.0", sh(OWNER, **env), 1)
+            await wait_for(lambda: "ready" in logs.read("owner.0", 1, "stdout").decode(), 20)
+            uid, scratch = printed[0], Path(logs.read("owner.0", 1, "stdout").decode().splitlines()[1])
+            on_host = [
+                p
+                for f in ("/dev/shm", "/tmp", "/var/tmp", open_folder)
+                if (p := Path(f, f"megha-own-{token}")).exists()
+            ]
+            scratch_on_host = (scratch / "scratch-file").read_text()
+            other = await run_to_end(executor, "other.0", sh(OTHER, **env))
+            owner = logs.read("owner.0", 1, "stdout").decode()
+            seen, errors = (logs.read("other.0", 1, stream).decode() for stream in ("stdout", "stderr"))
+            await executor.kill("owner.0")
+        left = owned_by(int(uid), Path("/dev/shm"), Path("/tmp"), Path("/var/tmp"), open_folder)
+    finally:
+        shutil.rmtree(open_folder)
+    assert other.succeeded and "end" in seen, (other, seen, errors)
+    assert token not in seen, seen  # neither a name nor a content of the owner's
+    assert errors.count("No such file or directory") >= 3, errors
+    assert on_host == [], on_host
+    assert "scratch works" in owner and scratch_on_host == "scratch\n", owner
+    assert [line for line in owner.splitlines() if line.endswith((" /dev/shm", " /tmp", " /var/tmp"))] == [
+        f"1777 {folder}" for folder in ("/dev/shm", "/tmp", "/var/tmp")
+    ], owner
+    mounts = {fields[1]: fields for line in owner.splitlines() if len(fields := line.split()) == 6}  # the last: on top
+    for folder in ("/dev/shm", "/tmp", "/var/tmp", "/run/lock"):
+        _, _, kind, options, _, _ = mounts[folder]
+        size = next(o for o in options.split(",") if o.startswith("size="))
+        assert kind == "tmpfs" and {"nosuid", "nodev"} <= set(options.split(",")), mounts[folder]
+        assert size == f"size={256 * 1024}k", mounts[folder]  # the task's memory request: 256 MB
+    assert left == [] and not scratch.exists(), left  # its scratch folder is gone too
 
 
 # ------------------------------------------------------------------------------------------- many runs at once
@@ -785,4 +879,5 @@ def test_root_without_cap_sys_admin_runs_exec_tasks_as_their_own_uids_and_says_t
     warnings = [line for line in started["lines"] if line.startswith("WARNING")]
     assert len(warnings) == 1, started["lines"]
     assert "exec tasks can list every process of this host" in warnings[0] and "CAP_SYS_ADMIN" in warnings[0]
+    assert "share /dev/shm, /tmp, /var/tmp" in warnings[0], warnings
     assert not any("seeing only its own processes" in line for line in started["lines"]), started["lines"]

@@ -19,6 +19,10 @@ rlimits) and the scans of the host's processes both use.
   agent's user), with what its uid holds in /dev/shm and System V shared memory, every WATCH_SECONDS and kills it
   when over the request. CPU cannot be capped by an rlimit: the run is only nice'd (NICE), so it yields to the
   agent and burn tasks.
+
+Where the agent has CAP_SYS_ADMIN, each run also has a mount namespace of its own, with a /proc that shows it its own
+processes only (`private_proc`) and a tmpfs of its own over the folders every user may write to (`OwnFolders`),
+which the agent counts in its memory under rlimits.
 """
 
 from __future__ import annotations
@@ -49,7 +53,16 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
+# The new mount API (Linux 5.2; its system calls have the same numbers on every architecture): a tmpfs made detached
+# by the agent, then moved into a run's mount namespace by the run's process.
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 428, 429, 430, 431, 432
+_SYSCALL_NAMES = {428: "open_tree", 429: "move_mount", 430: "fsopen", 431: "fsconfig", 432: "fsmount"}
+_FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = _OPEN_TREE_CLONE = 0x1
+_FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
+_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x2, 0x4
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_AT_FDCWD = -100
 PRIVATE_PROC_OPTIONS = b"hidepid=2"
 """A run's own /proc shows the processes of its uid only (hidepid=2, "invisible"): not the command lines of the
 agent's other runs nor anyone else's."""
@@ -244,6 +257,118 @@ def private_proc() -> None:
         raise OSError(ctypes.get_errno(), "mounting a private /proc failed")
 
 
+OWN_FOLDERS_FILES_PER_BYTE = 1 / 16384
+"""How many files and folders a run's own tmpfs holds at most per byte of the run's memory request (at least
+`OWN_FOLDERS_MIN_FILES`): an empty file takes no page of it, but a kernel inode the memory watch does not see."""
+OWN_FOLDERS_MIN_FILES = 1024
+
+
+class OwnFolders:
+    """A run's own tmpfs over the folders every user may write to (/dev/shm, /tmp, ...), a subfolder (mode 1777) over
+    each, all at most `size` bytes together: what the run writes there no other run sees, and it is gone with the
+    run's mount namespace when the run's last process exits.
+
+    The agent makes the tmpfs before the run's process exists, detached from every mount namespace (`create`); the
+    process, between fork and exec, moves it into its own mount namespace and binds its subfolders over the folders
+    (`mount`). The agent keeps its handle on the tmpfs for the run's whole life, so it counts what the run holds in it
+    (`held_bytes`) whatever the run's processes do to their mounts, and frees it (`close`) when the run is over.
+    Needs CAP_SYS_ADMIN and Linux 5.2 or later."""
+
+    def __init__(self, fd: int, binds: list[tuple[bytes, bytes]], scratch: bytes | None, enter: bool) -> None:
+        self._fd = fd  # the detached tmpfs (fsmount), mounted over binds[0]'s target by `mount`
+        self._binds = binds  # (source, target): each subfolder over its folder, the first folder's last
+        self._scratch = scratch  # the run's scratch folder when it lies in one of the folders: bound at its path again
+        self._enter = enter  # the run starts in its scratch folder: entered again once bound
+
+    @classmethod
+    def create(
+        cls, folders: tuple[str, ...], size: int, scratch: Path | None = None, enter: bool = False
+    ) -> OwnFolders:
+        """A detached tmpfs of at most `size` bytes (nosuid, nodev) with a subfolder for each of `folders` (none a
+        link, none in another), and, when the run's `scratch` folder lies in one of them, a folder at its place for
+        the process to bind it on (`enter`: the run starts in it). Raises OSError (ENOSYS: a kernel before 5.2;
+        EPERM: no CAP_SYS_ADMIN)."""
+        fs = _syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC)
+        try:
+            files = max(OWN_FOLDERS_MIN_FILES, int(size * OWN_FOLDERS_FILES_PER_BYTE))
+            size = max(size, _PAGE)  # 0 would be no limit
+            for key, value in (
+                (b"source", b"megha-run"),
+                (b"size", b"%d" % size),
+                (b"nr_inodes", b"%d" % files),
+                (b"mode", b"700"),
+            ):
+                _syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, key, value, 0)
+            _syscall(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0)
+            fd = _syscall(_SYS_FSMOUNT, fs, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
+        finally:
+            os.close(fs)
+        try:
+            binds = []
+            first = os.fsencode(folders[0])
+            for i, folder in enumerate(folders):
+                os.mkdir(str(i), 0o700, dir_fd=fd)
+                os.chmod(str(i), 0o1777, dir_fd=fd)
+                binds.append((b"%s/%d" % (first, i), os.fsencode(folder)))
+            binds.append(binds.pop(0))  # the first folder holds the others' subfolders: covered last
+            place = None
+            if scratch is not None:
+                real = Path(os.path.realpath(scratch))
+                for i, folder in enumerate(folders):
+                    if real.is_relative_to(folder):
+                        at = str(i)
+                        for part in real.relative_to(folder).parts:  # root's, 0711; the bound folder covers the last
+                            at = f"{at}/{part}"
+                            os.mkdir(at, 0o700, dir_fd=fd)
+                            os.chmod(at, 0o711, dir_fd=fd)
+                        place = os.fsencode(real)
+                        break
+            return cls(fd, binds, place, enter and place is not None)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def mount(self) -> None:
+        """In the run's process, between fork and exec, in its own mount namespace (`private_proc`): cover each folder
+        with its subfolder of the run's tmpfs, and bind the run's scratch folder at its own path again. Libc calls
+        only."""
+        tree = -1
+        if self._scratch is not None:  # taken before it is covered
+            tree = _syscall(_SYS_OPEN_TREE, _AT_FDCWD, self._scratch, _OPEN_TREE_CLONE | os.O_CLOEXEC)
+        _syscall(_SYS_MOVE_MOUNT, self._fd, b"", _AT_FDCWD, self._binds[-1][1], _MOVE_MOUNT_F_EMPTY_PATH)
+        for source, target in self._binds:
+            if _LIBC.mount(source, target, None, _MS_BIND, None) != 0:
+                raise OSError(ctypes.get_errno(), f"binding a folder of the run's own over {target.decode()} failed")
+        if tree >= 0:
+            try:
+                _syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, self._scratch, _MOVE_MOUNT_F_EMPTY_PATH)
+            finally:
+                os.close(tree)
+            if self._enter:
+                os.chdir(self._scratch)
+
+    def held_bytes(self) -> int:
+        """What the run's files take of its tmpfs (0 once closed)."""
+        if self._fd < 0:
+            return 0
+        st = os.fstatvfs(self._fd)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def close(self) -> None:
+        """Let go of the run's tmpfs: freed once no process of the run is left in its mount namespace."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _syscall(number: int, *args: int | bytes | None) -> int:
+    """A system call glibc may have no wrapper for; raises OSError when it fails."""
+    result: int = _LIBC.syscall(ctypes.c_long(number), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    if result < 0:
+        raise OSError(ctypes.get_errno(), f"{_SYSCALL_NAMES[number]} failed")
+    return result
+
+
 def child_setup(
     cgroup_procs: str | None,
     data_bytes: int | None,
@@ -252,12 +377,14 @@ def child_setup(
     uid: int | None,
     gid: int,
     own_proc: bool = False,
+    own_folders: OwnFolders | None = None,
 ) -> None:
     """Run in the task's process between fork and exec (subprocess's preexec_fn): join its cgroup (as the agent's
-    user still), with `own_proc` a /proc that hides other users' processes (`private_proc`), no core dumps, cap its
-    data segment and its uid's processes, lower its priority, no new privileges from set-user-ID programs or file
-    capabilities, then become `uid` and `gid` with no other group. Uses only modules imported already and no locks,
-    as code between fork and exec must."""
+    user still), with `own_proc` a /proc that hides other users' processes (`private_proc`) and with `own_folders`
+    its own tmpfs over the folders every user may write to (`OwnFolders.mount`, in the same mount namespace), no core
+    dumps, cap its data segment and its uid's processes, lower its priority, no new privileges from set-user-ID
+    programs or file capabilities, then become `uid` and `gid` with no other group. Uses only modules imported
+    already and no locks, as code between fork and exec must."""
     if cgroup_procs is not None:
         fd = os.open(cgroup_procs, os.O_WRONLY)
         try:
@@ -266,6 +393,8 @@ def child_setup(
             os.close(fd)
     if own_proc:
         private_proc()
+        if own_folders is not None:
+            own_folders.mount()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if data_bytes is not None:
         resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))
@@ -344,7 +473,8 @@ def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], in
     """Bytes held by each of `uids` (the resident memory of its processes, what it holds in /dev/shm and System V
     shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
     ``("uid", uid)`` and ``("sid", sid)``. Shared pages are counted in every process that maps them, and a /dev/shm
-    file that is mapped is counted twice: an over-estimate, never an under-estimate."""
+    file that is mapped is counted twice: an over-estimate, never an under-estimate. A run with its own tmpfs
+    (`OwnFolders`) adds what it holds there itself: its /dev/shm is not the host's."""
     held: dict[tuple[str, int], int] = {}
     for p in processes():
         if p.zombie:

@@ -7,7 +7,10 @@ environment (PATH, HOME, LANG, TMPDIR, then the task's `env`: nothing of the age
 `workdir` or else its scratch folder (0700 and the run's uid's, in the system's temp folder under a random name,
 deleted when the run ends; also its TMPDIR), with no new privileges (a set-user-ID program does not make it root),
 at most MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), and its CPU and memory
-enforced as `enforcement.detect` chose at start-up: cgroups v2 or rlimits.
+enforced as `enforcement.detect` chose at start-up: cgroups v2 or rlimits. Where the agent has CAP_SYS_ADMIN, the run
+has a mount namespace of its own with a /proc that shows it only its own processes and a tmpfs of its own, at most
+its memory request, over /dev/shm, /tmp, /var/tmp and /run/lock (`enforcement.OwnFolders`; its scratch folder, on
+the host, bound at its path again), counted in its memory under rlimits.
 
 An agent that cannot switch uids (not root, or root without the capabilities for it) does not offer exec
 (`DriverUnavailable`, one line at start-up), unless MEGHA_EXEC_AS_AGENT_USER: then runs take the agent's own uid,
@@ -43,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from megha.services.worker import enforcement, isolation
 from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
-from megha.services.worker.enforcement import MIB, Cgroups, Rlimits
+from megha.services.worker.enforcement import MIB, Cgroups, OwnFolders, Rlimits
 from megha.services.worker.isolation import TaskUids, UidLease, describe_range
 from megha.services.worker.memory_watch import MemoryWatch, WatchKey
 from megha.services.worker.output_pump import OutputPump
@@ -87,6 +90,7 @@ class ExecDriver(Driver):
         self._enforcement = how
         self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
         self._own_proc = False  # each run has a /proc of its own that hides the other runs (`isolation`)
+        self._own_folders: tuple[str, ...] = ()  # the shared folders each run has a tmpfs of its own over
         self._watch = MemoryWatch()
 
     @property
@@ -106,14 +110,26 @@ class ExecDriver(Driver):
             if problem is None:
                 self._uids.prepare()
                 self._isolated = True
+                folders = isolation.shared_folders()
                 hidden = await asyncio.to_thread(isolation.why_no_private_proc)
                 self._own_proc = hidden is None
                 if hidden is not None:
                     log.warning(
                         "exec tasks can list every process of this host, the other tasks' command lines included "
-                        "(/proc): %s; give the agent CAP_SYS_ADMIN, or mount /proc with hidepid=2 (docs/drivers.md)",
+                        "(/proc), and share %s with the other tasks: %s; give the agent CAP_SYS_ADMIN, or for /proc "
+                        "alone mount it with hidepid=2 (docs/drivers.md)",
+                        ", ".join(folders),
                         hidden,
                     )
+                elif folders and (shared := await asyncio.to_thread(isolation.why_no_own_folders, folders)):
+                    log.warning(
+                        "exec tasks share %s with the other tasks (they list their files' names there): %s "
+                        "(docs/drivers.md)",
+                        ", ".join(folders),
+                        shared,
+                    )
+                else:
+                    self._own_folders = folders
             elif os.geteuid() == 0:
                 raise DriverUnavailable(
                     f"exec driver not offered: this agent runs as root but cannot give each task a uid of its own "
@@ -142,6 +158,8 @@ class ExecDriver(Driver):
             who = f"a uid of its own from {describe_range(self._uids.uids)}, at most {self._max_processes} processes"
             if self._own_proc:
                 who += ", seeing only its own processes"
+            if self._own_folders:
+                who += f", with its own {', '.join(self._own_folders)} (a tmpfs of at most its memory request)"
         else:
             who = f"this agent's own user (uid {os.geteuid()}: MEGHA_EXEC_AS_AGENT_USER), no process limit"
         return f"exec driver: each task runs as {who}; CPU and memory enforced with {self._enforcement.describe()}"
@@ -163,6 +181,11 @@ class ExecDriver(Driver):
             cgroup = None
             if isinstance(how, Cgroups):
                 cgroup = held.cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
+            folders = None
+            if lease is not None and self._own_proc and self._own_folders:
+                folders = held.folders = OwnFolders.create(
+                    self._own_folders, limits.memory_mb * MIB, scratch, enter=spec.workdir is None
+                )
             setup = functools.partial(
                 enforcement.child_setup,
                 None if cgroup is None else str(cgroup / "cgroup.procs"),
@@ -172,6 +195,7 @@ class ExecDriver(Driver):
                 None if lease is None else lease.uid,
                 -1 if lease is None else lease.gid,
                 lease is not None and self._own_proc,
+                folders,
             )
             # preexec_fn, not user=: the process joins its cgroup before it gives up the agent's privileges. It
             # calls only os, resource and libc functions, so the agent's other threads cannot deadlock it.
@@ -290,7 +314,10 @@ class _ExecRun(Run):
         await asyncio.to_thread(self._held.give_back, process, kill=not killed)
 
     def _seen(self, resident: int) -> None:
-        """The memory watch's look at the run: its processes (and its uid's shared memory) hold `resident` bytes."""
+        """The memory watch's look at the run: its processes (and its uid's shared memory) hold `resident` bytes,
+        and its own tmpfs what it holds."""
+        if self._held.folders is not None:
+            resident += self._held.folders.held_bytes()
         self._peak_bytes = max(self._peak_bytes, resident)
         if resident > self._limits.memory_mb * MIB and self._over_memory_mb is None:
             self._over_memory_mb = resident / MIB
@@ -357,22 +384,26 @@ class _ExecRun(Run):
 
 @dataclass
 class _Held:
-    """What an exec run holds until it is over: its uid (leased from `uids`), its scratch folder, its cgroup."""
+    """What an exec run holds until it is over: its uid (leased from `uids`), its scratch folder, its cgroup, its own
+    tmpfs."""
 
     uids: TaskUids
     lease: UidLease | None
     scratch: Path | None = None
     cgroup: Path | None = None
+    folders: OwnFolders | None = None
 
     def give_back(self, process: subprocess.Popen[bytes] | None = None, *, kill: bool = False) -> None:
-        """Remove the cgroup (killing what is left in it) and the scratch folder, remove what the uid left in the
-        shared folders, and give the uid back. `kill`: kill every process of the uid first (a start that failed, a
-        wait cancelled; a run's own end killed them already), and reap `process`, the run's own, when given. One
-        call, so that a cancelled caller never leaves it half done."""
+        """Let go of the run's own tmpfs, remove the cgroup (killing what is left in it) and the scratch folder,
+        remove what the uid left in the shared folders, and give the uid back. `kill`: kill every process of the uid
+        first (a start that failed, a wait cancelled; a run's own end killed them already), and reap `process`, the
+        run's own, when given. One call, so that a cancelled caller never leaves it half done."""
         if kill and self.lease is not None:
             _warn_left(self.lease.uid, isolation.kill_uid(self.lease.uid))
         if process is not None:
             process.wait()
+        if self.folders is not None:  # freed now: its processes, and so its mount namespace, are gone
+            self.folders.close()
         if self.cgroup is not None:
             try:
                 enforcement.remove(self.cgroup)

@@ -2,8 +2,9 @@
 one host never share one) and only when no process of that uid is left (`TaskUids`). The run's processes are
 signalled all at once with kill(-1) from a child that became the uid, so one that left the session is still
 reached (`signal_uid`); when the run ends every process of the uid is killed (`kill_uid`) and what it left in the
-shared temporary folders and System V IPC is removed (`purge_uid`), before the uid is free again. The agent's own
-folders are private to it (`private_folder`)."""
+shared temporary folders and System V IPC is removed (`purge_uid`), before the uid is free again. Where the agent
+may make mount namespaces, a run has a /proc and temporary folders of its own instead of the host's
+(`why_no_private_proc`, `why_no_own_folders`). The agent's own folders are private to it (`private_folder`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import os
 import pwd
 import re
@@ -36,6 +38,9 @@ UID_LOCKS = Path("/run/megha-task-uids")
 """Where agents of one host lease task uids: a lock file per uid, held (flock) while a run has it."""
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 """Folders every uid may write to: what a run's uid left at their top level is removed when the run ends."""
+OWN_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp", "/run/lock")
+"""The shared folders a run gets a tmpfs of its own over, where the agent can (`enforcement.OwnFolders`): all but
+/dev/mqueue, whose queues stay the host's without an IPC namespace of the run's own (docs/drivers.md, "Isolation")."""
 SETUID_CAPABILITIES = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_SETGID": 6, "CAP_SETUID": 7}
 """What the agent needs to give runs uids of their own: switch to the uid, hand it its scratch folder, and remove
 what the uid left behind (root has them all, unless they were dropped)."""
@@ -245,6 +250,35 @@ def why_no_private_proc() -> str | None:
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"it may not mount a /proc of a run's own ({exc})"
+    return None
+
+
+def shared_folders(candidates: tuple[str, ...] = OWN_FOLDERS) -> tuple[str, ...]:
+    """Those of `candidates` that are folders every user may write to here (not links: /var/tmp may link to /tmp)."""
+    found = []
+    for folder in candidates:
+        with contextlib.suppress(OSError):
+            st = os.lstat(folder)
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002:
+                found.append(folder)
+    return tuple(found)
+
+
+def why_no_own_folders(folders: tuple[str, ...]) -> str | None:
+    """Why a run cannot have its own tmpfs over `folders` (one at least; None: it can), where it can have a /proc of
+    its own (`why_no_private_proc`): a kernel without the new mount API (before 5.2), or a system call filter that
+    refuses it. Tried once, on a child process that exits at once."""
+    try:
+        own = enforcement.OwnFolders.create(folders, enforcement.MIB)
+    except OSError as exc:
+        return f"it may not make a tmpfs of a run's own ({exc})"
+    setup = functools.partial(enforcement.child_setup, None, None, 0, None, None, -1, True, own)
+    try:
+        subprocess.run([sys.executable, "-c", ""], preexec_fn=setup, check=True, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"it may not mount a tmpfs of a run's own ({exc})"
+    finally:
+        own.close()
     return None
 
 
