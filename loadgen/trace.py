@@ -8,6 +8,7 @@ starts at t=0 whatever the trace's own epoch.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TextIO
 
 DEMO_TRACE = "demo_goog_100.tr"
 """The first 100 jobs of `../shared/traces/GOOG_subtrace.tr` (7,823 tasks; 200 jobs would be 275 KB)."""
@@ -35,6 +37,9 @@ SHOWN_CHARS = 40
 """The most characters of a trace's field an error message quotes (a field of a hostile trace can be megabytes)."""
 COMMENT = "#"
 """Starts a comment, which runs to the end of its line."""
+MAX_LINE_CHARS = 2**28
+"""The longest line a trace may have (268 million characters: a job of tens of millions of tasks, whose replay would
+take tens of GB): a longer one, a file of no line ends say, is refused before it fills the memory."""
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I)
 _INT = re.compile(r"[+-]?[0-9]+")
 _SYN_NUMBER = re.compile(r"[0-9]+")
@@ -214,10 +219,16 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, TraceJob]]:
             yield number, job
 
 
-def _text_lines(lines: Iterator[str], path: Path) -> Iterator[str]:
-    """The lines of a text file; a file that is not UTF-8 text (a binary file, say) is refused naming it."""
+def _text_lines(lines: TextIO, path: Path) -> Iterator[str]:
+    """The lines of a text file, each read only up to `MAX_LINE_CHARS` characters; a file that is not UTF-8 text (a
+    binary file, say) or has a longer line is refused naming it."""
     try:
-        yield from lines
+        for number, line in enumerate(iter(functools.partial(lines.readline, MAX_LINE_CHARS + 1), ""), start=1):
+            if len(line) > MAX_LINE_CHARS:
+                raise TraceError(
+                    f"{path}, line {number}: over {MAX_LINE_CHARS:,} characters long; expected a line of {FIELDS}"
+                )
+            yield line
     except UnicodeDecodeError:
         raise TraceError(
             f"{path}: not a text trace (it holds bytes that are not UTF-8); expected lines of {FIELDS}"

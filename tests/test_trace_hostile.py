@@ -127,6 +127,16 @@ def test_a_line_of_more_durations_than_it_declares_costs_little_memory(tmp_path:
     assert peak < 20_000_000
 
 
+def test_a_line_longer_than_the_bound_is_refused_before_it_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trace_module, "MAX_LINE_CHARS", 100)
+    path = _write(tmp_path, "0 1 1 1\n" + "\0" * 10_000)  # a file of no line ends (truncate -s 10G: all NULs)
+    with pytest.raises(TraceError, match=r"line 2: over 100 characters long"):
+        read_trace(path)
+    assert read_trace(_write(tmp_path, "0 1 1 1" + " " * 92 + "\n")) == [TraceJob(0.0, (1.0,))]  # 100 characters
+
+
 def test_the_tasks_a_trace_file_holds_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace_module, "MAX_SYNTHETIC_TASKS", 5)
     path = _write(tmp_path, "0 3 1 1 1 1\n1 3 1 1 1 1\n")
