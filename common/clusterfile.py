@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,24 @@ def load_cluster_file(path: str | Path) -> ClusterSpec:
     return _parse_megha_cluster(path, _read_json(path))
 
 
+def in_resource_order(spec: ClusterSpec, resource_names: tuple[str, ...], path: str | Path) -> ClusterSpec:
+    """`spec`, read from the cluster file at `path`, with each node's capacity in the order of `resource_names`; a
+    file that names other resources (tasks would ask for ones its nodes lack) is refused naming the field."""
+    if spec.resource_names == resource_names:
+        return spec
+    if sorted(spec.resource_names) != sorted(resource_names):
+        raise ClusterFileError(
+            f"cluster file {path}: field resource_names is {list(spec.resource_names)}; the tasks request "
+            f"{list(resource_names)}, so its nodes must give exactly those"
+        )
+    order = [spec.resource_names.index(name) for name in resource_names]
+    rows = tuple(
+        tuple(replace(part, capacities=tuple(tuple(c[i] for i in order) for c in part.capacities)) for part in row)
+        for row in spec.partitions
+    )
+    return ClusterSpec(partitions=rows, resource_names=resource_names)
+
+
 def save_cluster(spec: ClusterSpec, path: str | Path) -> None:
     """Write `spec` in Megha's own format, one node per line."""
 
@@ -145,25 +164,40 @@ def _json_lines(items: list[str], depth: int, brackets: str = "[]") -> str:
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
-    """The JSON object of the file at `path`; a directory, a FIFO or device (whose read could block for ever), an
-    unreadable file, invalid or too deeply nested JSON are refused, naming the file."""
+    """The JSON object of the file at `path` (a UTF-8 byte order mark at the start is skipped); a directory, a FIFO
+    or device (whose read could block for ever), an unreadable file, invalid or too deeply nested JSON, a number
+    too long to read and a key given twice in one object (the last would silently win) are refused, naming the
+    file."""
     try:
         mode = Path(path).stat().st_mode
         if stat.S_ISDIR(mode):
             raise ClusterFileError(f"cluster file {path}: is a directory, not a file")
         if not stat.S_ISREG(mode):
             raise ClusterFileError(f"cluster file {path}: not a regular file")
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise ClusterFileError(f"cluster file {path}: cannot read it: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ClusterFileError(f"cluster file {path}: not UTF-8 text") from None
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            keys = [key for key, _ in pairs]
+            twice = next(key for key in keys if keys.count(key) > 1)
+            raise ClusterFileError(f"cluster file {path}: key {twice[:40]!r} appears twice in one object")
+        return obj
+
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise ClusterFileError(f"cluster file {path}: not valid JSON: {exc}") from exc
+    except ClusterFileError:
+        raise
+    except ValueError:  # an integer of more digits than Python reads
+        raise ClusterFileError(f"cluster file {path}: holds a number too long to read (over 4,300 digits)") from None
     except RecursionError:
         raise ClusterFileError(f"cluster file {path}: JSON nested too deeply to read") from None
     if not isinstance(doc, dict):
@@ -199,7 +233,8 @@ def _numbered(where: str, field: str, value: Any) -> list[tuple[str, Any]]:
     try:
         items = sorted(value.items(), key=lambda kv: int(kv[0]))
     except ValueError:
-        raise ClusterFileError(f"{where}: field {field} has non-numeric keys {sorted(value)}") from None
+        shown = ", ".join(repr(key[:20]) for key in sorted(value)[:5]) + (", ..." if len(value) > 5 else "")
+        raise ClusterFileError(f"{where}: field {field} has non-numeric keys: {shown}") from None
     keys = [int(k) for k, _ in items]
     if keys != list(range(1, len(keys) + 1)):
         raise ClusterFileError(f"{where}: field {field} keys {keys} are not 1..{len(keys)}")
@@ -231,7 +266,8 @@ def _masks_from_bit_strings(label: str, bit_strings: Any) -> tuple[int, ...]:
 
 def _parse_megha_cluster(path: str | Path, doc: dict[str, Any]) -> ClusterSpec:
     where = f"cluster file {path}"
-    if doc.get("format") != FORMAT_NAME or doc.get("version") != FORMAT_VERSION:
+    version = doc.get("version")
+    if doc.get("format") != FORMAT_NAME or isinstance(version, bool) or version != FORMAT_VERSION:
         raise ClusterFileError(
             f"{where}: fields format/version are {doc.get('format')!r}/{doc.get('version')!r}, "
             f"expected {FORMAT_NAME!r}/{FORMAT_VERSION}"

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from megha.common.clusterfile import generate_cluster, load_cluster
+from megha.common.clusterfile import generate_cluster, in_resource_order, load_cluster
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.costs import PRESETS, DecisionCosts
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
@@ -18,6 +18,7 @@ from megha.common.core.node_table import DELTA_STATES
 from megha.common.core.policies import ANSWER_STATES
 from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses, parse_priority_classes
 from megha.common.core.queueable import mark_queueable
+from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.core.retry import parse_rule
 from megha.common.core.task import JobSpec
 from megha.embedded.faults import Faults
@@ -141,7 +142,7 @@ def build_cluster(config: ReplayConfig) -> ClusterSpec:
             else ""
         )
         raise FileNotFoundError(f"cluster file {path} not found{hint}")
-    return load_cluster(path, config.node_capacity)
+    return in_resource_order(load_cluster(path, config.node_capacity), DEFAULT_RESOURCE_NAMES, path)
 
 
 def read_jobs(config: ReplayConfig) -> list[TraceJob]:

@@ -13,7 +13,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +26,13 @@ from megha.common.models import TaskEvent, TaskEvents
 from megha.common.settings import LoadgenSettings, load_settings
 from megha.common.transport.inmemory import fewer_gc_pauses
 from megha.common.transport.rabbit import Broker, loadgen_queue
+from megha.common.wire.fields import MAX_TASKS_PER_JOB
+from megha.common.wire.jobs import MAX_TASK_SECONDS
 from megha.loadgen.events import EventRecorder
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.progress import Progress
 from megha.loadgen.records import JobRecord, TaskColumns
-from megha.loadgen.trace import demo_trace_path, resolve_trace
+from megha.loadgen.trace import TraceError, TraceJob, demo_trace_path, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
 from megha.services.logs import configure_logging
 
@@ -79,6 +81,22 @@ def submission(job: JobSpec) -> dict[str, object]:
     }
 
 
+def check_submittable(jobs: Sequence[TraceJob], source: str) -> None:
+    """Refuse, before any is submitted, a trace (`source` names where it came from) with a job the GMs would refuse
+    whatever their state: more tasks than a submission takes, or a task longer than a submitted task lasts."""
+    for k, job in enumerate(jobs, start=1):
+        if len(job.durations) > MAX_TASKS_PER_JOB:
+            raise TraceError(
+                f"{source}: job {k} of the trace has {len(job.durations):,} tasks; a submission takes at most "
+                f"{MAX_TASKS_PER_JOB:,} (split the job in the trace)"
+            )
+        if max(job.durations) > MAX_TASK_SECONDS:
+            raise TraceError(
+                f"{source}: job {k} of the trace has a task of {max(job.durations):g} s (after the time scale); a "
+                f"submitted task lasts at most {MAX_TASK_SECONDS:,.0f} s"
+            )
+
+
 async def replay_services(
     settings: LoadgenSettings, progress: Progress | None = None, broker: Broker | None = None
 ) -> ServicesRun:
@@ -91,8 +109,10 @@ async def replay_services(
 
 async def _replay(settings: LoadgenSettings, progress: Progress | None, broker: Broker | None) -> ServicesRun:
     trace = str(demo_trace_path()) if settings.trace == "demo" else settings.trace
+    trace_jobs = resolve_trace(trace, settings.first_jobs, settings.time_scale)
+    check_submittable(trace_jobs, f"MEGHA_TRACE {settings.trace}")
     workload = build_workload(
-        resolve_trace(trace, settings.first_jobs, settings.time_scale),
+        trace_jobs,
         WorkloadConfig(
             settings.mode,
             settings.seed,

@@ -1,20 +1,24 @@
 """Job traces: parsing `.tr` files, generating the syn_<N> traces, and the demo trace shipped with Megha.
 
-A `.tr` file holds one job a line: `arrival_time num_tasks mean_task_duration d1 ... dn` (seconds). Blank
-lines are skipped; arrivals must not go backwards. Jobs are returned with arrivals relative to the first job
-(the first job arrives at 0), so a replay starts at t=0 whatever the trace's own epoch.
+A `.tr` file holds one job a line: `arrival_time num_tasks mean_task_duration d1 ... dn` (seconds; the format is
+docs/traces.md). `#` starts a comment to the end of the line; blank lines are skipped; arrivals must not go
+backwards. Jobs are returned with arrivals relative to the first job (the first job arrives at 0), so a replay
+starts at t=0 whatever the trace's own epoch.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
 import stat
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TextIO
 
 DEMO_TRACE = "demo_goog_100.tr"
 """The first 100 jobs of `../shared/traces/GOOG_subtrace.tr` (7,823 tasks; 200 jobs would be 275 KB)."""
@@ -26,11 +30,20 @@ MAX_SECONDS = 1e12
 (about 31,700 years): far beyond any trace, and small enough that a float time keeps better than millisecond
 precision (2**-13 s at 1e12 s), so no arrival or end of a task rounds onto another's or overflows to infinity."""
 MAX_SYNTHETIC_TASKS = 10**8
-"""The most tasks a `syn:<tasks_per_job>:<num_jobs>` spec (after --first-jobs) makes: a replay holds about 1 KB per
-task, so more would exhaust any machine's memory before it began."""
+"""The most tasks a `syn:<tasks_per_job>:<num_jobs>` spec (after --first-jobs) makes, and a trace file's jobs read
+(after --first-jobs) hold: a replay holds about 1 KB per task, so more would exhaust any machine's memory before it
+began."""
+SHOWN_CHARS = 40
+"""The most characters of a trace's field an error message quotes (a field of a hostile trace can be megabytes)."""
+COMMENT = "#"
+"""Starts a comment, which runs to the end of its line."""
+MAX_LINE_CHARS = 2**28
+"""The longest line a trace may have (268 million characters: a job of tens of millions of tasks, whose replay would
+take tens of GB): a longer one, a file of no line ends say, is refused before it fills the memory."""
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I)
 _INT = re.compile(r"[+-]?[0-9]+")
 _SYN_NUMBER = re.compile(r"[0-9]+")
+_TOKEN = re.compile(r"\S+")
 
 
 class TraceError(ValueError):
@@ -183,61 +196,92 @@ def _check_options(first_n: int | None, time_scale: float) -> None:
 
 def _parse_lines(path: Path) -> Iterator[tuple[int, TraceJob]]:
     """Jobs of the trace with their raw arrivals and line numbers, parsed one line at a time (a UTF-8 byte order
-    mark at the start is skipped)."""
+    mark at the start is skipped, and so are comments and blank lines)."""
     previous = -math.inf
+    tasks = 0
     try:
         opened = path.open(encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(f"trace {path}: cannot read it: {exc.strerror}") from None
     with opened as lines:
         for number, line in enumerate(_text_lines(lines, path), start=1):
-            fields = line.split()
-            if not fields:
+            text = line.partition(COMMENT)[0] if COMMENT in line else line
+            if not text or text.isspace():
                 continue
-            job = _parse_job(fields, f"{path}, line {number}")
+            job = _parse_job(text, f"{path}, line {number}", MAX_SYNTHETIC_TASKS - tasks)
             if job.arrival < previous:
                 raise TraceError(
-                    f"{path}, line {number}: arrival {job.arrival:g} precedes the previous job's {previous:g}"
+                    f"{path}, line {number}: arrival {job.arrival:g} precedes the previous job's {previous:g} "
+                    "(a trace lists its jobs in arrival order)"
                 )
             previous = job.arrival
+            tasks += len(job.durations)
             yield number, job
 
 
-def _text_lines(lines: Iterator[str], path: Path) -> Iterator[str]:
-    """The lines of a text file; a file that is not UTF-8 text (a binary file, say) is refused naming it."""
+def _text_lines(lines: TextIO, path: Path) -> Iterator[str]:
+    """The lines of a text file, each read only up to `MAX_LINE_CHARS` characters; a file that is not UTF-8 text (a
+    binary file, say) or has a longer line is refused naming it."""
     try:
-        yield from lines
+        for number, line in enumerate(iter(functools.partial(lines.readline, MAX_LINE_CHARS + 1), ""), start=1):
+            if len(line) > MAX_LINE_CHARS:
+                raise TraceError(
+                    f"{path}, line {number}: over {MAX_LINE_CHARS:,} characters long; expected a line of {FIELDS}"
+                )
+            yield line
     except UnicodeDecodeError:
         raise TraceError(
             f"{path}: not a text trace (it holds bytes that are not UTF-8); expected lines of {FIELDS}"
         ) from None
 
 
-def _parse_job(fields: list[str], where: str) -> TraceJob:
-    if len(fields) < 4:
-        raise TraceError(f"{where}: got {len(fields)} fields, expected {FIELDS}")
-    if not _is_float(fields[0]):
-        raise TraceError(f"{where}: arrival_time {fields[0]!r} is not a number")
-    arrival = float(fields[0])
-    if not _INT.fullmatch(fields[1]):
-        raise TraceError(f"{where}: num_tasks {fields[1]!r} is not an integer")
-    num_tasks = int(fields[1])
-    if not _is_float(fields[2]):
-        raise TraceError(f"{where}: mean_task_duration {fields[2]!r} is not a number")
-    if not all(map(_FLOAT.fullmatch, set(fields[3:]))):  # each distinct text checked once, then the first named
-        bad = next(f for f in fields[3:] if not _is_float(f))
-        raise TraceError(f"{where}: task duration {bad!r} is not a number")
-    durations = tuple(map(float, fields[3:]))
+def _parse_job(text: str, where: str, most_tasks: int) -> TraceJob:
+    """The job of one line of a trace (`text`, without its comment), of at most `most_tasks` tasks. The durations
+    are split off only up to the number of tasks the line declares, so a line's memory is bounded by it."""
+    head = text.split(None, 3)
+    if len(head) < 3:
+        raise TraceError(f"{where}: got {len(head)} fields, expected {FIELDS}")
+    if not _is_float(head[0]):
+        raise TraceError(f"{where}: arrival_time {_clip(head[0])!r} is not a number")
+    arrival = float(head[0])
+    if not _INT.fullmatch(head[1]):
+        raise TraceError(f"{where}: num_tasks {_clip(head[1])!r} is not an integer")
+    try:
+        num_tasks = int(head[1])
+    except ValueError:  # over 4,300 digits, Python's bound on reading an int: more tasks than a replay reads
+        num_tasks = -sys.maxsize if head[1].startswith("-") else sys.maxsize
+    if not _is_float(head[2]):
+        raise TraceError(f"{where}: mean_task_duration {_clip(head[2])!r} is not a number")
     if not math.isfinite(arrival) or arrival < 0:
-        raise TraceError(f"{where}: arrival_time {fields[0]} must be a finite number >= 0")
+        raise TraceError(f"{where}: arrival_time {_clip(head[0])} must be a finite number >= 0")
+    if not 0 <= float(head[2]) < math.inf:
+        raise TraceError(f"{where}: mean_task_duration {_clip(head[2])} must be a finite number >= 0")
     if num_tasks < 1:
-        raise TraceError(f"{where}: num_tasks is {num_tasks}; a job needs at least one task")
-    if num_tasks != len(durations):
-        raise TraceError(f"{where}: num_tasks is {num_tasks} but the line has {len(durations)} task durations")
+        raise TraceError(f"{where}: num_tasks is {_clip(head[1])}; a job needs at least one task")
+    if len(head) < 4:
+        raise TraceError(f"{where}: got 3 fields, expected {FIELDS}")
+    if num_tasks > most_tasks:
+        raise TraceError(
+            f"{where}: num_tasks {_clip(head[1])} takes the trace over the most tasks a replay reads, "
+            f"{MAX_SYNTHETIC_TASKS:,} (about 1 KB of memory each); replay fewer jobs"
+        )
+    texts = head[3].split(None, num_tasks)  # one more piece (the rest of the line) when there are too many
+    if len(texts) != num_tasks:
+        count = len(texts) if len(texts) < num_tasks else num_tasks + sum(1 for _ in _TOKEN.finditer(texts[-1]))
+        raise TraceError(f"{where}: num_tasks is {num_tasks} but the line has {count} task durations")
+    if not all(map(_FLOAT.fullmatch, set(texts))):  # each distinct text checked once, then the first named
+        bad = next(f for f in texts if not _is_float(f))
+        raise TraceError(f"{where}: task duration {_clip(bad)!r} is not a number")
+    durations = tuple(map(float, texts))
     if not all(0 <= d < math.inf for d in set(durations)):
-        bad = next(f for f, d in zip(fields[3:], durations, strict=True) if not 0 <= d < math.inf)
-        raise TraceError(f"{where}: task duration {bad} must be a finite number >= 0")
+        bad = next(f for f, d in zip(texts, durations, strict=True) if not 0 <= d < math.inf)
+        raise TraceError(f"{where}: task duration {_clip(bad)} must be a finite number >= 0")
     return TraceJob(arrival, durations)
+
+
+def _clip(text: str) -> str:
+    """`text` for an error message: its first `SHOWN_CHARS` characters, then `...` if it is longer."""
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 def _is_float(text: str) -> bool:

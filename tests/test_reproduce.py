@@ -56,6 +56,22 @@ def test_unknown_id_exits_2_naming_the_known_ids(capsys: pytest.CaptureFixture[s
     assert all(figure in err for figure in PAPER_IDS)
 
 
+@pytest.mark.parametrize("what", ["constraints-table1", "all"])
+def test_an_out_folder_that_cannot_be_made_is_refused_before_any_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    import megha.sim.reproduce.runner as runner
+
+    ran: list[str] = []
+    monkeypatch.setattr(runner, "reproduce", lambda *args: ran.append("one"))
+    monkeypatch.setattr(runner, "reproduce_all", lambda *args: ran.append("all"))
+    (tmp_path / "file").write_text("")
+    assert main(["reproduce", what, "--scale", "tiny", "--out", str(tmp_path / "file" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "cannot make the folder: Not a directory" in err
+    assert ran == []
+
+
 def test_fair_fig12_without_a_broker_fails_at_once_with_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

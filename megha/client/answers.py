@@ -45,14 +45,20 @@ def read_job_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A job file's mapping, the body of `POST /v1/jobs`: YAML, or JSON for a `.json` file; `-` reads stdin."""
     name = str(path)
     try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text("utf-8")
+        text = sys.stdin.read() if name == "-" else Path(name).read_text("utf-8-sig")
     except OSError as exc:
         raise JobFileError(f"{name}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise JobFileError(f"{name}: not UTF-8 text") from None
     kind = "JSON" if name.endswith(".json") else "YAML"
     try:
         data = json.loads(text) if kind == "JSON" else yaml.load(text, Loader=_NoAliases)  # a SafeLoader
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise JobFileError(f"{name}: not valid {kind}: {exc}".replace("\n", " ")) from None
+    except ValueError:  # an integer of more digits than Python reads
+        raise JobFileError(f"{name}: holds a number too long to read (over 4,300 digits)") from None
+    except RecursionError:
+        raise JobFileError(f"{name}: {kind} nested too deeply to read") from None
     if not isinstance(data, dict):
         raise JobFileError(f"{name}: a job file holds a mapping with 'tasks' (see examples/job.yaml)")
     return data

@@ -31,7 +31,8 @@ output:
 \b
 exit status: 0 done; 1 fair-fig12 (the real services) did not run: RabbitMQ did not answer at MEGHA_AMQP_URL,
   a service did not start, or tasks were not completed exactly once (one line says where and why, and where the
-  services' logs are kept); 2 bad usage or an unknown id (the known ids are named)
+  services' logs are kept); 2 bad usage, an unknown id (the known ids are named) or an --out folder that
+  cannot be made
 """
 
 
@@ -86,6 +87,10 @@ def reproduce(what: str, quick: bool, scale: str | None, seeds: int | None, out:
         + ([] if out is None else ["--out", str(out)])
     )
     folder = RESULTS if out is None else out
+    try:  # made before the runs, so a folder that cannot be made is said at once, not after hours of replays
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _error(f"--out {folder}: cannot make the folder: {exc.strerror}")
     if what == "all":
         return 1 if reproduce_all(setup, folder, command) else 0
     from megha.sim.reproduce.prototype import PrototypeFailed
