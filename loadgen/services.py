@@ -300,10 +300,11 @@ async def _placement_details(
         )
 
 
-def main() -> int:
+def main(command: str = "python -m megha.loadgen.services") -> int:
+    """Replay the trace MEGHA_TRACE names through the services; `command` names the program in a settings error."""
     from megha.loadgen.report import format_table, write_outputs
 
-    settings = load_settings(LoadgenSettings, "python -m megha.loadgen.services")
+    settings = load_settings(LoadgenSettings, command)
     configure_logging(settings.log_level, "loadgen", settings.log_format)
     run = asyncio.run(replay_services(settings, Progress()))
     assert run.metrics is not None

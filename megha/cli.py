@@ -515,10 +515,10 @@ def _service(name: str, what: str, model: str) -> None:
         if name == "loadgen":
             from megha.loadgen.services import main as loadgen_main
 
-            return loadgen_main()
+            return loadgen_main(f"megha {name}")
         from megha.services import run
 
-        getattr(run, f"serve_{name}")()
+        getattr(run, f"serve_{name}")(f"megha {name}")
         return 0
 
 
@@ -692,9 +692,8 @@ def _local(args: SimpleNamespace) -> int:
 def _check_local(args: SimpleNamespace) -> None:
     """`megha local`'s inputs, checked before any service starts (each would otherwise fail, or wait a minute for
     the broker, with a traceback in its log): one usage line naming the option."""
-    from megha.common.wire.fields import MAX_TASKS_PER_JOB
-    from megha.common.wire.jobs import MAX_TASK_SECONDS
-    from megha.loadgen.trace import demo_trace_path, resolve_trace
+    from megha.loadgen.services import check_submittable
+    from megha.loadgen.trace import TraceError, demo_trace_path, resolve_trace
 
     check_out_folder(args.out)
     if args.nodes_per_worker > 1 and args.execution != "simulated":
@@ -710,19 +709,10 @@ def _check_local(args: SimpleNamespace) -> None:
     if args.trace != "demo" and not args.trace.startswith("syn:"):
         check_input_file(args.trace, "--trace")
     trace = str(demo_trace_path()) if args.trace == "demo" else args.trace
-    for k, job in enumerate(resolve_trace(trace, args.first_jobs, args.time_scale), start=1):
-        if len(job.durations) > MAX_TASKS_PER_JOB:
-            raise click.BadParameter(
-                f"job {k} of the trace has {len(job.durations):,} tasks; a submission takes at most "
-                f"{MAX_TASKS_PER_JOB:,} (split the job in the trace)",
-                param_hint="--trace",
-            )
-        if max(job.durations) > MAX_TASK_SECONDS:
-            raise click.BadParameter(
-                f"job {k} of the trace has a task of {max(job.durations):g} s (after --time-scale); a submitted "
-                f"task lasts at most {MAX_TASK_SECONDS:,.0f} s",
-                param_hint="--trace",
-            )
+    try:
+        check_submittable(resolve_trace(trace, args.first_jobs, args.time_scale), args.trace)
+    except TraceError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trace") from None
 
 
 def _retry_rule(value: str) -> str:

@@ -73,28 +73,31 @@ def _serve(app: object, settings: ServiceSettings) -> None:
     _Server(config).run()
 
 
-def serve_gm() -> None:
+def serve_gm(command: str = "python -m megha.services.gm") -> None:
+    """Run one GM service; `command` names it in a settings error."""
     if _help_asked(GMSettings):
         return
     from megha.services.gm.app import create_app
 
-    settings = _load(GMSettings, "python -m megha.services.gm")
+    settings = _load(GMSettings, command)
     _serve(create_app(settings), settings)
 
 
-def serve_lm() -> None:
+def serve_lm(command: str = "python -m megha.services.lm") -> None:
+    """Run one LM service; `command` names it in a settings error."""
     if _help_asked(LMSettings):
         return
     from megha.services.lm.app import create_app
 
-    settings = _load(LMSettings, "python -m megha.services.lm")
+    settings = _load(LMSettings, command)
     _serve(create_app(settings), settings)
 
 
-def serve_worker() -> None:
+def serve_worker(command: str = "python -m megha.services.worker") -> None:
+    """Run one worker agent service; `command` names it in a settings error."""
     if _help_asked(WorkerSettings):
         return
     from megha.services.worker.app import create_app
 
-    settings = _load(WorkerSettings, "python -m megha.services.worker")
+    settings = _load(WorkerSettings, command)
     _serve(create_app(settings), settings)

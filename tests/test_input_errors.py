@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clikit import run_cli
 
 from megha import cli
 from megha.client import Client
@@ -22,16 +23,7 @@ from megha.loadgen.trace import MAX_SECONDS, TraceError, read_trace, resolve_tra
 SMALL = ["--lms", "1", "--gms", "1", "--workers-per-partition", "2", "--quiet"]
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """`megha <argv>`'s exit status and its stderr, which must be one line."""
-    try:
-        status = cli.main(argv)
-    except SystemExit as exc:
-        status = exc.code  # type: ignore[assignment]
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1, err
-    return status, err
+_run = run_cli
 
 
 @pytest.fixture

@@ -58,6 +58,17 @@ def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[st
     assert "bad settings" in output and named in output, output
 
 
+@pytest.mark.parametrize("role", ["gm", "lm", "worker", "loadgen"])
+def test_a_bad_setting_names_the_command_it_was_given_to(role: str) -> None:
+    values = dict(os.environ) | {"MEGHA_PORT": "99999", "MEGHA_TIME_SCALE": "fast"}
+    done = subprocess.run(
+        [sys.executable, "-m", "megha.cli", role], env=values, capture_output=True, text=True, timeout=60
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and len(output.strip().splitlines()) == 1, output
+    assert output.startswith(f"megha {role}: bad settings: "), output
+
+
 def test_a_gm_says_which_lm_it_waits_for_while_it_waits() -> None:
     done = _start("megha.services.gm", MEGHA_LM_URLS="http://127.0.0.1:9", MEGHA_LM_TIMEOUT="7")
     output = done.stdout + done.stderr

@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from clikit import run_cli
 
 from megha import cli
 from megha.client import JobFileError, read_job_file
@@ -30,15 +31,7 @@ def _write(tmp_path: Path, data: str | bytes, name: str = "t.tr") -> Path:
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """`megha <argv>`'s exit status and its stderr, which must be one short line."""
-    try:
-        status = cli.main(argv)
-    except SystemExit as exc:
-        status = exc.code  # type: ignore[assignment]
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1 and len(err) < 400, err[:1000]
-    return status, err
+    return run_cli(argv, capsys, max_length=400)
 
 
 # 1. traces: what is read

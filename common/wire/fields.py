@@ -76,6 +76,11 @@ Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Timestamp = Annotated[float, Field(allow_inf_nan=False)]
 ConstraintId = Annotated[int, Field(ge=0, le=NUM_CONSTRAINTS - 1)]
 ConstraintIds = Annotated[list[ConstraintId], Field(max_length=NUM_CONSTRAINTS), AfterValidator(_unique)]
+MAX_AMOUNT = 2**53 - 1
+"""Largest amount of a resource a task may ask for: the largest integer every JSON reader keeps exact (a larger one
+fits no node anyway, and would be echoed in full in the refusal)."""
+Request = Annotated[int, Field(gt=0, le=MAX_AMOUNT)]
+"""A task's request of one resource (millicores, MB): at least 1."""
 Amounts = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 """A resource vector aligned to the data centre's resource names."""
 ResourceName = Annotated[str, Field(min_length=1, max_length=64)]

@@ -34,6 +34,7 @@ from megha.common.wire.fields import (
     JobId,
     JobRef,
     Name,
+    Request,
     Timestamp,
     User,
     UserName,
@@ -66,8 +67,8 @@ class TaskRequest(WireModel):
     evicted (then runs again) when a guaranteed task needs its room; it never delays a guaranteed task."""
 
     duration: TaskSeconds | None = None
-    cpu_millicores: Annotated[int, Field(gt=0)]
-    memory_mb: Annotated[int, Field(gt=0)]
+    cpu_millicores: Request
+    memory_mb: Request
     constraints: ConstraintIds = []
     user: UserName | None = None
     driver: Driver = "burn"
