@@ -176,6 +176,7 @@ class Outages:
         self.gm_inbox: list[list[object]] = [[] for _ in range(gms)]
         self.lm_inbox: list[list[object]] = [[] for _ in range(lms)]
         self.journals = [GMJournal() for _ in range(gms)] if faults.of("gm") else None
+        self.gm_terms = [1] * gms  # each GM's term: one more at each restart, as a service's claim at the LMs
         self.ended_runs_kept = ENDED_RUNS_KEPT if faults.of("gm") else 0
         self.agents: dict[int, AgentMemory] | None = None
         self._gm_handlers: dict[int, Handler] = {}
@@ -293,7 +294,9 @@ class Outages:
         core = system.gms[g] = system.new_gm(g)
         journal = self.journals[g]
         ruled = {job.job_id for job in journal.ruled}
-        plan = plan_recovery(g, journal.accepted_tasks(), journal.ended, reports, self.gm_inbox[g], ruled)
+        self.gm_terms[g] += 1
+        term = self.gm_terms[g]
+        plan = plan_recovery(g, journal.accepted_tasks(), journal.ended, reports, self.gm_inbox[g], ruled, term)
         journal.ended.update(plan.ended)
         journal.restore_rules(core)
         self.gm_state[g] = "up"

@@ -79,7 +79,14 @@ def end_run(net: Net, launch: WorkerLaunch, now: float, code: int | None, error:
     """The worker reports the (one) run of `launch` ended with exit code `code` (0: finished); the GM's outputs."""
     (p,) = launch.launches
     why = error or ("" if code == 0 else f"exited with code {code}")
-    report = WorkerReport(0, [FinishedTask(p.task.task_id, p.node, error=why, attempt=p.task.attempt, exit_code=code)])
+    report = WorkerReport(
+        0,
+        [
+            FinishedTask(
+                p.task.task_id, p.node, error=why, attempt=p.task.attempt, exit_code=code, run_number=p.task.run_number
+            )
+        ],
+    )
     (done,) = [o.msg for o in net.lms[0].handle(report, now) if isinstance(o.msg, Completions)]
     net.now = now
     return net.gms[0].handle(done, now)

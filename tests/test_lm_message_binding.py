@@ -25,7 +25,8 @@ from test_report_binding import (  # gate: a fixture, a task held until the test
 
 from megha.common import auth
 from megha.common.auth import Credential, MessageSigner, MessageVerifier, Unauthenticated
-from megha.common.core.messages import Completion, Completions, Delta, NodeState
+from megha.common.core.messages import Completion, Completions, Delta, NodeState, Placement
+from megha.common.core.task import TaskSpec
 from megha.common.models import BrokerMessage
 from megha.common.settings import GMSettings
 from megha.common.transport.rabbit import (
@@ -197,6 +198,34 @@ async def test_a_gm_applies_only_what_the_lm_it_names_signed_for_it(caplog: pyte
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignored ")]
         assert len(lines) == 4 and "signature is not lm 1's for this receiver" in lines[3], lines
         assert lines[3].endswith("; 4 more ignored since the last such line"), lines
+    finally:
+        await service.close()
+
+
+@pytest.mark.asyncio
+async def test_a_replayed_signed_end_of_an_earlier_run_is_ignored() -> None:
+    """LM 1 signed, for this GM, the end of a task's first run, preempted; the task now runs again there as the
+    same attempt, its run 2. A copy of that end published again names run 1: the GM ignores it (it is no forgery,
+    so it is not counted as an ignored message). A message of an LM that does not write run numbers names run 1."""
+    service = gm_service()
+    try:
+        core = service.ready_core()
+        rerun = TaskSpec("j.0", "j", "alice", 10.0, (1000, 512), 0, run_number=2)
+        core.recover([], [Placement(rerun, 1, 0, False, 0)], [], 0.0)
+        first = BrokerMessage.core_json(
+            Completions(1, 0, 0, [Completion("j.0", NodeState(0, (2000, 4096), 99), preempted=True)])
+        )
+        older = json.loads(first)
+        del older["completions"]["items"][0]["run_number"]
+        for body in (first, json.dumps(older).encode()):
+            await service.on_broker_message(body, lm_report_headers(LM1, 0, body))
+            assert core.running["j.0"].task == rerun and not core.queue and core.preempted == 0
+        assert service.lm_reports.ignored.count == 0
+        second = BrokerMessage.core_json(
+            Completions(1, 0, 0, [Completion("j.0", NodeState(0, (2000, 4096), 100), run_number=2)])
+        )
+        await service.on_broker_message(second, lm_report_headers(LM1, 0, second))
+        assert core.running == {} and not core.queue
     finally:
         await service.close()
 

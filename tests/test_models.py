@@ -64,6 +64,7 @@ run_specs = st.builds(
 )
 BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "attempt": st.integers(1, 5),
+    "run_number": st.integers(1, 5),
     "error": st.text(max_size=20),
     "reason": st.text(max_size=40),
     "constraints": st.integers(0, ALL_CONSTRAINTS_MASK),
@@ -182,6 +183,7 @@ def test_wire_format_of_a_placement() -> None:
             "run": None,
             "priority": 0,
             "queueable": False,
+            "run_number": 1,
         },
         "lm": 1,
         "node": 7,

@@ -547,9 +547,10 @@ class GlobalMaster:
 
     def _on_completions(self, msg: Completions, now: float) -> None:
         """Node states are absolute and versioned, so applying them is always safe; a completion that overtakes
-        its own launch response is remembered so the task is not then counted as running. A preempted task
-        goes back to the front of its user's queue, and so does a lost one as its next attempt (or it fails once
-        `max_attempts` were made)."""
+        its own launch response is remembered so the task is not then counted as running. An end applies only to
+        the run it names (attempt and run number): a copy of an earlier run's end is ignored, as a repeat is. A
+        preempted task goes back to the front of its user's queue as its next run, and so does a lost one as its
+        next attempt (or it fails once `max_attempts` were made)."""
         usage = self.policies.usage
         observer = self.observer
         ledger = self.ledger
@@ -558,7 +559,7 @@ class GlobalMaster:
         requeue: list[TaskSpec] = []
         gang_members = self.gangs.members
         for item in msg.items:
-            placement = ledger.run_ended(msg.lm, item.task_id, item.attempt)
+            placement = ledger.run_ended(msg.lm, item.task_id, item.attempt, item.run_number)
             if placement is None:
                 continue
             usage.released(placement.task, msg.lm)
@@ -570,8 +571,9 @@ class GlobalMaster:
                 self.cancelled_run(placement.task, now)  # stopped as asked (or its worker was lost meanwhile)
             elif item.preempted:
                 self.preempted += 1
-                observer.task_preempted(placement.task, now)
-                requeue.append(placement.task)
+                task = placement.task
+                observer.task_preempted(task, now)
+                requeue.append(replace(task, run_number=task.run_number + 1))  # the same attempt, its next run
             elif not item.lost:
                 at = item.finished_at if item.forwarded and item.finished_at is not None else now
                 error = item.error

@@ -92,13 +92,14 @@ class RunLedger:
             return False
         return True
 
-    def run_ended(self, lm: int, task_id: str, attempt: int) -> Placement | None:
-        """LM `lm` reported the end of `task_id`'s run `attempt`: its placement, or None for a stale or repeated
-        report (of a run that ended already, an earlier attempt, another LM's run). A run whose request is not
-        answered yet is remembered as ended early, by its request."""
+    def run_ended(self, lm: int, task_id: str, attempt: int, run_number: int) -> Placement | None:
+        """LM `lm` reported the end of `task_id`'s run `run_number` of `attempt`: its placement, or None for a stale
+        or repeated report (of a run that ended already, an earlier attempt or run, another LM's run). A run whose
+        request is not answered yet is remembered as ended early, by its request."""
         placement = self.running.get(task_id)
         if placement is not None:
-            if placement.task.attempt != attempt or placement.lm != lm:
+            task = placement.task
+            if task.attempt != attempt or task.run_number != run_number or placement.lm != lm:
                 return None  # a stale copy of an earlier run
             del self.running[task_id]
             return placement
@@ -106,7 +107,7 @@ class RunLedger:
         if request is None or request[0] != lm:
             return None  # a repeat (the task ended already), or a stale copy of an earlier run
         placement = self._find_unanswered(lm, request[1], task_id)
-        if placement is None or placement.task.attempt != attempt:
+        if placement is None or placement.task.attempt != attempt or placement.task.run_number != run_number:
             return None
         del self.awaiting_response[task_id]
         self.finished_early.add((task_id, lm, request[1]))

@@ -48,9 +48,10 @@ from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources, descr
 
 
 def _same_run(alloc: Allocation, item: FinishedTask) -> bool:
-    """True when a worker's report is about the run the LM placed (same node, same attempt), not a stale copy."""
-    placement = alloc.placement
-    return placement.node == item.node and placement.task.attempt == item.attempt
+    """True when a worker's report is about the run the LM placed (same node, attempt and run number), not a stale
+    copy."""
+    task = alloc.placement.task
+    return alloc.placement.node == item.node and task.attempt == item.attempt and task.run_number == item.run_number
 
 
 @dataclass(slots=True)
@@ -385,6 +386,7 @@ class LocalMaster:
                         item.finished_at,
                         item.exit_code,
                         item.started_at,
+                        item.run_number,
                     )
                     by_gm.setdefault(item.gm, []).append(forwarded)
                     continue
@@ -402,6 +404,7 @@ class LocalMaster:
                 item.attempt,
                 exit_code=item.exit_code,
                 started_at=item.started_at,
+                run_number=item.run_number,
             )
             by_gm.setdefault(alloc.gm, []).append(completion)
         out: list[Output] = [
@@ -422,7 +425,12 @@ class LocalMaster:
         again as its next attempt), and they show no free resources to any GM until `bring_up`."""
         nodes = [n for n in dict.fromkeys(nodes) if 0 <= n < len(self.capacity) and n not in self.down]
         lost = self.tasks_on(nodes)
-        report = [FinishedTask(p.task.task_id, p.node, error=reason, attempt=p.task.attempt, lost=True) for p in lost]
+        report = [
+            FinishedTask(
+                p.task.task_id, p.node, error=reason, attempt=p.task.attempt, lost=True, run_number=p.task.run_number
+            )
+            for p in lost
+        ]
         out = self._on_report(WorkerReport(self.lm_id, report), now) if lost else []
         zero = (0,) * len(self.resource_names)
         for n in nodes:

@@ -149,6 +149,7 @@ class FinishedTask:
     attempt: int = 1
     lost: bool = False  # set by the LM itself when the task's worker is lost (never by a worker)
     gm: int = -1  # the GM that placed the run, as the worker knows it (-1: not said)
+    run_number: int = 1  # the run of `attempt` (TaskSpec.run_number)
     cpu_seconds: float = 0.0  # CPU time the run burnt
     execution_delay: float = 0.0  # burn runs: wall time minus duration (fair paper VI-F); else 0
     # burn runs: the part of execution_delay outside the task's own process clock (its interpreter starting, its
@@ -189,6 +190,7 @@ class Completion:
     finished_at: float | None = None
     exit_code: int | None = None  # as in FinishedTask: what a job's retry rule matches
     started_at: float | None = None  # when the run started on its worker, as it measured it (None: not known)
+    run_number: int = 1  # the run of `attempt` that ended (TaskSpec.run_number): the GM applies the end to it only
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,14 @@ from megha.common.core.messages import Completion, Completions, Delta, EndedRun,
 from megha.common.core.task import TaskSpec
 
 
+def first_run_number(term: int) -> int:
+    """The run number a GM recovering with `term` (its identity's claim at the LMs, one higher at each restart)
+    queues its tasks again with: above every run number of its earlier terms, so that a copy of an earlier run's
+    end never names a run of this term (a term's preemptions add one each to a task's run number, far fewer
+    than 2**20)."""
+    return (term << 20) + 1
+
+
 @dataclass(slots=True)
 class LMReport:
     """What an LM tells a (re)starting GM: every node's state (`delta`, which also gives the highest launch batch
@@ -55,17 +63,19 @@ def plan_recovery(
     reports: Sequence[LMReport],
     backlog: Iterable[object] = (),
     ruled: Container[str] = (),
+    term: int = 0,
 ) -> Recovery:
     """Split GM `gm`'s `accepted` tasks (its durable intake, in arrival order) given the ids its records show
     `ended`, every LM's report, `backlog`: the messages that waited for the GM while it was down (its broker
-    queue), to be handled, in order, once it has recovered, and `ruled`: the ids of the jobs with a retry rule.
+    queue), to be handled, in order, once it has recovered, `ruled`: the ids of the jobs with a retry rule, and
+    `term`: the GM's term (0: its tasks are queued again with the run numbers they have).
 
     A task an LM runs for the GM is running; one whose run a waiting completion reports is running too, on that
     LM, so that the completion then ends it through the GM's usual path (finished, lost and run again, or
     preempted and queued again); so is one of a job in `ruled` whose run an LM remembers ended, its end replayed
     (a finished run of a gang member may have been held, not reported: the GM's records do not say); one neither
-    running nor ended is queued. Nothing running or finished is launched again, and no waiting completion is
-    applied to a task launched again."""
+    running nor ended is queued, as its run `first_run_number(term)`. Nothing running or finished is launched
+    again, and no waiting completion is applied to a task launched again."""
     tasks = {t.task_id: t for t in accepted}
     open_ids = {tid for tid in tasks if tid not in ended}
     running: dict[str, Placement] = {}
@@ -92,8 +102,8 @@ def plan_recovery(
             if tid not in open_ids or tid in running:
                 continue
             seen = waiting.get(tid)
-            if seen is None or seen.task.attempt < item.attempt:
-                task = replace(tasks[tid], attempt=item.attempt)
+            if seen is None or (seen.task.attempt, seen.task.run_number) < (item.attempt, item.run_number):
+                task = replace(tasks[tid], attempt=item.attempt, run_number=item.run_number)
                 waiting[tid] = Placement(task, msg.lm, item.state.node, False, gm)
     running.update(waiting)
     new_ends: dict[str, str] = {}
@@ -109,9 +119,21 @@ def plan_recovery(
             task = replace(task, attempt=run.attempt)
         running[tid] = Placement(task, lm, run.node, False, gm)
         # Version 0: the GM's view keeps the LM's own, newer state of the node.
-        end = Completion(tid, node_state((run.node, (), 0)), run.error, attempt=run.attempt, exit_code=run.exit_code)
+        end = Completion(
+            tid,
+            node_state((run.node, (), 0)),
+            run.error,
+            attempt=run.attempt,
+            exit_code=run.exit_code,
+            run_number=task.run_number,
+        )
         replayed.setdefault(lm, []).append(end)
-    queued = [t for tid, t in tasks.items() if tid in open_ids and tid not in running and tid not in new_ends]
+    run_number = first_run_number(term) if term else None
+    queued = [
+        t if run_number is None else replace(t, run_number=run_number)
+        for tid, t in tasks.items()
+        if tid in open_ids and tid not in running and tid not in new_ends
+    ]
     completions = [Completions(lm, gm, 0, items) for lm, items in sorted(replayed.items())]
     return Recovery([r.delta for r in reports], list(running.values()), queued, new_ends, completions)
 
@@ -141,7 +163,9 @@ def runs_lost(running: Mapping[str, Placement], held: RunsHeld) -> Completions |
     `running` any more. Their node states carry version 0: the GM's view keeps the LM's own, newer ones."""
     reason = f"LM {held.lm} restarted (incarnation {held.incarnation}) without this run: its worker was lost"
     items = [
-        Completion(tid, node_state((p.node, (), 0)), reason, lost=True, attempt=p.task.attempt)
+        Completion(
+            tid, node_state((p.node, (), 0)), reason, lost=True, attempt=p.task.attempt, run_number=p.task.run_number
+        )
         for tid, p in running.items()
         if p.lm == held.lm and tid not in held.task_ids
     ]

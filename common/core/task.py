@@ -32,7 +32,10 @@ class TaskSpec:
     """One task. `constraints` is a mask of required placement-constraint ids; `request` is aligned to the data
     centre's resource names; `duration` is in seconds. `attempt` counts the task's executions: a task whose
     worker was lost runs again as attempt 2, 3, ... (at most MEGHA_MAX_ATTEMPTS), and a report from an older
-    attempt (a stale copy) is ignored. `run` is what the task runs when it does not burn (`driver`); for those
+    attempt (a stale copy) is ignored. `run_number` tells apart the launches of one attempt: a preempted task
+    runs again as the same attempt with the next run number, and a GM that restarts queues its tasks again
+    with run numbers its earlier term never used (`recovery.first_run_number`), so a copy of an earlier run's
+    end names another run and is ignored. `run` is what the task runs when it does not burn (`driver`); for those
     drivers `duration` is a time limit when above 0 (0: no limit). A `queueable` task is opportunistic (Mercury's
     QUEUEABLE containers, docs/queueable.md): it may wait in a node's queue beyond the node's free resources, and
     guaranteed tasks evict it."""
@@ -47,6 +50,7 @@ class TaskSpec:
     run: RunSpec | None = None
     priority: int = 0  # the value of its job's priority class: higher first, may preempt lower (policies/priority)
     queueable: bool = False
+    run_number: int = 1
 
     @property
     def driver(self) -> str:

@@ -82,9 +82,16 @@ class SimulatedExecution:
             due[p.task.task_id] = (at, p.task.request)
             if failures is not None and (code := failures()) is not None:
                 why = f"simulated failure: exit code {code}"
-                end = FinishedTask(p.task.task_id, p.node, error=why, attempt=p.task.attempt, exit_code=code)
+                end = FinishedTask(
+                    p.task.task_id,
+                    p.node,
+                    error=why,
+                    attempt=p.task.attempt,
+                    exit_code=code,
+                    run_number=p.task.run_number,
+                )
             else:
-                end = FinishedTask(p.task.task_id, p.node, attempt=p.task.attempt)
+                end = FinishedTask(p.task.task_id, p.node, attempt=p.task.attempt, run_number=p.task.run_number)
             batch = finishing.get(at)
             if batch is None:
                 finishing[at] = [end]
@@ -113,7 +120,9 @@ class SimulatedExecution:
                 if stopped is None:  # started in this same launch: it never ran
                     s = next(s for s in starting if s.task.task_id == task_id)
                     starting.remove(s)
-                    stopped = FinishedTask(task_id, s.node, preempted=True, attempt=s.task.attempt)
+                    stopped = FinishedTask(
+                        task_id, s.node, preempted=True, attempt=s.task.attempt, run_number=s.task.run_number
+                    )
                 evicted.append(stopped)
             starting += [queued.pop(task_id) for task_id in moves.started]
         out = self._start(starting, now)
@@ -142,7 +151,7 @@ class SimulatedExecution:
             if f.task_id == task_id:
                 del batch[k]
                 self.running -= 1
-                return FinishedTask(task_id, f.node, preempted=True, attempt=f.attempt)
+                return FinishedTask(task_id, f.node, preempted=True, attempt=f.attempt, run_number=f.run_number)
         raise AssertionError(f"task {task_id} is due but not finishing")
 
     def _next_from_queues(self, ended: list[str], now: float) -> list[Output]:
@@ -198,7 +207,9 @@ class SimulatedExecution:
                 stopped.append(f)
             elif task_id in self._queued:
                 p = self._queued.pop(task_id)
-                waited.append(FinishedTask(task_id, p.node, preempted=True, attempt=p.task.attempt))
+                waited.append(
+                    FinishedTask(task_id, p.node, preempted=True, attempt=p.task.attempt, run_number=p.task.run_number)
+                )
         if not stopped and not waited:
             return []
         if stopped:

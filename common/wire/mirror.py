@@ -5,7 +5,8 @@ of that type, in its order and with its default. A field's wire type comes from,
 
 1. the mirror's own body, for a field whose wire form needs more than its core type says (the bounded strings of
    `RunSpec`);
-2. `FIELD_TYPES`, for names that mean the same in every message (`attempt` is at least 1, `error` may be "");
+2. `FIELD_TYPES`, for names that mean the same in every message (`attempt` and `run_number` are at least 1,
+   `error` may be "");
 3. the core type: `int` an index (>= 0), `str` a name, `float` seconds, a tuple of ints a resource vector, another
    core type its mirror, and lists, optionals and dicts of those.
 
@@ -46,6 +47,7 @@ CORE_MIRRORS: dict[type, type[CoreMirror]] = {}
 
 FIELD_TYPES: dict[str, Any] = {
     "attempt": Annotated[int, Field(ge=1)],
+    "run_number": Annotated[int, Field(ge=1)],
     "error": str,
     "reason": str,
     "at": Timestamp,

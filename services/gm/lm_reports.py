@@ -30,9 +30,9 @@ class LMReportGate:
         """The message to apply; None when it is ignored: with MEGHA_AUTH=on, one that is not signed for this GM
         by an LM, or is not that LM's own delta, completions or rebuilt notice. Signed messages are accepted
         whatever their age: a message may wait in the queue while this GM restarts, and a copy replayed to this GM
-        is applied as the broker's own redelivery would be (deltas are versioned, completions per run and attempt;
-        docs/security.md, "Broker reports", has the one exception). A signed body that is no broker message
-        raises the ValidationError that dead-letters it, as with MEGHA_AUTH=off."""
+        is applied as the broker's own redelivery would be (deltas are versioned, completions name their run by
+        attempt and run number; docs/security.md, "An LM's messages to the GMs"). A signed body that is no broker
+        message raises the ValidationError that dead-letters it, as with MEGHA_AUTH=off."""
         if self.verifier is None:
             return BrokerMessage.model_validate_json(body)
         try:

@@ -111,7 +111,9 @@ class Restart:
         ]
         # Completions that waited in the GM's broker queue are handled after this, as they come: a job's end that an
         # LM remembers is replayed now if the job has a retry rule (the rule decides again; a gang holds it again).
-        plan = plan_recovery(gm.settings.gm_id, tasks, ended, reports, ruled={job.job_id for job in ruled})
+        plan = plan_recovery(
+            gm.settings.gm_id, tasks, ended, reports, ruled={job.job_id for job in ruled}, term=gm.term
+        )
         for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM: first seen now
             self._restore_end(task_id, "failed" if reason else "finished", reason, now)
         gm.observer.decided(plan.running, now)

@@ -394,6 +394,7 @@ class WorkerAgent:
                 result.error,
                 placement.task.attempt,
                 gm=placement.gm,
+                run_number=placement.task.run_number,
                 cpu_seconds=result.cpu_seconds,
                 execution_delay=max(0.0, result.execution_delay),
                 process_overhead=min(result.process_overhead, max(0.0, result.execution_delay)),
