@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -109,3 +111,13 @@ class Operator:
 
 api = Operator()
 """The operator of the deployment a test runs: `api.use(deployment)` once it is up, then `api.get(url)` ..."""
+
+
+def task_visible_folder(prefix: str, mode: int = 0o755) -> Path:
+    """A new folder (of `mode`) that exec tasks of a local deployment can reach: not under /tmp, /var/tmp, /dev/shm
+    or /run/lock, which a root agent (CAP_SYS_ADMIN) covers with a tmpfs of each run's own (docs/drivers.md,
+    "temporary folders"). Under /run when this user may write there (root); else in the system's temporary folder,
+    which an agent that is not root shares with its tasks."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/run" if os.access("/run", os.W_OK) else None))
+    folder.chmod(mode)
+    return folder

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -40,7 +39,7 @@ from megha.common.transport.rabbit import (
 from megha.deploy.local import LocalDeployment
 from megha.services.lm.service import LMService
 
-from servicekit import AMQP, needs_rabbitmq, wait_for, wait_until
+from servicekit import AMQP, needs_rabbitmq, task_visible_folder, wait_for, wait_until
 
 SECRET = "report-binding-test-secret-0123456789"
 NODE = WorkerNode(capacity={"cpu_millicores": 2000, "memory_mb": 4096})
@@ -189,8 +188,7 @@ class Gate:
     task reads end-of-file and ends with exit code 0. Its folder is open to every user: the task runs as another."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="megha-gate-"))
-        self.folder.chmod(0o755)
+        self.folder = task_visible_folder("megha-gate-")
         self.fifo = self.folder / "gate"
         os.mkfifo(self.fifo)
         self.fifo.chmod(0o666)

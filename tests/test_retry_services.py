@@ -6,7 +6,6 @@ records and what the job table and job event stream show of a retried failure.""
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from megha.services.gm.jobs import JobTable
 from megha.services.gm.journal import Journal, merge_lines
 from megha.services.worker.executor import task_exit_code
 
-from servicekit import api, needs_rabbitmq, wait_until
+from servicekit import api, needs_rabbitmq, task_visible_folder, wait_until
 
 ENDED = ("finished", "failed", "cancelled")
 
@@ -112,8 +111,7 @@ def test_a_gang_whose_member_fails_with_a_matching_code_runs_again_whole(
     0 leaves exists. The failure stops member 1 (or its run, if it already finished, is thrown away), and both run
     again as attempt 2, after one failure of the gang, and finish."""
     gm = deployment.gm_urls[0]
-    shared = Path(tempfile.mkdtemp(prefix="megha-gang-retry-"))  # the agent may run tasks as another user
-    shared.chmod(0o777)
+    shared = task_visible_folder("megha-gang-retry-", 0o777)  # the agent may run tasks as another user
     marker = shared / "failed-once"
     first = exec_task(f"test -f {marker} && exit 0; touch {marker}; exit 3")
     second = exec_task(f"for i in $(seq 300); do test -f {marker} && exit 0; sleep 0.1; done")
@@ -165,8 +163,7 @@ def test_a_gang_member_that_finished_before_its_gm_was_killed_runs_again_when_an
     waited for the test's go, exits 3: the restarted GM learnt member 0's end from the LM's memory of ended runs and
     held it again (docs/gang.md), so the whole gang runs again, member 0 too, and finishes."""
     gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
-    shared = Path(tempfile.mkdtemp(prefix="megha-gang-restart-"))  # the agent may run tasks as another user
-    shared.chmod(0o777)
+    shared = task_visible_folder("megha-gang-restart-", 0o777)  # the agent may run tasks as another user
     go, failed = shared / "go", shared / "failed-once"
     first = exec_task(f"mktemp {shared}/run-of-0.XXXXXX")  # a file of its own: each run may be another user
     second = exec_task(
