@@ -425,12 +425,7 @@ class LocalMaster:
         again as its next attempt), and they show no free resources to any GM until `bring_up`."""
         nodes = [n for n in dict.fromkeys(nodes) if 0 <= n < len(self.capacity) and n not in self.down]
         lost = self.tasks_on(nodes)
-        report = [
-            FinishedTask(
-                p.task.task_id, p.node, error=reason, attempt=p.task.attempt, lost=True, run_number=p.task.run_number
-            )
-            for p in lost
-        ]
+        report = [FinishedTask.of(p, error=reason, lost=True) for p in lost]
         out = self._on_report(WorkerReport(self.lm_id, report), now) if lost else []
         zero = (0,) * len(self.resource_names)
         for n in nodes:

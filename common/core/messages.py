@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from megha.common.core.resources import Resources
 from megha.common.core.task import TaskSpec
@@ -160,6 +160,12 @@ class FinishedTask:
     # The run's exit code for retry rules (common/core/retry.py): exec and container runs only, 128 + n when a
     # signal n killed it, 137 when its memory limit did; None for burn, a duration limit or a run never started.
     exit_code: int | None = None
+
+    @classmethod
+    def of(cls, placement: Placement, **fields: Any) -> FinishedTask:
+        """The end of the run `placement` launched (its task, node, attempt and run number), with `fields`."""
+        task = placement.task
+        return cls(task.task_id, placement.node, attempt=task.attempt, run_number=task.run_number, **fields)
 
 
 @dataclass(slots=True)

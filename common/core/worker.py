@@ -82,16 +82,10 @@ class SimulatedExecution:
             due[p.task.task_id] = (at, p.task.request)
             if failures is not None and (code := failures()) is not None:
                 why = f"simulated failure: exit code {code}"
-                end = FinishedTask(
-                    p.task.task_id,
-                    p.node,
-                    error=why,
-                    attempt=p.task.attempt,
-                    exit_code=code,
-                    run_number=p.task.run_number,
-                )
-            else:
-                end = FinishedTask(p.task.task_id, p.node, attempt=p.task.attempt, run_number=p.task.run_number)
+                end = FinishedTask.of(p, error=why, exit_code=code)
+            else:  # FinishedTask.of(p), spelt out: this runs once per simulated task
+                task = p.task
+                end = FinishedTask(task.task_id, p.node, attempt=task.attempt, run_number=task.run_number)
             batch = finishing.get(at)
             if batch is None:
                 finishing[at] = [end]
@@ -120,9 +114,7 @@ class SimulatedExecution:
                 if stopped is None:  # started in this same launch: it never ran
                     s = next(s for s in starting if s.task.task_id == task_id)
                     starting.remove(s)
-                    stopped = FinishedTask(
-                        task_id, s.node, preempted=True, attempt=s.task.attempt, run_number=s.task.run_number
-                    )
+                    stopped = FinishedTask.of(s, preempted=True)
                 evicted.append(stopped)
             starting += [queued.pop(task_id) for task_id in moves.started]
         out = self._start(starting, now)
@@ -207,9 +199,7 @@ class SimulatedExecution:
                 stopped.append(f)
             elif task_id in self._queued:
                 p = self._queued.pop(task_id)
-                waited.append(
-                    FinishedTask(task_id, p.node, preempted=True, attempt=p.task.attempt, run_number=p.task.run_number)
-                )
+                waited.append(FinishedTask.of(p, preempted=True))
         if not stopped and not waited:
             return []
         if stopped:

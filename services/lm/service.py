@@ -394,17 +394,7 @@ class LMService:
         )
         report = WorkerReport(
             self.settings.lm_id,
-            [
-                FinishedTask(
-                    p.task.task_id,
-                    p.node,
-                    error=reason,
-                    attempt=p.task.attempt,
-                    lost=True,
-                    run_number=p.task.run_number,
-                )
-                for p in placements
-            ],
+            [FinishedTask.of(p, error=reason, lost=True) for p in placements],
         )
         await self._apply_report(report)
 

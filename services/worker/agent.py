@@ -387,14 +387,11 @@ class WorkerAgent:
             if len(self._done) > REMEMBER_FINISHED:
                 self._done.popitem(last=False)
         self._reports.setdefault(placement.lm, []).append(
-            FinishedTask(
-                result.task_id,
-                placement.node,
-                result.preempted,
-                result.error,
-                placement.task.attempt,
+            FinishedTask.of(
+                placement,
+                preempted=result.preempted,
+                error=result.error,
                 gm=placement.gm,
-                run_number=placement.task.run_number,
                 cpu_seconds=result.cpu_seconds,
                 execution_delay=max(0.0, result.execution_delay),
                 process_overhead=min(result.process_overhead, max(0.0, result.execution_delay)),
