@@ -230,11 +230,11 @@ def _numbered(where: str, field: str, value: Any) -> list[tuple[str, Any]]:
     """The items of a {"1": ..., "2": ...} object in numeric key order; keys must be exactly 1..n."""
     if not isinstance(value, dict) or not value:
         raise ClusterFileError(f"{where}: field {field} must be a non-empty object keyed '1', '2', ...")
-    try:
-        items = sorted(value.items(), key=lambda kv: int(kv[0]))
-    except ValueError:
-        shown = ", ".join(repr(key[:20]) for key in sorted(value)[:5]) + (", ..." if len(value) > 5 else "")
-        raise ClusterFileError(f"{where}: field {field} has non-numeric keys: {shown}") from None
+    odd = sorted(key for key in value if not (key.isascii() and key.isdigit() and key == str(int(key))))
+    if odd:  # int() would also read " 1", "+1", "01" and "1_0"
+        shown = ", ".join(repr(key[:20]) for key in odd[:5]) + (", ..." if len(odd) > 5 else "")
+        raise ClusterFileError(f"{where}: field {field} has keys that are not plain numbers: {shown}")
+    items = sorted(value.items(), key=lambda kv: int(kv[0]))
     keys = [int(k) for k, _ in items]
     if keys != list(range(1, len(keys) + 1)):
         raise ClusterFileError(f"{where}: field {field} keys {keys} are not 1..{len(keys)}")
@@ -267,7 +267,7 @@ def _masks_from_bit_strings(label: str, bit_strings: Any) -> tuple[int, ...]:
 def _parse_megha_cluster(path: str | Path, doc: dict[str, Any]) -> ClusterSpec:
     where = f"cluster file {path}"
     version = doc.get("version")
-    if doc.get("format") != FORMAT_NAME or isinstance(version, bool) or version != FORMAT_VERSION:
+    if doc.get("format") != FORMAT_NAME or type(version) is not int or version != FORMAT_VERSION:
         raise ClusterFileError(
             f"{where}: fields format/version are {doc.get('format')!r}/{doc.get('version')!r}, "
             f"expected {FORMAT_NAME!r}/{FORMAT_VERSION}"

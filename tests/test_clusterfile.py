@@ -175,7 +175,7 @@ def corrupt(path: list[str], value: object) -> dict[str, object]:
         (corrupt(["lms", "1", "2"], [""] * 21), 'lms\\["1"\\]\\["2"\\]: partition has no nodes'),
         (corrupt(["lms", "2"], {"1": ["111"] * 21, "3": ["111"] * 21}), 'lms\\["2"\\] keys \\[1, 3\\] are not 1..2'),
         (corrupt(["lms", "2"], {"1": ["111"] * 21}), 'lms\\["2"\\] has 1 GM partitions, lms\\["1"\\] has 2'),
-        (corrupt(["lms"], {"a": {}}), "field lms has non-numeric keys"),
+        (corrupt(["lms"], {"a": {}}), "field lms has keys that are not plain numbers"),
     ],
 )
 def test_malformed_reference_format_names_lm_and_gm(tmp_path: Path, doc: object, message: str) -> None:

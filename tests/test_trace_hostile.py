@@ -222,9 +222,22 @@ def test_version_true_is_not_version_1(tmp_path: Path) -> None:
         load_cluster(_write(tmp_path, _own([[[_node()]]], version=True), "c.json"))
 
 
+def test_version_1_0_is_not_version_1(tmp_path: Path) -> None:
+    with pytest.raises(ClusterFileError, match="format/version"):
+        load_cluster(_write(tmp_path, _own([[[_node()]]], version=1.0), "c.json"))
+
+
+@pytest.mark.parametrize("key", [" 1", "1 ", "+1", "01", "1_0", "\u0661"])
+def test_reference_keys_must_be_plain_numbers(tmp_path: Path, key: str) -> None:
+    """int() reads each of these as a number (the last is an Arabic-Indic one); a file naming LM 1 so is refused."""
+    doc = {"lms": {key: {"1": ["1"] * 21}}}
+    with pytest.raises(ClusterFileError, match="keys that are not plain numbers"):
+        load_cluster(_write(tmp_path, json.dumps(doc), "c.json"))
+
+
 def test_non_numeric_keys_are_named_briefly(tmp_path: Path) -> None:
     keys = {"x" * 10_000 + str(k): {"1": ["1"] * 21} for k in range(100)}
-    with pytest.raises(ClusterFileError, match="non-numeric keys") as info:
+    with pytest.raises(ClusterFileError, match="keys that are not plain numbers") as info:
         load_cluster(_write(tmp_path, json.dumps({"lms": keys}), "c.json"))
     assert len(str(info.value)) < 300
 
