@@ -81,10 +81,11 @@ def test_a_replayed_preempted_completion_of_an_earlier_run_does_not_end_the_run_
     rerun = lm.running["low.0"].placement
     assert (rerun.task.attempt, rerun.task.run_number, rerun.node) == (1, 2, first_end.items[0].state.node)
     assert gm.running["low.0"].task.run_number == 2
-    # A copy of the first run's end, replayed now, names run 1: the GM ignores it, as a repeat.
+    # A copy of the first run's end, replayed now, names run 1: the GM ignores it, as a repeat, and counts it.
+    assert gm.ignored_run_ends == 0
     assert gm.handle(first_end, net.now) == []
     assert "low.0" in gm.running and not gm.queue and not gm.waiting_tasks()
-    assert ends.preempted == ["low.0"] and gm.preempted == 1
+    assert ends.preempted == ["low.0"] and gm.preempted == 1 and gm.ignored_run_ends == 1
     # So does the LM a copy of the first run's worker report: it names run 1, not the run it placed.
     stale = WorkerReport(0, [FinishedTask("low.0", rerun.node, preempted=True, attempt=1, run_number=1)])
     assert lm.handle(stale, net.now) == [] and "low.0" in lm.running
@@ -92,6 +93,7 @@ def test_a_replayed_preempted_completion_of_an_earlier_run_does_not_end_the_run_
     net.run()
     assert ends.completed == ["high.0", "low.0"] and gm.running == {} and lm.is_idle()
     assert gm.handle(first_end, net.now) == [] and ends.completed == ["high.0", "low.0"]
+    assert gm.view_snapshot()["ignored_run_ends"] == 2
 
 
 def test_a_recovering_gm_queues_its_tasks_as_runs_no_earlier_term_used() -> None:

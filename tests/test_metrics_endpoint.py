@@ -185,6 +185,7 @@ GM_COUNTS = {
     "megha_task_failures_retried_total": "failures_retried",
     "megha_gm_preemption_attempts_total": "preemption_attempts",
     "megha_gm_preempted_tasks_total": "preempted",
+    "megha_gm_ignored_run_ends_total": "ignored_run_ends",
 }
 LM_COUNTS = {
     "megha_inconsistencies_total": "inconsistencies",

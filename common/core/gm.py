@@ -124,6 +124,7 @@ class GlobalMaster:
         self.preemptions = 0  # tasks stopped to make room for this GM's tasks
         self.preempted = 0  # this GM's tasks stopped for others
         self.retries = 0  # tasks run again because their worker was lost
+        self.ignored_run_ends = 0  # reports of a run's end ignored: repeats, copies of an earlier run's end
         # Jobs' retry rules and the tasks waiting out a backoff after a failed run (empty without rules).
         self.retry = RetryBook(random.Random(f"retry/{seed}/{gm_id}"))
         self.failures_retried = 0  # failed runs run again under their job's retry rule
@@ -561,6 +562,7 @@ class GlobalMaster:
         for item in msg.items:
             placement = ledger.run_ended(msg.lm, item.task_id, item.attempt, item.run_number)
             if placement is None:
+                self.ignored_run_ends += 1
                 continue
             usage.released(placement.task, msg.lm)
             if placement.task.queueable:
@@ -651,6 +653,7 @@ class GlobalMaster:
             "preempted": self.preempted,
             "retries": self.retries,
             "failures_retried": self.failures_retried,
+            "ignored_run_ends": self.ignored_run_ends,
             "cancelled": self.cancelled,
             "total_capacity": self.view.total_capacity(),
             "partitions": self.view.partition_usage(),

@@ -143,6 +143,11 @@ class GMState(WireModel):
     preempted: Count
     retries: Count
     failures_retried: Count = Field(0, description="failed runs run again under their job's retry rule")
+    ignored_run_ends: Count = Field(
+        0,
+        description="reports of a run's end ignored: repeats, and copies of the end of a run that is not the task's "
+        "current one (an earlier attempt or run, another LM's)",
+    )
     cancelled: Count
     total_capacity: list[Count]
     partitions: list[PartitionUse]

@@ -189,6 +189,11 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
                 core.failures_retried,
             ),
             (
+                "megha_gm_ignored_run_ends_total",
+                "Reports of a run's end this GM ignored: repeats and copies of an earlier run's end.",
+                core.ignored_run_ends,
+            ),
+            (
                 "megha_gm_repartitions_total",
                 "Placements this GM decided on another GM's partition (repartition requests).",
                 core.repartitions,
