@@ -1,9 +1,9 @@
 """Attacks of one exec task on the agent and on other tasks, with real processes: each running task is a uid of its
 own, so a task that dumps every environment and secret file finds no secret, cannot read another task's files or
 kept output, nor signal it; a fork bomb stops at the process limit and nothing of its uid outlives its run; what a
-task leaves in shared memory is counted and removed; a task makes no user namespace of its own; a link planted
-in the output folder is never followed. And an agent that cannot switch uids does not offer exec (one line at
-start-up) unless told to run tasks as its own user.
+task leaves in shared memory or holds in a memfd is counted (and what it leaves removed); a task makes no user
+namespace of its own; a link planted in the output folder is never followed. And an agent that cannot switch uids
+does not offer exec (one line at start-up) unless told to run tasks as its own user.
 
 The agent is this test process (a `TaskExecutor` with the exec driver an agent makes), run as root here; the
 unprivileged agent is a child of it that became `nobody` before it made its agent. docs/drivers.md, "Isolation"."""
@@ -345,6 +345,46 @@ async def test_shared_memory_counts_against_the_task_s_memory_and_what_a_task_le
         assert not Path(f"{folder}/megha-left-{uid}").exists(), folder
     ipc = Path("/proc/sysvipc/shm").read_text().splitlines()
     assert not [row for row in ipc[1:] if row.split()[1] == str(segment)], ipc
+
+
+MEMFD_HOG = """
+import os, time
+fd = os.memfd_create("megha-hog")  # memory in no folder the watch reads, and never mapped: in no process's pages
+for _ in range(128):
+    os.write(fd, b"x" * 2**20)
+print("written", os.fstat(fd).st_blocks * 512, flush=True)
+time.sleep(30)
+"""
+
+MEMFD_SHARED = """
+import os, time
+fd = os.memfd_create("megha-shared")
+for _ in range(100):
+    os.write(fd, b"x" * 2**20)
+os.dup(fd)  # two descriptors of one process, and then those of two processes
+if os.fork() == 0:
+    time.sleep(3)
+    os._exit(0)
+time.sleep(3)
+os.wait()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_memfd_a_task_holds_open_without_mapping_it_counts_against_its_memory_once(logs_root: Path) -> None:
+    """Under rlimits (the memory watch), a task with a 64 MB request that writes 128 MB into a memfd it never maps
+    (no process's resident memory, no folder's file) is killed for its memory. A 100 MB memfd held by two
+    descriptors of each of two processes is counted once: a task with a 160 MB request holding it is not killed,
+    and its peak shows the memfd once."""
+    async with agent(logs_root, how=Rlimits("forced by the test")) as (executor, logs):
+        hog = await run_to_end(executor, "memfd.0", python(MEMFD_HOG), memory_mb=64)
+        shared = await run_to_end(executor, "memfd.1", python(MEMFD_SHARED), memory_mb=160)
+    said = logs.read("memfd.0", 1, "stdout").decode()
+    assert "written" in said and int(said.split()[1]) >= 128 * MIB, (said, logs.read("memfd.0", 1, "stderr"))
+    assert hog.error.startswith("exceeded its memory limit of 64 MB (its processes held"), hog
+    assert shared.succeeded, (shared, logs.read("memfd.1", 1, "stderr"))
+    assert 100 <= shared.peak_rss_mb < 160, shared
 
 
 # ------------------------------------------------------------------------------------------ no user namespaces

@@ -25,7 +25,8 @@ processes only (`private_proc`) and a tmpfs of its own over the folders every us
 which the agent counts in its memory under rlimits.
 
 Under either, a run makes no user namespace of its own (`SeccompFilter`, `no_user_namespaces`): inside one it could
-mount a tmpfs the memory watch does not see, and each is kernel attack surface.
+mount a tmpfs the memory watch does not see, and each is kernel attack surface. Under rlimits the watch also counts
+the memfds the run's processes hold open (`memfd_bytes`).
 """
 
 from __future__ import annotations
@@ -570,20 +571,55 @@ def session_members(sid: int) -> list[int]:
 def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], int]:
     """Bytes held by each of `uids` (the resident memory of its processes, what it holds in /dev/shm and System V
     shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
-    ``("uid", uid)`` and ``("sid", sid)``. Shared pages are counted in every process that maps them, and a /dev/shm
-    file that is mapped is counted twice: an over-estimate, never an under-estimate. A run with its own tmpfs
-    (`OwnFolders`) adds what it holds there itself: its /dev/shm is not the host's."""
+    ``("uid", uid)`` and ``("sid", sid)``, with the memfds their processes hold open (`memfd_bytes`, each counted
+    once). Shared pages are counted in every process that maps them, and a /dev/shm file or memfd that is mapped is
+    counted twice: an over-estimate, never an under-estimate. A run with its own tmpfs (`OwnFolders`) adds what it
+    holds there itself: its /dev/shm is not the host's."""
     held: dict[tuple[str, int], int] = {}
+    memfds: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
     for p in processes():
         if p.zombie:
             continue
+        keys = []
         if p.uids[0] in uids:
-            held[("uid", p.uids[0])] = held.get(("uid", p.uids[0]), 0) + p.rss
+            keys.append(("uid", p.uids[0]))
         if p.sid in sessions:
-            held[("sid", p.sid)] = held.get(("sid", p.sid), 0) + p.rss
+            keys.append(("sid", p.sid))
+        if not keys:
+            continue
+        found = memfd_bytes(p.pid)
+        for key in keys:
+            held[key] = held.get(key, 0) + p.rss
+            if found:
+                memfds.setdefault(key, {}).update(found)
+    for key, files in memfds.items():
+        held[key] += sum(files.values())
     for uid, size in shared_memory_bytes(uids).items():
         held[("uid", uid)] = held.get(("uid", uid), 0) + size
     return held
+
+
+def memfd_bytes(pid: int) -> dict[tuple[int, int], int]:
+    """The memfds process `pid` holds open (memory in no file system the watch reads, in no page of a process that
+    does not map it), by (device, inode) so that one held by several descriptors or processes counts once: what each
+    holds (its blocks). Empty when the process is gone or ends meanwhile; a descriptor closed meanwhile is left
+    out."""
+    found: dict[tuple[int, int], int] = {}
+    folder = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return found
+    for name in names:
+        path = f"{folder}/{name}"
+        try:
+            if not os.readlink(path).startswith("/memfd:"):
+                continue
+            st = os.stat(path)
+        except OSError:
+            continue
+        found[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    return found
 
 
 def shared_memory_bytes(uids: set[int], shm: str = "/dev/shm") -> dict[int, int]:
