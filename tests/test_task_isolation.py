@@ -381,8 +381,9 @@ async def test_a_memfd_a_task_holds_open_without_mapping_it_counts_against_its_m
         hog = await run_to_end(executor, "memfd.0", python(MEMFD_HOG), memory_mb=64)
         shared = await run_to_end(executor, "memfd.1", python(MEMFD_SHARED), memory_mb=160)
     said = logs.read("memfd.0", 1, "stdout").decode()
-    assert "written" in said and int(said.split()[1]) >= 128 * MIB, (said, logs.read("memfd.0", 1, "stderr"))
-    assert hog.error.startswith("exceeded its memory limit of 64 MB (its processes held"), hog
+    assert hog.error.startswith("exceeded its memory limit of 64 MB (its processes held"), (hog, said)
+    if "written" in said:  # not killed before it said: the memfd held it all
+        assert int(said.split()[1]) >= 128 * MIB, said
     assert shared.succeeded, (shared, logs.read("memfd.1", 1, "stderr"))
     assert 100 <= shared.peak_rss_mb < 160, shared
 
