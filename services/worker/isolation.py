@@ -294,7 +294,7 @@ def why_no_user_namespace_filter(seccomp: enforcement.SeccompFilter | None) -> s
     code = os.waitstatus_to_exitcode(status)
     if code == 0:
         return None
-    if code > 100:
+    if code >= 100:
         return f"the kernel refused the seccomp filter ({os.strerror(code - 100)})"
     if code in (3, 4):
         call = "unshare(CLONE_NEWUSER)" if code == 3 else "clone3"
