@@ -1,8 +1,9 @@
 """Attacks of one exec task on the agent and on other tasks, with real processes: each running task is a uid of its
 own, so a task that dumps every environment and secret file finds no secret, cannot read another task's files or
 kept output, nor signal it; a fork bomb stops at the process limit and nothing of its uid outlives its run; what a
-task leaves in shared memory is counted and removed; a link planted in the output folder is never followed. And an
-agent that cannot switch uids does not offer exec (one line at start-up) unless told to run tasks as its own user.
+task leaves in shared memory or holds in a memfd is counted (and what it leaves removed); a task makes no user
+namespace of its own; a link planted in the output folder is never followed. And an agent that cannot switch uids
+does not offer exec (one line at start-up) unless told to run tasks as its own user.
 
 The agent is this test process (a `TaskExecutor` with the exec driver an agent makes), run as root here; the
 unprivileged agent is a child of it that became `nobody` before it made its agent. docs/drivers.md, "Isolation"."""
@@ -20,6 +21,7 @@ import secrets
 import shutil
 import signal
 import stat
+import struct
 import tempfile
 import threading
 import traceback
@@ -343,6 +345,185 @@ async def test_shared_memory_counts_against_the_task_s_memory_and_what_a_task_le
         assert not Path(f"{folder}/megha-left-{uid}").exists(), folder
     ipc = Path("/proc/sysvipc/shm").read_text().splitlines()
     assert not [row for row in ipc[1:] if row.split()[1] == str(segment)], ipc
+
+
+MEMFD_HOG = """
+import os, time
+fd = os.memfd_create("megha-hog")  # memory in no folder the watch reads, and never mapped: in no process's pages
+for _ in range(128):
+    os.write(fd, b"x" * 2**20)
+print("written", os.fstat(fd).st_blocks * 512, flush=True)
+time.sleep(30)
+"""
+
+MEMFD_SHARED = """
+import os, time
+fd = os.memfd_create("megha-shared")
+for _ in range(100):
+    os.write(fd, b"x" * 2**20)
+os.dup(fd)  # two descriptors of one process, and then those of two processes
+if os.fork() == 0:
+    time.sleep(3)
+    os._exit(0)
+time.sleep(3)
+os.wait()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_memfd_a_task_holds_open_without_mapping_it_counts_against_its_memory_once(logs_root: Path) -> None:
+    """Under rlimits (the memory watch), a task with a 64 MB request that writes 128 MB into a memfd it never maps
+    (no process's resident memory, no folder's file) is killed for its memory. A 100 MB memfd held by two
+    descriptors of each of two processes is counted once: a task with a 160 MB request holding it is not killed,
+    and its peak shows the memfd once."""
+    async with agent(logs_root, how=Rlimits("forced by the test")) as (executor, logs):
+        hog = await run_to_end(executor, "memfd.0", python(MEMFD_HOG), memory_mb=64)
+        shared = await run_to_end(executor, "memfd.1", python(MEMFD_SHARED), memory_mb=160)
+    said = logs.read("memfd.0", 1, "stdout").decode()
+    assert hog.error.startswith("exceeded its memory limit of 64 MB (its processes held"), (hog, said)
+    if "written" in said:  # not killed before it said: the memfd held it all
+        assert int(said.split()[1]) >= 128 * MIB, said
+    assert shared.succeeded, (shared, logs.read("memfd.1", 1, "stderr"))
+    assert 100 <= shared.peak_rss_mb < 160, shared
+
+
+# ------------------------------------------------------------------------------------------ no user namespaces
+
+NAMESPACES = r"""
+import ctypes, errno, mmap, os, platform, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+NEWUSER = 0x10000000
+
+def said(result):
+    return "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+
+# What every program does, first: threads, a new program, a fork.
+done = []
+threads = [threading.Thread(target=done.append, args=(i,)) for i in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print("threads", len(done))
+print("subprocess", subprocess.run(["sh", "-c", "echo $((6 * 7))"], capture_output=True, text=True).stdout.strip())
+if (pid := os.fork()) == 0:
+    os._exit(7)
+print("fork", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+# clone(CLONE_NEWUSER | SIGCHLD): where allowed, a child as fork's, which exits at once.
+clone = {"x86_64": 56, "aarch64": 220}[platform.machine()]
+pid = libc.syscall(ctypes.c_long(clone), ctypes.c_long(NEWUSER | 17), None, None, None, None)
+if pid == 0:
+    os._exit(0)
+if pid > 0:
+    os.waitpid(pid, 0)
+print("clone", said(pid))
+print("clone3", said(libc.syscall(ctypes.c_long(435), None, ctypes.c_long(0))))  # allowed: EINVAL (no arguments)
+if platform.machine() == "x86_64":  # unshare(CLONE_NEWUSER) through the i386 table (int 0x80), from this process
+    code = bytes.fromhex("53" "b836010000" "bb00000010" "cd80" "5b" "c3")  # push rbx; eax=310; ebx=flags; int 0x80
+    page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(code)
+    result = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+    print("i386 unshare", "ok" if result >= 0 else errno.errorcode[-result])
+print("unshare", said(libc.unshare(NEWUSER)))  # last: where allowed, this process is in a user namespace now
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_task_makes_no_user_namespace_but_still_starts_threads_programs_and_forks(logs_root: Path) -> None:
+    """A user namespace of its own would let a task mount a tmpfs the memory watch does not see, and is kernel attack
+    surface. unshare and clone with CLONE_NEWUSER fail with EPERM (through the i386 system call table too, on
+    x86-64: no other door), clone3 with ENOSYS (glibc then uses clone), and threads, a new program and a fork still
+    work."""
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip(f"the filter knows the system calls of x86_64 and aarch64 only, not {os.uname().machine}'s")
+    assert "making no user namespace" in await ExecDriver("iso", TASK_UIDS, 64).prepare()
+    async with agent(logs_root) as (executor, logs):
+        result = await run_to_end(executor, "userns.0", python(NAMESPACES))
+    said = dict(line.rsplit(" ", 1) for line in logs.read("userns.0", 1, "stdout").decode().splitlines())
+    assert result.succeeded, (result, said, logs.read("userns.0", 1, "stderr"))
+    assert said.pop("threads") == "4" and said.pop("subprocess") == "42" and said.pop("fork") == "7", said
+    if said.get("i386 unshare") == "ENOSYS":  # a kernel without i386 programs: no such door
+        said.pop("i386 unshare")
+    expected = {"clone": "EPERM", "clone3": "ENOSYS", "unshare": "EPERM"}
+    if os.uname().machine == "x86_64":
+        expected["i386 unshare"] = "EPERM"
+    assert said == expected
+
+
+def test_on_a_machine_the_filter_does_not_know_tasks_may_make_user_namespaces_and_the_agent_says_so(
+    logs_root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No filter rather than a wrong one: on another machine the agent installs none, says so in one line at
+    start-up, and runs its tasks."""
+    real = os.uname()
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result((*real[:4], "riscv64")))
+    assert enforcement.no_user_namespaces() is None
+
+    async def start() -> tuple[str, ExecutionResult]:
+        async with agent(logs_root) as (executor, _):
+            line = await ExecDriver("iso", TASK_UIDS, 64).prepare()
+            return line, await run_to_end(executor, "plain.0", TRUE)
+
+    with caplog.at_level(logging.WARNING):
+        line, result = asyncio.run(start())
+    assert "making no user namespace" not in line and result.succeeded, (line, result)
+    said = [r.getMessage() for r in caplog.records if "user namespaces" in r.getMessage()]
+    assert len(said) == 2, caplog.text  # one per driver prepared
+    assert said[0].startswith("exec tasks may make user namespaces of their own") and "(riscv64)" in said[0], said
+
+
+def test_the_filter_refuses_user_namespaces_for_the_native_and_the_32_bit_system_calls() -> None:
+    """The filter, read back: for each architecture the machine's processes may call the kernel as, clone and
+    unshare with CLONE_NEWUSER are refused (EPERM), clone3 always (ENOSYS), and nothing else."""
+    numbers = {
+        0xC000003E: (56, 272, 435),
+        0x40000003: (120, 310, 435),
+        0xC00000B7: (220, 97, 435),
+        0x40000028: (120, 337, 435),
+    }
+    for machine, arches in {"x86_64": (0xC000003E, 0x40000003), "aarch64": (0xC00000B7, 0x40000028)}.items():
+        seccomp = enforcement.no_user_namespaces(machine)
+        assert seccomp is not None
+        for arch in arches:
+            clone, unshare, clone3 = numbers[arch]
+            for nr, flags, refused in [
+                (clone, 0x10000000 | 17, errno.EPERM),
+                (clone, 0x00020000 | 17, None),  # CLONE_NEWNS alone: the kernel decides
+                (unshare, 0x10000000, errno.EPERM),
+                (unshare, 0x10000000 | 0x00020000, errno.EPERM),
+                (unshare, 0x00020000, None),
+                (clone3, 0, errno.ENOSYS),
+                (57, 0x10000000, None),  # any other call, whatever its arguments
+            ]:
+                assert run_filter(seccomp.program, nr, arch, flags) == refused, (machine, hex(arch), nr, hex(flags))
+        assert run_filter(seccomp.program, 272, 0xC000003F, 0x10000000) is None  # an architecture it knows not
+    x86 = enforcement.no_user_namespaces("x86_64")
+    assert x86 is not None and run_filter(x86.program, 0x40000000 | 272, 0xC000003E, 0x10000000) == errno.EPERM  # x32
+    assert enforcement.no_user_namespaces("riscv64") is None
+
+
+def run_filter(program: bytes, nr: int, arch: int, arg0: int) -> int | None:
+    """What a classic BPF seccomp program answers for a system call: the errno it fails with, None when allowed
+    (an interpreter of the few instructions such a filter uses)."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    code = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        if op == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            (acc,) = struct.unpack_from("=I", data, k)
+            pc += 1
+        elif op in (0x15, 0x45):  # BPF_JMP | BPF_JEQ / BPF_JSET | BPF_K
+            taken = acc == k if op == 0x15 else bool(acc & k)
+            pc += 1 + (jt if taken else jf)
+        elif op == 0x06:  # BPF_RET | BPF_K
+            if k == 0x7FFF0000:
+                return None
+            assert k & 0xFFFF0000 == 0x00050000, hex(k)  # SECCOMP_RET_ERRNO, never a kill
+            return k & 0xFFFF
+        else:
+            raise AssertionError(f"unexpected BPF instruction {op:#x}")
 
 
 OWNER = r"""
@@ -837,6 +1018,7 @@ def test_the_opt_in_runs_exec_tasks_as_the_agent_s_own_user_and_says_so_loudly(r
     warnings = [line for line in started["lines"] if line.startswith("WARNING")]
     assert len(warnings) == 1 and "EVERY TASK CAN READ THE AGENT'S SECRETS" in warnings[0], started["lines"]
     assert any("exec driver: each task runs as this agent's own user (uid 65534" in line for line in started["lines"])
+    assert any("making no user namespace" in line for line in started["lines"]), started["lines"]
 
 
 def test_root_without_the_capabilities_to_switch_uids_does_not_offer_exec_never_running_tasks_as_root(

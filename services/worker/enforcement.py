@@ -23,6 +23,10 @@ rlimits) and the scans of the host's processes both use.
 Where the agent has CAP_SYS_ADMIN, each run also has a mount namespace of its own, with a /proc that shows it its own
 processes only (`private_proc`) and a tmpfs of its own over the folders every user may write to (`OwnFolders`),
 which the agent counts in its memory under rlimits.
+
+Under either, a run makes no user namespace of its own (`SeccompFilter`, `no_user_namespaces`): inside one it could
+mount a tmpfs the memory watch does not see, and each is kernel attack surface. Under rlimits the watch also counts
+the memfds the run's processes hold open (`memfd_bytes`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import os
 import resource
 import signal
 import stat
+import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -369,6 +374,96 @@ def _syscall(number: int, *args: int | bytes | None) -> int:
     return result
 
 
+# ------------------------------------------------------------------------------- no user namespaces (seccomp)
+
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_CLONE_NEWUSER = 0x10000000
+# Classic BPF, as seccomp runs it: the opcodes used, and what the filter returns.
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+# struct seccomp_data: the system call's number, its architecture (AUDIT_ARCH_*), then its arguments, 8 bytes each;
+# the low 32 bits of the first at 16 on a little-endian machine (clone and unshare's flags: the kernel reads only
+# those of clone's, and unshare refuses any above).
+_NR, _ARCH, _ARG0_LOW = 0, 4, 16
+_X32 = 0x40000000  # x86-64's x32 ABI: its system calls have this bit set in their numbers, under AUDIT_ARCH_X86_64
+_NO_USER_NAMESPACES: dict[str, dict[int, tuple[tuple[int, int, int], ...]]] = {
+    # The host's machine (os.uname): each architecture its processes may call the kernel as (the native one, and
+    # the 32-bit one it runs programs of: int 0x80 from any x86-64 process reaches the i386 table), with the
+    # numbers of clone, unshare and clone3 there.
+    "x86_64": {
+        0xC000003E: ((56, 272, 435), (_X32 | 56, _X32 | 272, _X32 | 435)),  # AUDIT_ARCH_X86_64 (and x32)
+        0x40000003: ((120, 310, 435),),  # AUDIT_ARCH_I386
+    },
+    "aarch64": {
+        0xC00000B7: ((220, 97, 435),),  # AUDIT_ARCH_AARCH64
+        0x40000028: ((120, 337, 435),),  # AUDIT_ARCH_ARM (EABI)
+    },
+}
+"""The system calls that make user namespaces, per host machine and architecture: (clone, unshare, clone3)."""
+
+
+class SeccompFilter:
+    """A seccomp BPF program, built by the agent and installed by a run's process between fork and exec
+    (`install`). The process and every process it makes keep it, across exec, for their whole life."""
+
+    def __init__(self, program: bytes) -> None:
+        self.program = program
+        self._buffer = ctypes.create_string_buffer(program, len(program))
+        self._fprog = _SockFprog(len(program) // 8, ctypes.cast(self._buffer, ctypes.c_void_p))
+
+    def install(self) -> None:
+        """Install the filter on the calling thread (prctl only: fit for the time between fork and exec). Needs no
+        new privileges (PR_SET_NO_NEW_PRIVS) or CAP_SYS_ADMIN; raises OSError."""
+        if _LIBC.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(self._fprog), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def no_user_namespaces(machine: str | None = None) -> SeccompFilter | None:
+    """The filter that keeps a run from making user namespaces, for this host's `machine` (os.uname's): `unshare`
+    and `clone` with CLONE_NEWUSER in their flags fail with EPERM, and `clone3` with ENOSYS (its flags are in memory
+    a filter cannot read; glibc falls back to clone, as under Docker's default profile). Every other call is
+    allowed. None on a machine it does not know the system calls of."""
+    arches = _NO_USER_NAMESPACES.get(os.uname().machine if machine is None else machine)
+    if arches is None:
+        return None
+    code: list[tuple[int, int | str, int | str, int | str]] = []  # (opcode, jump if true, if false, k); labels
+    code.append((_BPF_LD_W_ABS, 0, 0, _ARCH))
+    for arch in arches:
+        code.append((_BPF_JEQ_K, f"arch{arch:x}", 0, arch))
+    code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW))  # a foreign architecture: never seen on these machines
+    labels: dict[str, int] = {}
+    for arch, tables in arches.items():
+        labels[f"arch{arch:x}"] = len(code)
+        code.append((_BPF_LD_W_ABS, 0, 0, _NR))
+        for clone, unshare, clone3 in tables:
+            code.append((_BPF_JEQ_K, "flags", 0, clone))
+            code.append((_BPF_JEQ_K, "flags", 0, unshare))
+            code.append((_BPF_JEQ_K, "enosys", 0, clone3))
+        code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW))
+    labels["flags"] = len(code)
+    code.append((_BPF_LD_W_ABS, 0, 0, _ARG0_LOW))
+    code.append((_BPF_JSET_K, 0, "allow", _CLONE_NEWUSER))
+    code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.EPERM))
+    labels["allow"] = len(code)
+    code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW))
+    labels["enosys"] = len(code)
+    code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS))
+
+    def jump(at: int, to: int | str) -> int:  # BPF jumps are forward, relative to the next instruction
+        offset = to if isinstance(to, int) else labels[to] - at - 1
+        assert 0 <= offset < 256
+        return offset
+
+    program = b"".join(
+        struct.pack("=HBBI", op, jump(at, jt), jump(at, jf), k) for at, (op, jt, jf, k) in enumerate(code)
+    )
+    return SeccompFilter(program)
+
+
 def child_setup(
     cgroup_procs: str | None,
     data_bytes: int | None,
@@ -378,13 +473,15 @@ def child_setup(
     gid: int,
     own_proc: bool = False,
     own_folders: OwnFolders | None = None,
+    seccomp: SeccompFilter | None = None,
 ) -> None:
     """Run in the task's process between fork and exec (subprocess's preexec_fn): join its cgroup (as the agent's
     user still), with `own_proc` a /proc that hides other users' processes (`private_proc`) and with `own_folders`
     its own tmpfs over the folders every user may write to (`OwnFolders.mount`, in the same mount namespace), no core
     dumps, cap its data segment and its uid's processes, lower its priority, no new privileges from set-user-ID
-    programs or file capabilities, then become `uid` and `gid` with no other group. Uses only modules imported
-    already and no locks, as code between fork and exec must."""
+    programs or file capabilities, then become `uid` and `gid` with no other group, and install the `seccomp`
+    filter (`no_user_namespaces`, built by the agent before the fork). Uses only modules imported already and no
+    locks, as code between fork and exec must."""
     if cgroup_procs is not None:
         fd = os.open(cgroup_procs, os.O_WRONLY)
         try:
@@ -408,6 +505,8 @@ def child_setup(
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+    if seccomp is not None:  # last: allowed by no new privileges whoever the process is now, root or not
+        seccomp.install()
 
 
 # ------------------------------------------------------------------------------------------- processes, by uid
@@ -472,20 +571,58 @@ def session_members(sid: int) -> list[int]:
 def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], int]:
     """Bytes held by each of `uids` (the resident memory of its processes, what it holds in /dev/shm and System V
     shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
-    ``("uid", uid)`` and ``("sid", sid)``. Shared pages are counted in every process that maps them, and a /dev/shm
-    file that is mapped is counted twice: an over-estimate, never an under-estimate. A run with its own tmpfs
-    (`OwnFolders`) adds what it holds there itself: its /dev/shm is not the host's."""
+    ``("uid", uid)`` and ``("sid", sid)``, with the memfds their processes hold open (`memfd_bytes`, each counted
+    once). Shared pages are counted in every process that maps them, and a /dev/shm file or memfd that is mapped is
+    counted twice: an over-estimate, never an under-estimate. A run with its own tmpfs (`OwnFolders`) adds what it
+    holds there itself: its /dev/shm is not the host's."""
     held: dict[tuple[str, int], int] = {}
+    memfds: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
     for p in processes():
         if p.zombie:
             continue
+        keys = []
         if p.uids[0] in uids:
-            held[("uid", p.uids[0])] = held.get(("uid", p.uids[0]), 0) + p.rss
+            keys.append(("uid", p.uids[0]))
         if p.sid in sessions:
-            held[("sid", p.sid)] = held.get(("sid", p.sid), 0) + p.rss
+            keys.append(("sid", p.sid))
+        if not keys:
+            continue
+        found = memfd_bytes(p.pid)
+        for key in keys:
+            held[key] = held.get(key, 0) + p.rss
+            if found:
+                memfds.setdefault(key, {}).update(found)
+    for key, files in memfds.items():
+        held[key] += sum(files.values())
     for uid, size in shared_memory_bytes(uids).items():
         held[("uid", uid)] = held.get(("uid", uid), 0) + size
     return held
+
+
+def memfd_bytes(pid: int) -> dict[tuple[int, int], int]:
+    """The memfds process `pid` holds open (memory in no file system the watch reads, in no page of a process that
+    does not map it), by (device, inode) so that one held by several descriptors or processes counts once: what each
+    holds (its blocks). Empty when the process is gone or ends meanwhile; a descriptor closed meanwhile is left
+    out."""
+    found: dict[tuple[int, int], int] = {}
+    try:
+        folder = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return found
+    try:
+        for name in os.listdir(folder):
+            try:  # relative to the folder: a third less time per descriptor than by the whole path
+                if not os.readlink(name, dir_fd=folder).startswith("/memfd:"):
+                    continue
+                st = os.stat(name, dir_fd=folder)
+            except OSError:
+                continue
+            found[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+    return found
 
 
 def shared_memory_bytes(uids: set[int], shm: str = "/dev/shm") -> dict[int, int]:

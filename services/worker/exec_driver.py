@@ -6,8 +6,9 @@ Each run leases a uid (and the gid of the same number) from MEGHA_TASK_UIDS that
 environment (PATH, HOME, LANG, TMPDIR, then the task's `env`: nothing of the agent's), umask 077, in the task's
 `workdir` or else its scratch folder (0700 and the run's uid's, in the system's temp folder under a random name,
 deleted when the run ends; also its TMPDIR), with no new privileges (a set-user-ID program does not make it root),
-at most MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), and its CPU and memory
-enforced as `enforcement.detect` chose at start-up: cgroups v2 or rlimits. Where the agent has CAP_SYS_ADMIN, the run
+no user namespace of its own (a seccomp filter, `enforcement.no_user_namespaces`, on x86-64 and arm64), at most
+MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), and its CPU and memory enforced as
+`enforcement.detect` chose at start-up: cgroups v2 or rlimits. Where the agent has CAP_SYS_ADMIN, the run
 has a mount namespace of its own with a /proc that shows it only its own processes and a tmpfs of its own, at most
 its memory request, over /dev/shm, /tmp, /var/tmp and /run/lock (`enforcement.OwnFolders`; its scratch folder, on
 the host, bound at its path again), counted in its memory under rlimits.
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from megha.services.worker import enforcement, isolation
 from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
-from megha.services.worker.enforcement import MIB, Cgroups, OwnFolders, Rlimits
+from megha.services.worker.enforcement import MIB, Cgroups, OwnFolders, Rlimits, SeccompFilter
 from megha.services.worker.isolation import TaskUids, UidLease, describe_range
 from megha.services.worker.memory_watch import MemoryWatch, WatchKey
 from megha.services.worker.output_pump import OutputPump
@@ -91,6 +92,7 @@ class ExecDriver(Driver):
         self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
         self._own_proc = False  # each run has a /proc of its own that hides the other runs (`isolation`)
         self._own_folders: tuple[str, ...] = ()  # the shared folders each run has a tmpfs of its own over
+        self._seccomp: SeccompFilter | None = None  # keeps each run from making user namespaces (`isolation`)
         self._watch = MemoryWatch()
 
     @property
@@ -153,6 +155,16 @@ class ExecDriver(Driver):
                 self._isolated = False
             if self._enforcement is None:
                 self._enforcement = enforcement.detect(self._worker_id)
+            seccomp = enforcement.no_user_namespaces()
+            if why := await asyncio.to_thread(isolation.why_no_user_namespace_filter, seccomp):
+                log.warning(
+                    "exec tasks may make user namespaces of their own where this host lets unprivileged users "
+                    "(kernel attack surface; under rlimits, memory in a tmpfs mounted there is not counted): %s "
+                    "(docs/drivers.md)",
+                    why,
+                )
+            else:
+                self._seccomp = seccomp
         assert self._enforcement is not None
         if self._isolated:
             who = f"a uid of its own from {describe_range(self._uids.uids)}, at most {self._max_processes} processes"
@@ -162,6 +174,8 @@ class ExecDriver(Driver):
                 who += f", with its own {', '.join(self._own_folders)} (a tmpfs of at most its memory request)"
         else:
             who = f"this agent's own user (uid {os.geteuid()}: MEGHA_EXEC_AS_AGENT_USER), no process limit"
+        if self._seccomp is not None:
+            who += ", making no user namespace"
         return f"exec driver: each task runs as {who}; CPU and memory enforced with {self._enforcement.describe()}"
 
     async def start(self, task_id: str, attempt: int, spec: RunSpec, limits: Limits, log: RunLog) -> Run:
@@ -196,6 +210,7 @@ class ExecDriver(Driver):
                 -1 if lease is None else lease.gid,
                 lease is not None and self._own_proc,
                 folders,
+                self._seccomp,
             )
             # preexec_fn, not user=: the process joins its cgroup before it gives up the agent's privileges. It
             # calls only os, resource and libc functions, so the agent's other threads cannot deadlock it.

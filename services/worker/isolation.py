@@ -4,7 +4,8 @@ signalled all at once with kill(-1) from a child that became the uid, so one tha
 reached (`signal_uid`); when the run ends every process of the uid is killed (`kill_uid`) and what it left in the
 shared temporary folders and System V IPC is removed (`purge_uid`), before the uid is free again. Where the agent
 may make mount namespaces, a run has a /proc and temporary folders of its own instead of the host's
-(`why_no_private_proc`, `why_no_own_folders`). The agent's own folders are private to it (`private_folder`)."""
+(`why_no_private_proc`, `why_no_own_folders`), and on the machines the filter knows, no run makes a user namespace
+(`why_no_user_namespace_filter`). The agent's own folders are private to it (`private_folder`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ SETUID_CAPABILITIES = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "
 what the uid left behind (root has them all, unless they were dropped)."""
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _IPC_RMID = 0
+_PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWUSER = 0x10000000
+_SYS_CLONE3 = 435  # the same on every architecture
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,51 @@ def why_no_private_proc() -> str | None:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"it may not mount a /proc of a run's own ({exc})"
     return None
+
+
+def why_no_user_namespace_filter(seccomp: enforcement.SeccompFilter | None) -> str | None:
+    """Why runs cannot be kept from making user namespaces of their own (None: they can, with `seccomp`, the filter
+    `enforcement.no_user_namespaces` built for this host): a machine it knows no system call numbers of, or a kernel
+    that refuses the filter (one without seccomp filters) or does not apply it. Tried once, on a child process that
+    installs it, checks that unshare(CLONE_NEWUSER) fails with EPERM and clone3 with ENOSYS, and exits at once."""
+    if seccomp is None:
+        return f"this host's machine ({os.uname().machine}) is none the filter knows the system calls of"
+    with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # libc calls only, as between fork and exec
+        code = 1
+        try:
+            if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                code = 2
+            else:
+                try:
+                    seccomp.install()
+                except OSError as exc:
+                    code = 100 + min(exc.errno or 0, 150)
+                else:
+                    if _LIBC.unshare(_CLONE_NEWUSER) == 0 or ctypes.get_errno() != errno.EPERM:
+                        code = 3
+                    elif _LIBC.syscall(ctypes.c_long(_SYS_CLONE3), None, ctypes.c_long(0)) == 0 or (
+                        ctypes.get_errno() != errno.ENOSYS
+                    ):
+                        code = 4
+                    else:
+                        code = 0
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return None
+    if code >= 100:
+        return f"the kernel refused the seccomp filter ({os.strerror(code - 100)})"
+    if code in (3, 4):
+        call = "unshare(CLONE_NEWUSER)" if code == 3 else "clone3"
+        return f"the kernel took the seccomp filter but {call} did not fail as it should"
+    return f"a child process could not try the seccomp filter (exit status {code})"
 
 
 def shared_folders(candidates: tuple[str, ...] = OWN_FOLDERS) -> tuple[str, ...]:

@@ -13,9 +13,9 @@ WatchKey = tuple[str, int]
 
 
 class MemoryWatch:
-    """Rlimits: every WATCH_SECONDS, what each exec run holds (its uid's processes and shared memory, or its
-    session's processes), shown to the run, which kills itself when over its limit. One scan of /proc serves every
-    run."""
+    """Rlimits: every WATCH_SECONDS, what each exec run holds (its uid's processes, the memfds they hold open and its
+    shared memory, or its session's processes and their memfds: `enforcement.memory_usage`), shown to the run, which
+    kills itself when over its limit. One scan of /proc serves every run."""
 
     def __init__(self) -> None:
         self._runs: dict[WatchKey, Callable[[int], None]] = {}
