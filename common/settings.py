@@ -590,6 +590,13 @@ class WorkerSettings(UserTokens):
         description="processes and threads one exec or container task may have at once (exec: RLIMIT_NPROC of its "
         "own uid; container: the engine's pids limit); a fork bomb stops there",
     )
+    task_max_files: int = Field(
+        4096,
+        ge=64,
+        description="descriptors (open files, sockets, pipes) one exec or container task may hold open: each of its "
+        "processes at most this many (exec: RLIMIT_NOFILE, or the agent's own hard limit when lower; container: the "
+        "nofile ulimit), and under rlimits all of an exec task's processes together, or the agent kills it",
+    )
     exec_as_agent_user: bool = Field(
         False,
         description="for an agent that cannot switch uids (not root): offer exec anyway, running every task as the "

@@ -46,6 +46,7 @@ PYTHON = "python3"  # the host's, on the minimal PATH an exec task gets, and usa
 ROOT = os.geteuid() == 0
 TASK_UIDS = WorkerSettings().task_uid_range()
 MAX_PROCESSES = 64
+MAX_FILES = 256
 
 
 def exec_driver(how: enforcement.Cgroups | enforcement.Rlimits | None = None) -> ExecDriver:
@@ -73,7 +74,7 @@ async def executing(
     if "container" in names:
         from megha.services.worker.container_driver import ContainerDriver
 
-        drivers["container"] = ContainerDriver(f"test{uuid.uuid4().hex[:6]}", MAX_PROCESSES, network)
+        drivers["container"] = ContainerDriver(f"test{uuid.uuid4().hex[:6]}", MAX_PROCESSES, network, MAX_FILES)
     for driver in drivers.values():
         await driver.prepare()
     executor = TaskExecutor(on_finished, drivers=drivers, logs=logs, kill_grace=2.0)
@@ -292,7 +293,7 @@ def containers_of(task_id: str) -> list[Any]:
 
 
 LIMITS = """
-import pathlib, sys
+import pathlib, resource, sys
 def first(*paths):
     for p in paths:
         try:
@@ -303,6 +304,7 @@ print("memory", first("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory
 print("cpu", first("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
                    "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"))
 print("pids", first("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"))
+print("nofile", *resource.getrlimit(resource.RLIMIT_NOFILE))
 status = dict(line.split(":", 1) for line in pathlib.Path("/proc/self/status").read_text().splitlines())
 print("capabilities", status["CapEff"].strip(), status["CapBnd"].strip())
 print("no-new-privileges", status["NoNewPrivs"].strip())
@@ -323,6 +325,7 @@ async def test_a_container_runs_python_with_its_limits_and_its_output_is_kept(tm
     assert out["memory"] == str(64 * 2**20)
     assert out["cpu"].split()[0] == "50000"  # 500 millicores: 50 ms of every 100 ms
     assert out["pids"] == str(MAX_PROCESSES)  # MEGHA_TASK_MAX_PROCESSES
+    assert out["nofile"] == f"{MAX_FILES} {MAX_FILES}"  # MEGHA_TASK_MAX_FILES, soft and hard
     assert out["capabilities"] == "0000000000000000 0000000000000000"  # every capability dropped
     assert out["no-new-privileges"] == "1"
     assert out["greeting"] == "hello /tmp"

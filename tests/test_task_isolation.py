@@ -81,13 +81,13 @@ def uid_processes(uid: int) -> list[int]:
 
 @asynccontextmanager
 async def agent(
-    logs_root: Path, max_processes: int = 64, how: Cgroups | Rlimits | None = None
+    logs_root: Path, max_processes: int = 64, how: Cgroups | Rlimits | None = None, max_files: int = 4096
 ) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
     """An executor with the exec driver as an agent makes it from its settings, prepared as at its start-up (`how`:
     CPU and memory enforced so, rather than as the agent would choose)."""
     logs = TaskLogs(logs_root, 1 << 20, kept=100)
     logs.prepare()
-    driver = ExecDriver("iso", TASK_UIDS, max_processes, how=how)
+    driver = ExecDriver("iso", TASK_UIDS, max_processes, how=how, max_files=max_files)
     await driver.prepare()
     assert driver.isolated
     executor = TaskExecutor(drivers={"exec": driver}, logs=logs, kill_grace=1.0)
@@ -386,6 +386,127 @@ async def test_a_memfd_a_task_holds_open_without_mapping_it_counts_against_its_m
         assert int(said.split()[1]) >= 128 * MIB, said
     assert shared.succeeded, (shared, logs.read("memfd.1", 1, "stderr"))
     assert 100 <= shared.peak_rss_mb < 160, shared
+
+
+# ----------------------------------------------------------------------------------------------- open descriptors
+
+FILES = r"""
+import errno, os, resource
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+print("limit", soft, hard)
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard + 1, hard + 1))
+    print("raise", resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+except (ValueError, OSError):
+    print("raise refused")
+opened = []
+try:
+    while len(opened) < 100_000:
+        opened.append(os.open("/dev/null", os.O_RDONLY))
+    print("open", "never refused")
+except OSError as exc:
+    print("open", errno.errorcode[exc.errno], max(opened))
+"""
+
+
+def test_a_task_holds_at_most_max_files_descriptors_per_process_and_cannot_raise_that(tmp_path: Path) -> None:
+    """An agent started with MEGHA_TASK_MAX_FILES=128: an exec task's descriptor limit is 128, soft and hard; it
+    cannot raise it, and its 129th descriptor (number 128) fails with EMFILE."""
+    settings = {"drivers": "burn,exec", "task_max_files": 128, "task_log_dir": str(tmp_path / "logs")}
+    started = in_child(lambda: None, lambda: start_agent((PYTHON, "-c", FILES), **settings))
+    assert "error" not in started, started
+    said = dict(line.split(" ", 1) for line in started["task_uid"].splitlines())
+    assert said == {"limit": "128 128", "raise": "refused", "open": "EMFILE 127"}, said
+    assert any("processes and 128 open files" in line for line in started["lines"]), started["lines"]
+
+
+SPREAD = """
+import os, sys, time
+for _ in range(3):  # four processes
+    if os.fork() == 0:
+        break
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(int(sys.argv[1]))]
+print("holding", len(held), flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_task_whose_processes_together_hold_more_than_max_files_descriptors_is_killed_promptly(
+    logs_root: Path,
+) -> None:
+    """Under rlimits (the memory watch), with MEGHA_TASK_MAX_FILES=128: four processes each holding 60 descriptors
+    (under 128 each) are killed within a few looks of the watch, for their descriptors; four holding 20 each are
+    not."""
+    async with agent(logs_root, how=Rlimits("forced by the test"), max_files=128) as (executor, logs):
+        begun = asyncio.get_running_loop().time()
+        spread = await run_to_end(executor, "files.0", RunSpec("exec", (PYTHON, "-c", SPREAD, "60", "10")))
+        took = asyncio.get_running_loop().time() - begun
+        few = await run_to_end(executor, "files.1", RunSpec("exec", (PYTHON, "-c", SPREAD, "20", "1")))
+    said = logs.read("files.0", 1, "stdout").decode()
+    assert spread.error == "held more than 128 open descriptors across its processes (MEGHA_TASK_MAX_FILES)", (
+        spread,
+        said,
+        logs.read("files.0", 1, "stderr"),
+    )
+    assert said.count("holding 60") == 4, said  # each process under the limit: none refused a descriptor
+    assert took < 5, took
+    assert few.succeeded, (few, logs.read("files.1", 1, "stderr"))
+    assert logs.read("files.1", 1, "stdout").decode().count("holding 20") == 4
+
+
+def holding(uid: int, descriptors: int) -> int:
+    """A child process that became `uid` holding `descriptors` open (its stdin, stdout and stderr among them, no
+    other of this process's), waiting for a signal; its pid once it holds them."""
+    ready, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            os.closerange(3, tell)
+            os.closerange(tell + 1, 1 << 16)
+            opened = [os.open("/dev/null", os.O_RDONLY) for _ in range(descriptors - 4)]
+            os.write(tell, b"!")
+            os.close(tell)
+            os.open("/dev/null", os.O_RDONLY)
+            assert len(os.listdir("/proc/self/fd")) - 1 == descriptors, opened  # less the listing's own
+            signal.pause()
+        finally:
+            os._exit(0)
+    os.close(tell)
+    try:
+        assert os.read(ready, 1) == b"!"
+    finally:
+        os.close(ready)
+    return pid
+
+
+def test_the_memory_watch_looks_at_no_more_than_max_files_descriptors_of_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes of a uid, each holding 100 descriptors: with a bound of 128, the watch's scan looks at (reads
+    the link of) at most 128 of them and says the uid holds more than 128; unbounded, it looks at all 200."""
+    uid = TASK_UIDS[-30]
+    children = [holding(uid, 100) for _ in range(2)]
+    looked: list[str] = []
+    readlink = os.readlink
+
+    def counting(path: str, *, dir_fd: int | None = None) -> str:
+        looked.append(path)
+        return readlink(path, dir_fd=dir_fd)
+
+    try:
+        monkeypatch.setattr(os, "readlink", counting)
+        bounded = enforcement.memory_usage({uid}, set(), 128)[("uid", uid)]
+        bounded_looks = len(looked)
+        looked.clear()
+        unbounded = enforcement.memory_usage({uid}, set())[("uid", uid)]
+        monkeypatch.undo()
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert bounded.descriptors > 128 and bounded_looks <= 128, (bounded, bounded_looks)
+    assert unbounded.descriptors == 200 and len(looked) == 200, (unbounded, len(looked))
+    assert bounded.held > 0
 
 
 # ------------------------------------------------------------------------------------------ no user namespaces
@@ -804,14 +925,16 @@ async def test_what_the_memory_watch_saw_of_a_uid_is_not_shown_to_the_next_run_o
     scanning, swapped = threading.Event(), threading.Event()
     scans = iter([10**12, 1])  # the ended run's memory, then the new run's
 
-    def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], int]:
+    def memory_usage(
+        uids: set[int], sessions: set[int], max_files: int | None = None
+    ) -> dict[tuple[str, int], enforcement.Usage]:
         scanning.set()
         swapped.wait(10)
-        return {("uid", 7): next(scans, 1)}
+        return {("uid", 7): enforcement.Usage(next(scans, 1), 3)}
 
     monkeypatch.setattr(enforcement, "memory_usage", memory_usage)
-    ended: list[int] = []
-    new: list[int] = []
+    ended: list[enforcement.Usage] = []
+    new: list[enforcement.Usage] = []
     watch = MemoryWatch()
     watch.add(("uid", 7), ended.append)
     await asyncio.to_thread(scanning.wait, 10)
@@ -819,7 +942,7 @@ async def test_what_the_memory_watch_saw_of_a_uid_is_not_shown_to_the_next_run_o
     watch.add(("uid", 7), new.append)
     swapped.set()
     await wait_for(lambda: bool(new), 10)  # the next scan's is the new run's
-    assert ended == [] and new[0] == 1
+    assert ended == [] and new[0].held == 1
     watch.forget(("uid", 7))
 
 
@@ -960,9 +1083,10 @@ def drop_sys_admin() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def start_agent(**settings: Any) -> dict[str, Any]:
+def start_agent(command: tuple[str, ...] = ("id", "-u"), **settings: Any) -> dict[str, Any]:
     """An agent made and started (`prepare`, as its app's start-up does): what it logged, the drivers it offers and
-    registers, and, when it offers exec, the uid an exec task ran as."""
+    registers, and, when it offers exec, what an exec task running `command` printed (`task_uid`: by default, the
+    uid it ran as)."""
     lines: list[str] = []
 
     class Keep(logging.Handler):
@@ -982,7 +1106,7 @@ def start_agent(**settings: Any) -> dict[str, Any]:
         }
         if "exec" in worker.drivers:
             assert isinstance(worker.executor, TaskExecutor) and worker.logs is not None
-            await worker.executor.start("who.0", 500, 64, 0.0, RunSpec("exec", ("id", "-u")))
+            await worker.executor.start("who.0", 500, 64, 0.0, RunSpec("exec", command))
             found["error"] = (await worker.executor.wait("who.0")).error or None
             found["task_uid"] = worker.logs.read("who.0", 1, "stdout").decode().strip()
             if found["error"] is None:

@@ -471,13 +471,17 @@ def _drivers(settings: WorkerSettings) -> dict[str, Driver]:
     drivers: dict[str, Driver] = {}
     if "exec" in settings.drivers:
         drivers["exec"] = ExecDriver(
-            settings.worker_id, settings.task_uid_range(), settings.task_max_processes, settings.exec_as_agent_user
+            settings.worker_id,
+            settings.task_uid_range(),
+            settings.task_max_processes,
+            settings.exec_as_agent_user,
+            max_files=settings.task_max_files,
         )
     if "container" in settings.drivers:
         from megha.services.worker.container_driver import ContainerDriver  # imports the Docker SDK
 
         drivers["container"] = ContainerDriver(
-            settings.worker_id, settings.task_max_processes, settings.container_network
+            settings.worker_id, settings.task_max_processes, settings.container_network, settings.task_max_files
         )
     return drivers
 

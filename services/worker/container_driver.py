@@ -3,7 +3,8 @@ limits from its request.
 
 A run is one container, ``megha-<worker>-<task>-<attempt>``, labelled with the task (``megha.task``,
 ``megha.attempt``, ``megha.worker``): ``nano_cpus`` from the CPU request, ``mem_limit`` (and as much with swap,
-so none) from the memory request, ``pids_limit`` MEGHA_TASK_MAX_PROCESSES (a fork bomb stops there). It runs with
+so none) from the memory request, ``pids_limit`` MEGHA_TASK_MAX_PROCESSES (a fork bomb stops there), the ``nofile``
+ulimit MEGHA_TASK_MAX_FILES (soft and hard: the descriptors each of its processes may hold open). It runs with
 every capability dropped and no new privileges (a set-user-ID program in the image gains nothing), its own IPC
 namespace (a private /dev/shm, counted in its memory limit), on the network MEGHA_CONTAINER_NETWORK names (the
 engine's default bridge unless told), and with the task's `env` only: nothing of the agent's environment. It runs
@@ -60,11 +61,13 @@ def container_name(worker_id: str, task_id: str, attempt: int) -> str:
 class ContainerDriver(Driver):
     name = "container"
 
-    def __init__(self, worker_id: str, max_processes: int, network: str = "bridge") -> None:
+    def __init__(self, worker_id: str, max_processes: int, network: str = "bridge", max_files: int = 4096) -> None:
         """`max_processes`: the pids limit of each container (MEGHA_TASK_MAX_PROCESSES); `network`: the Docker
-        network containers join (MEGHA_CONTAINER_NETWORK)."""
+        network containers join (MEGHA_CONTAINER_NETWORK); `max_files`: the nofile ulimit of its processes
+        (MEGHA_TASK_MAX_FILES)."""
         self._worker_id = worker_id
         self._max_processes = max_processes
+        self._max_files = max_files
         self._network = network
         self._client: docker.DockerClient | None = None  # calls that return at once (60 s timeout)
         self._follow: docker.DockerClient | None = None  # following output and waiting: no read timeout
@@ -83,7 +86,8 @@ class ContainerDriver(Driver):
             ) from None
         return (
             f"container driver: Docker engine {version.get('Version', '?')} at {where}; containers run with no "
-            f"capabilities, no new privileges, at most {self._max_processes} processes, on network {self._network}"
+            f"capabilities, no new privileges, at most {self._max_processes} processes and {self._max_files} open "
+            f"files per process, on network {self._network}"
         )
 
     async def start(self, task_id: str, attempt: int, spec: RunSpec, limits: Limits, log: RunLog) -> Run:
@@ -101,6 +105,7 @@ class ContainerDriver(Driver):
             "memswap_limit": limits.memory_mb * MIB,
             "nano_cpus": limits.cpu_millicores * 1_000_000,
             "pids_limit": self._max_processes,
+            "ulimits": [docker.types.Ulimit(name="nofile", soft=self._max_files, hard=self._max_files)],
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges:true"],
             "ipc_mode": "private",

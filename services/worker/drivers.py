@@ -26,13 +26,15 @@ class Limits(NamedTuple):
 
 class Exit(NamedTuple):
     """How a run ended. `exit_code` is the process's or the container's; negative: killed by that signal.
-    `memory_exceeded`: its memory limit stopped it (`memory_how` says how, when that is worth saying)."""
+    `memory_exceeded`: its memory limit stopped it (`memory_how` says how, when that is worth saying);
+    `limit_exceeded`: another limit of the driver's stopped it, saying which (the run's failure reason)."""
 
     exit_code: int
     cpu_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     memory_exceeded: bool = False
     memory_how: str = ""
+    limit_exceeded: str = ""
 
 
 class DriverUnavailable(Exception):

@@ -27,6 +27,10 @@ which the agent counts in its memory under rlimits.
 Under either, a run makes no user namespace of its own (`SeccompFilter`, `no_user_namespaces`): inside one it could
 mount a tmpfs the memory watch does not see, and each is kernel attack surface. Under rlimits the watch also counts
 the memfds the run's processes hold open (`memfd_bytes`).
+
+Each of a run's processes holds at most MEGHA_TASK_MAX_FILES descriptors (RLIMIT_NOFILE), under either; under rlimits
+the watch also counts the descriptors of all the run's processes together and, rather than look for memfds among more
+than MEGHA_TASK_MAX_FILES, says the run holds too many (`memory_usage`), which kills it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from megha.services.worker.drivers import Limits
 
@@ -474,11 +479,13 @@ def child_setup(
     own_proc: bool = False,
     own_folders: OwnFolders | None = None,
     seccomp: SeccompFilter | None = None,
+    max_files: int | None = None,
 ) -> None:
     """Run in the task's process between fork and exec (subprocess's preexec_fn): join its cgroup (as the agent's
     user still), with `own_proc` a /proc that hides other users' processes (`private_proc`) and with `own_folders`
     its own tmpfs over the folders every user may write to (`OwnFolders.mount`, in the same mount namespace), no core
-    dumps, cap its data segment and its uid's processes, lower its priority, no new privileges from set-user-ID
+    dumps, cap its data segment, its open descriptors (`max_files`, soft and hard: a process of the run cannot raise
+    it) and its uid's processes, lower its priority, no new privileges from set-user-ID
     programs or file capabilities, then become `uid` and `gid` with no other group, and install the `seccomp`
     filter (`no_user_namespaces`, built by the agent before the fork). Uses only modules imported already and no
     locks, as code between fork and exec must."""
@@ -495,6 +502,8 @@ def child_setup(
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if data_bytes is not None:
         resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))
+    if max_files is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
     if max_processes is not None:  # counted per real uid: only meaningful for a uid of the run's own
         resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
     if nice:
@@ -568,14 +577,29 @@ def session_members(sid: int) -> list[int]:
     return [p.pid for p in processes() if p.sid == sid and not p.zombie]
 
 
-def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], int]:
+class Usage(NamedTuple):
+    """What the memory watch saw of one run: `held`, the bytes its processes hold (`memory_usage`), and
+    `descriptors`, how many descriptors they hold open. Over `memory_usage`'s `max_files`, counted only up to the
+    process that took the run over it, and `held` then leaves out the memfds (not looked for)."""
+
+    held: int
+    descriptors: int
+
+
+def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = None) -> dict[tuple[str, int], Usage]:
     """Bytes held by each of `uids` (the resident memory of its processes, what it holds in /dev/shm and System V
     shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
     ``("uid", uid)`` and ``("sid", sid)``, with the memfds their processes hold open (`memfd_bytes`, each counted
-    once). Shared pages are counted in every process that maps them, and a /dev/shm file or memfd that is mapped is
-    counted twice: an over-estimate, never an under-estimate. A run with its own tmpfs (`OwnFolders`) adds what it
-    holds there itself: its /dev/shm is not the host's."""
+    once), and the descriptors their processes hold open. Shared pages are counted in every process that maps them,
+    and a /dev/shm file or memfd that is mapped is counted twice: an over-estimate, never an under-estimate. A run
+    with its own tmpfs (`OwnFolders`) adds what it holds there itself: its /dev/shm is not the host's.
+
+    `max_files`: at most this many descriptors are looked at for memfds per uid or session. Each process's are
+    counted (a listing of /proc/<pid>/fd) before they are looked at, and once a uid's or session's processes hold
+    more than `max_files` together, none more of them is looked at (nor counted): its `descriptors` is then over
+    `max_files`, and its memfds are not counted."""
     held: dict[tuple[str, int], int] = {}
+    descriptors: dict[tuple[str, int], int] = {}
     memfds: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
     for p in processes():
         if p.zombie:
@@ -587,30 +611,42 @@ def memory_usage(uids: set[int], sessions: set[int]) -> dict[tuple[str, int], in
             keys.append(("sid", p.sid))
         if not keys:
             continue
-        found = memfd_bytes(p.pid)
         for key in keys:
             held[key] = held.get(key, 0) + p.rss
+        # Those over `max_files` already: the process's descriptors are not even counted.
+        counted = [key for key in keys if max_files is None or descriptors.get(key, 0) <= max_files]
+        if not counted:
+            continue
+        left = None if max_files is None else max(max_files - descriptors.get(key, 0) for key in counted)
+        count, found = memfd_bytes(p.pid, left)
+        for key in counted:
+            descriptors[key] = descriptors.get(key, 0) + count
             if found:
                 memfds.setdefault(key, {}).update(found)
     for key, files in memfds.items():
-        held[key] += sum(files.values())
+        if max_files is None or descriptors[key] <= max_files:
+            held[key] += sum(files.values())
     for uid, size in shared_memory_bytes(uids).items():
         held[("uid", uid)] = held.get(("uid", uid), 0) + size
-    return held
+    return {key: Usage(size, descriptors.get(key, 0)) for key, size in held.items()}
 
 
-def memfd_bytes(pid: int) -> dict[tuple[int, int], int]:
-    """The memfds process `pid` holds open (memory in no file system the watch reads, in no page of a process that
-    does not map it), by (device, inode) so that one held by several descriptors or processes counts once: what each
-    holds (its blocks). Empty when the process is gone or ends meanwhile; a descriptor closed meanwhile is left
-    out."""
+def memfd_bytes(pid: int, at_most: int | None = None) -> tuple[int, dict[tuple[int, int], int]]:
+    """How many descriptors process `pid` holds open, and the memfds among them (memory in no file system the watch
+    reads, in no page of a process that does not map it), by (device, inode) so that one held by several
+    descriptors or processes counts once: what each holds (its blocks). When it holds more than `at_most`, none is
+    looked at (no memfd): counting them (listing /proc/<pid>/fd) costs much less than looking at each (a readlink).
+    (0, {}) when the process is gone or ends meanwhile; a descriptor closed meanwhile is left out."""
     found: dict[tuple[int, int], int] = {}
     try:
         folder = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return found
+        return 0, found
     try:
-        for name in os.listdir(folder):
+        names = os.listdir(folder)
+        if at_most is not None and len(names) > at_most:
+            return len(names), found
+        for name in names:
             try:  # relative to the folder: a third less time per descriptor than by the whole path
                 if not os.readlink(name, dir_fd=folder).startswith("/memfd:"):
                     continue
@@ -619,10 +655,10 @@ def memfd_bytes(pid: int) -> dict[tuple[int, int], int]:
                 continue
             found[(st.st_dev, st.st_ino)] = st.st_blocks * 512
     except OSError:
-        pass
+        return 0, found
     finally:
         os.close(folder)
-    return found
+    return len(names), found
 
 
 def shared_memory_bytes(uids: set[int], shm: str = "/dev/shm") -> dict[int, int]:

@@ -7,8 +7,9 @@ environment (PATH, HOME, LANG, TMPDIR, then the task's `env`: nothing of the age
 `workdir` or else its scratch folder (0700 and the run's uid's, in the system's temp folder under a random name,
 deleted when the run ends; also its TMPDIR), with no new privileges (a set-user-ID program does not make it root),
 no user namespace of its own (a seccomp filter, `enforcement.no_user_namespaces`, on x86-64 and arm64), at most
-MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), and its CPU and memory enforced as
-`enforcement.detect` chose at start-up: cgroups v2 or rlimits. Where the agent has CAP_SYS_ADMIN, the run
+MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), at most MEGHA_TASK_MAX_FILES open
+descriptors per process (RLIMIT_NOFILE), and its CPU and memory enforced as `enforcement.detect` chose at start-up:
+cgroups v2 or rlimits. Where the agent has CAP_SYS_ADMIN, the run
 has a mount namespace of its own with a /proc that shows it only its own processes and a tmpfs of its own, at most
 its memory request, over /dev/shm, /tmp, /var/tmp and /run/lock (`enforcement.OwnFolders`; its scratch folder, on
 the host, bound at its path again), counted in its memory under rlimits.
@@ -20,7 +21,7 @@ as a warning at start-up says, with no process limit (it would count the agent's
 The agent reaps the process itself (``os.wait4`` when its pidfd says it ended) to learn the CPU time it and the
 children it waited for used. It reads the output pipes itself too (`output_pump.OutputPump`), not through the
 loop's pipe transports. Under rlimits, `memory_watch.MemoryWatch` shows each run what its processes hold, and a run
-over its memory kills itself.
+over its memory, or whose processes hold more than MEGHA_TASK_MAX_FILES descriptors together, kills itself.
 
 When the run ends, every process of its uid (or what it left in its session or cgroup) is killed, so its output
 pipes close and nothing of it outlives the run, even a process that left the session; what the uid left in the
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from megha.services.worker import enforcement, isolation
 from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
-from megha.services.worker.enforcement import MIB, Cgroups, OwnFolders, Rlimits, SeccompFilter
+from megha.services.worker.enforcement import MIB, Cgroups, OwnFolders, Rlimits, SeccompFilter, Usage
 from megha.services.worker.isolation import TaskUids, UidLease, describe_range
 from megha.services.worker.memory_watch import MemoryWatch, WatchKey
 from megha.services.worker.output_pump import OutputPump
@@ -79,21 +80,24 @@ class ExecDriver(Driver):
         max_processes: int,
         as_agent_user: bool = False,
         how: Cgroups | Rlimits | None = None,
+        max_files: int = 4096,
     ) -> None:
         """`task_uids`: the uids runs take, one each (MEGHA_TASK_UIDS); `max_processes`: the processes and threads
         a run may have (MEGHA_TASK_MAX_PROCESSES); `as_agent_user`: when the agent cannot switch uids, run tasks as
         its own user rather than not offer exec (MEGHA_EXEC_AS_AGENT_USER); `how`: how CPU and memory are enforced,
-        None: as `enforcement.detect` chooses at `prepare`."""
+        None: as `enforcement.detect` chooses at `prepare`; `max_files`: the descriptors each process of a run may
+        hold open, and under rlimits all of them together (MEGHA_TASK_MAX_FILES)."""
         self._worker_id = worker_id
         self._uids = TaskUids(task_uids)
         self._max_processes = max_processes
+        self._max_files = max_files
         self._as_agent_user = as_agent_user
         self._enforcement = how
         self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
         self._own_proc = False  # each run has a /proc of its own that hides the other runs (`isolation`)
         self._own_folders: tuple[str, ...] = ()  # the shared folders each run has a tmpfs of its own over
         self._seccomp: SeccompFilter | None = None  # keeps each run from making user namespaces (`isolation`)
-        self._watch = MemoryWatch()
+        self._watch = MemoryWatch(max_files)
 
     @property
     def enforcement(self) -> Cgroups | Rlimits | None:
@@ -167,13 +171,19 @@ class ExecDriver(Driver):
                 self._seccomp = seccomp
         assert self._enforcement is not None
         if self._isolated:
-            who = f"a uid of its own from {describe_range(self._uids.uids)}, at most {self._max_processes} processes"
+            who = (
+                f"a uid of its own from {describe_range(self._uids.uids)}, at most {self._max_processes} processes "
+                f"and {self._max_files} open files"
+            )
             if self._own_proc:
                 who += ", seeing only its own processes"
             if self._own_folders:
                 who += f", with its own {', '.join(self._own_folders)} (a tmpfs of at most its memory request)"
         else:
-            who = f"this agent's own user (uid {os.geteuid()}: MEGHA_EXEC_AS_AGENT_USER), no process limit"
+            who = (
+                f"this agent's own user (uid {os.geteuid()}: MEGHA_EXEC_AS_AGENT_USER), no process limit, at most "
+                f"{self._max_files} open files"
+            )
         if self._seccomp is not None:
             who += ", making no user namespace"
         return f"exec driver: each task runs as {who}; CPU and memory enforced with {self._enforcement.describe()}"
@@ -211,6 +221,7 @@ class ExecDriver(Driver):
                 lease is not None and self._own_proc,
                 folders,
                 self._seccomp,
+                _files_per_process(self._max_files),
             )
             # preexec_fn, not user=: the process joins its cgroup before it gives up the agent's privileges. It
             # calls only os, resource and libc functions, so the agent's other threads cannot deadlock it.
@@ -230,7 +241,7 @@ class ExecDriver(Driver):
             await asyncio.to_thread(held.give_back, kill=True)
             raise
         watch = self._watch if cgroup is None else None
-        run = _ExecRun(process, log, limits, held, watch)
+        run = _ExecRun(process, log, limits, held, watch, self._max_files)
         try:
             run.begin()
         except BaseException:
@@ -261,6 +272,7 @@ class _ExecRun(Run):
         limits: Limits,
         held: _Held,
         watch: MemoryWatch | None,
+        max_files: int,
     ) -> None:
         self._process = process
         self._log = log
@@ -271,7 +283,9 @@ class _ExecRun(Run):
         self._watch = watch
         self._key: WatchKey = ("uid", held.lease.uid) if held.lease is not None else ("sid", process.pid)
         self._released = False  # the uid went back to the pool: signalling it would reach another run
+        self._max_files = max_files
         self._over_memory_mb: float | None = None  # what the watch saw when it killed the run
+        self._over_files = False  # the watch killed the run: its processes held more than max_files descriptors
         self._peak_bytes = 0
         self._pumps: list[OutputPump] = []
         self._exited: asyncio.Future[resource.struct_rusage] | None = None
@@ -328,13 +342,21 @@ class _ExecRun(Run):
         process = None if killed or self._process.returncode is not None else self._process
         await asyncio.to_thread(self._held.give_back, process, kill=not killed)
 
-    def _seen(self, resident: int) -> None:
-        """The memory watch's look at the run: its processes (and its uid's shared memory) hold `resident` bytes,
-        and its own tmpfs what it holds."""
+    def _seen(self, usage: Usage) -> None:
+        """The memory watch's look at the run: its processes (and its uid's shared memory) hold `usage.held` bytes,
+        and its own tmpfs what it holds; its processes hold `usage.descriptors` open (more than `max_files`: the
+        watch looked for no memfd, and the run is killed for its descriptors)."""
+        killed = self._over_memory_mb is not None or self._over_files
+        if usage.descriptors > self._max_files:
+            if not killed:
+                self._over_files = True
+                self.kill()
+            return
+        resident = usage.held
         if self._held.folders is not None:
             resident += self._held.folders.held_bytes()
         self._peak_bytes = max(self._peak_bytes, resident)
-        if resident > self._limits.memory_mb * MIB and self._over_memory_mb is None:
+        if resident > self._limits.memory_mb * MIB and not killed:
             self._over_memory_mb = resident / MIB
             self.kill()
 
@@ -361,14 +383,16 @@ class _ExecRun(Run):
         assert exit_code is not None
         # Not ru_maxrss: it counts the agent's memory the child had between fork and exec.
         peak_mb = self._peak_bytes / MIB
-        how = ""
-        if oom_kills:
+        how = over = ""
+        if self._over_files:
+            over = f"held more than {self._max_files} open descriptors across its processes (MEGHA_TASK_MAX_FILES)"
+        elif oom_kills:
             how = "stopped by the kernel's OOM killer in its cgroup"
         elif self._over_memory_mb is not None:
             how = f"its processes held {self._over_memory_mb:.0f} MB"
         elif self._cgroup is None and exit_code != 0 and _ALLOCATION_FAILED.search(self._log.stderr_tail()):
             how = "an allocation failed at its data rlimit"
-        return Exit(exit_code, cpu, peak_mb, memory_exceeded=bool(how), memory_how=how)
+        return Exit(exit_code, cpu, peak_mb, memory_exceeded=bool(how), memory_how=how, limit_exceeded=over)
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
@@ -431,6 +455,13 @@ class _Held:
                 isolation.purge_uid(self.lease.uid)
             finally:
                 self.uids.release(self.lease)
+
+
+def _files_per_process(max_files: int) -> int:
+    """RLIMIT_NOFILE of a run's processes: `max_files`, or the agent's own hard limit when that is lower (a process
+    not privileged cannot raise its hard limit, and one that is cannot go over the kernel's fs.nr_open)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return max_files if hard == resource.RLIM_INFINITY else min(max_files, hard)
 
 
 def _warn_left(uid: int, left: list[int]) -> None:

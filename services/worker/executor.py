@@ -122,6 +122,8 @@ class TaskExecutor(Executor):
             error = f"exceeded its memory limit of {entry.memory_mb} MB{how}"
             if code > 0:
                 error += f": {_exit_reason(code, entry.log)}"
+        elif end.limit_exceeded:
+            error = end.limit_exceeded
         elif timed_out:
             error = f"exceeded its duration limit of {task.duration:g} s"
         else:

@@ -1,5 +1,5 @@
 """Rlimits' memory enforcement for exec runs (`MemoryWatch`): one periodic scan of /proc shows each run what its
-processes hold, and a run over its limit kills itself."""
+processes hold (memory, and how many descriptors), and a run over its limit kills itself."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 from megha.services.worker import enforcement
+from megha.services.worker.enforcement import Usage
 
 WatchKey = tuple[str, int]
 """What the memory watch sums for a run: ("uid", its uid), or ("sid", its session) when it runs as the agent's user."""
@@ -14,14 +15,17 @@ WatchKey = tuple[str, int]
 
 class MemoryWatch:
     """Rlimits: every WATCH_SECONDS, what each exec run holds (its uid's processes, the memfds they hold open and its
-    shared memory, or its session's processes and their memfds: `enforcement.memory_usage`), shown to the run, which
-    kills itself when over its limit. One scan of /proc serves every run."""
+    shared memory, or its session's processes and their memfds: `enforcement.memory_usage`), and how many descriptors
+    its processes hold open, shown to the run, which kills itself when over its limit. One scan of /proc serves every
+    run; `max_files` (MEGHA_TASK_MAX_FILES) bounds the descriptors it looks at per run: a run found holding more is
+    shown a count over `max_files` and no memfd."""
 
-    def __init__(self) -> None:
-        self._runs: dict[WatchKey, Callable[[int], None]] = {}
+    def __init__(self, max_files: int | None = None) -> None:
+        self._max_files = max_files
+        self._runs: dict[WatchKey, Callable[[Usage], None]] = {}
         self._watching: asyncio.Task[None] | None = None
 
-    def add(self, key: WatchKey, seen: Callable[[int], None]) -> None:
+    def add(self, key: WatchKey, seen: Callable[[Usage], None]) -> None:
         self._runs[key] = seen
         if self._watching is None or self._watching.done():
             self._watching = asyncio.get_running_loop().create_task(self._watch(), name="megha-exec-memory-watch")
@@ -35,11 +39,11 @@ class MemoryWatch:
             uids = {n for kind, n in runs if kind == "uid"}
             sessions = {n for kind, n in runs if kind == "sid"}
             # In a thread: reading every /proc/<pid>/status of a busy host takes a while.
-            held = await asyncio.to_thread(enforcement.memory_usage, uids, sessions)
-            for key, resident in held.items():
+            held = await asyncio.to_thread(enforcement.memory_usage, uids, sessions, self._max_files)
+            for key, usage in held.items():
                 seen = runs.get(key)
                 # Only to a run watched through the whole scan: a uid given back and leased again meanwhile is
                 # another run's now, and what the scan saw of it was the ended run's.
                 if seen is not None and self._runs.get(key) is seen:
-                    seen(resident)
+                    seen(usage)
             await asyncio.sleep(enforcement.WATCH_SECONDS)
