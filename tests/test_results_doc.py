@@ -78,7 +78,7 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
     from megha.sim.experiments.differences import EXPERIMENTS
 
     names = ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time", "synthetic-answers")
-    names += ("yahoo-matching-durations", "yahoo-matching-event-order")
+    names += ("yahoo-matching-durations", "yahoo-matching-event-order", "yahoo-peak-load")
     for name in names:
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
@@ -90,6 +90,7 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
         expected["synthetic-answers"] = {"answer_states", "inconsistent", "matching"}
         expected["yahoo-matching-durations"] = {"truncate_durations", "matching"}
         expected["yahoo-matching-event-order"] = {"event_order", "matching"}
+        expected["yahoo-peak-load"] = {"cluster", "trace", "scheduler", "matching"}
         assert varied == expected[name], (name, varied)
 
 
