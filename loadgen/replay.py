@@ -30,7 +30,8 @@ from megha.loadgen.progress import Advance, Progress
 from megha.loadgen.recorder import Recorder, WallClockRecorder
 from megha.loadgen.trace import TraceJob, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
-from megha.sim.system import SchedulerSystem, build_system
+from megha.sim.pigeonc import PigeonCConfig
+from megha.sim.system import PIGEONC_SCHEDULERS, SchedulerSystem, build_system
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_CLUSTER = REPO_ROOT.parent / "shared" / "constraints" / "reference-cluster-10000-nodes.json"
@@ -66,6 +67,7 @@ class ReplayConfig:
     constraints: bool = True
     realtime: bool = False
     scheduler: str = "megha"
+    pigeonc_masters: int = 100  # PigeonC's masters (the paper's 100), each a contiguous group of the nodes
     queues: str = ""  # fair scheduling: "user:share:gm,..." (empty: off)
     share_policy: str = "share"
     faults: Faults | None = None  # simulated crashes and partitions (Megha and centralized only)
@@ -222,6 +224,13 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         raise ValueError(f"--queueable {config.queueable} is a fraction of the tasks, between 0 and 1")
     if config.queueable and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"queueable tasks are Megha's (megha, centralized), not {config.scheduler}'s")
+    if config.pigeonc_masters < 1:
+        raise ValueError(f"--pigeonc-masters {config.pigeonc_masters} must be at least 1")
+    pigeonc = None
+    if config.pigeonc_masters != DEFAULTS.pigeonc_masters:
+        if config.scheduler not in PIGEONC_SCHEDULERS:
+            raise ValueError(f"--pigeonc-masters is PigeonC's (pigeonc, pigeonc-published), not {config.scheduler}'s")
+        pigeonc = PigeonCConfig(masters=config.pigeonc_masters)
     costs = decision_costs(config.decision_costs)
     chains = parse_dependencies(config.dependencies)
     if chains is not None and config.scheduler not in ("megha", "centralized"):
@@ -257,6 +266,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             delta_offset=config.delta_offset,
         ),
         recorder,
+        pigeonc,
     )
     workload = trace_workload(config, trace_jobs, system.entry_points)
     if chains is not None:

@@ -229,6 +229,14 @@ def megha() -> None:
     "published figures), sparrow (batch sampling, late binding); a baseline refuses Megha's GM policies and "
     "--delta-interval, and sparrow --matching",
 )
+@option(
+    "--pigeonc-masters",
+    type=positive(int),
+    default=REPLAY.pigeonc_masters,
+    group=SCHEDULER,
+    help="with --scheduler pigeonc or pigeonc-published: PigeonC's masters, each a contiguous group of the nodes "
+    "(the paper's 100: 100 workers each on 10,000)",
+)
 @setting("GMSettings", "matching", default=REPLAY.matching, group=SCHEDULER)
 @setting("GMSettings", "lm_order", default=REPLAY.lm_order, group=SCHEDULER)
 @setting("GMSettings", "queue_order", default=REPLAY.queue_order, group=SCHEDULER)
@@ -741,11 +749,13 @@ def _placement_default(args: SimpleNamespace, name: str) -> str:
 
 UNUSED_BY = {
     "matching": ("sparrow",),
+    "pigeonc_masters": ("megha", "centralized", "sparrow"),
     "delta_interval": ("pigeonc", "pigeonc-published", "sparrow"),
     "delta_offset": ("pigeonc", "pigeonc-published", "sparrow"),
 }
 """`megha replay` options a baseline scheduler has no use for: Sparrow's probes pick the workers (no matching), and
-neither baseline has LM deltas. Named on the command line with such a scheduler, they are refused, not ignored."""
+neither baseline has LM deltas; only PigeonC has masters. Named on the command line with such a scheduler, they are
+refused, not ignored."""
 
 
 def _refuse_unused(args: SimpleNamespace) -> None:
@@ -810,6 +820,7 @@ def _replay(args: SimpleNamespace) -> int:
         dependencies="" if args.dependencies == "none" else args.dependencies,
         machine_constraints=args.machine_constraints,
         scheduler=args.scheduler,
+        pigeonc_masters=args.pigeonc_masters,
         hop_delay=args.hop_delay,
         event_order=args.event_order,
         delta_interval=args.delta_interval,

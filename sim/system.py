@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
@@ -63,10 +64,12 @@ def _centralized(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObs
     return EmbeddedSystem(centralized_cluster(cluster), config, observer)
 
 
-def _pigeonc_published(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver) -> SchedulerSystem:
+def _pigeonc_published(
+    cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver, pigeonc: PigeonCConfig | None = None
+) -> SchedulerSystem:
     """PigeonC with the distributors' worker count of the authors' simulator, which reproduces the published
     figures (see `megha.sim.pigeonc`)."""
-    return PigeonCSystem(cluster, config, observer, PigeonCConfig(weighting="published"))
+    return PigeonCSystem(cluster, config, observer, replace(pigeonc or PigeonCConfig(), weighting="published"))
 
 
 SCHEDULERS: dict[str, SystemFactory] = {
@@ -78,9 +81,26 @@ SCHEDULERS: dict[str, SystemFactory] = {
 }
 
 
-def build_system(name: str, cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver) -> SchedulerSystem:
-    """The scheduler called `name` on `cluster`; raises ValueError naming the known ones."""
+PIGEONC_SCHEDULERS = ("pigeonc", "pigeonc-published")
+"""The `SCHEDULERS` that are PigeonC, and so take a `PigeonCConfig` (its numbers of distributors and masters)."""
+
+
+def build_system(
+    name: str,
+    cluster: ClusterSpec,
+    config: EmbeddedConfig,
+    observer: CoreObserver,
+    pigeonc: PigeonCConfig | None = None,
+) -> SchedulerSystem:
+    """The scheduler called `name` on `cluster`; raises ValueError naming the known ones. `pigeonc` sets PigeonC's
+    own parameters (its weighting is the scheduler's); for any other scheduler it must be None."""
     factory = SCHEDULERS.get(name)
     if factory is None:
         raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
-    return factory(cluster, config, observer)
+    if pigeonc is None:
+        return factory(cluster, config, observer)
+    if name == "pigeonc":
+        return PigeonCSystem(cluster, config, observer, pigeonc)
+    if name == "pigeonc-published":
+        return _pigeonc_published(cluster, config, observer, pigeonc)
+    raise ValueError(f"PigeonC's parameters are for --scheduler {' or '.join(PIGEONC_SCHEDULERS)}, not {name}")

@@ -577,6 +577,8 @@ def test_the_gm_policies_are_refused_for_a_baseline(args: list[str], capsys: pyt
         ("sparrow", ["--delta-interval", "5"], "--delta-interval"),
         ("pigeonc", ["--delta-interval", "0.1"], "--delta-interval"),
         ("pigeonc-published", ["--delta-offset", "0.5"], "--delta-offset"),
+        ("megha", ["--pigeonc-masters", "10"], "--pigeonc-masters"),
+        ("sparrow", ["--pigeonc-masters", "100"], "--pigeonc-masters"),
     ],
 )
 def test_an_option_a_baseline_has_no_use_for_is_refused_not_ignored(

@@ -4,6 +4,7 @@ tests of its invariants, and replays (including the published reference figures)
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -300,6 +301,36 @@ def test_reduced_replay_completes_every_task() -> None:
     assert m.tasks == 1000 and m.tasks_completed + 50 * m.jobs_rejected == 1000
     # submit -> distributor -> master -> worker: no job beats three hops of delay.
     assert m.jrt_delay.median >= 3 * HOP - 1e-9
+
+
+@pytest.mark.parametrize("scheduler", ["pigeonc", "pigeonc-published"])
+def test_a_replay_runs_pigeonc_with_the_masters_it_names(scheduler: str) -> None:
+    config = ReplayConfig(trace="syn:50:20", lms=2, gms=2, workers_per_partition=25, scheduler=scheduler)
+    default, seven = replay(config), replay(dataclasses.replace(config, pigeonc_masters=7))
+    for result, masters in ((default, 100), (seven, 7)):
+        _assert_nothing_lost(result)
+        system = result.system
+        assert isinstance(system, PigeonCSystem) and len(system.masters) == masters
+        assert system.pigeonc.weighting == ("published" if scheduler == "pigeonc-published" else "satisfying")
+        # Every task ran in one of the masters' groups: nodes 0..99 of the data centre, numbered group by group.
+        groups = {rec.lm for rec in result.recorder.tasks.values() if rec.node >= 0}
+        assert groups and groups <= set(range(masters))
+    assert len({rec.lm for rec in seven.recorder.tasks.values() if rec.node >= 0}) == 7
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"pigeonc_masters": 0}, "--pigeonc-masters 0 must be at least 1"),
+        ({"pigeonc_masters": 101}, "PigeonC needs 1..100 masters for 100 nodes, got 101"),
+        ({"pigeonc_masters": 7, "scheduler": "megha"}, "--pigeonc-masters is PigeonC's"),
+        ({"pigeonc_masters": 7, "scheduler": "sparrow"}, "--pigeonc-masters is PigeonC's"),
+    ],
+)
+def test_a_replay_refuses_masters_pigeonc_cannot_have(fields: dict[str, object], message: str) -> None:
+    config = ReplayConfig(trace="syn:5:2", lms=2, gms=2, workers_per_partition=25, scheduler="pigeonc")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        replay(dataclasses.replace(config, **fields))  # type: ignore[arg-type]
 
 
 def test_scaled_mode_replay_shares_nodes_between_tasks() -> None:
