@@ -78,7 +78,8 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
     from megha.sim.experiments.differences import EXPERIMENTS
 
     names = ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time", "synthetic-answers")
-    names += ("yahoo-matching-durations", "yahoo-matching-event-order", "yahoo-peak-load")
+    names += ("yahoo-matching-durations", "yahoo-matching-event-order", "yahoo-peak-load", "yahoo-pigeonc-masters")
+    names += ("yahoo-peak-load-seeds", "google-reference-cluster")
     for name in names:
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
@@ -91,7 +92,23 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
         expected["yahoo-matching-durations"] = {"truncate_durations", "matching"}
         expected["yahoo-matching-event-order"] = {"event_order", "matching"}
         expected["yahoo-peak-load"] = {"cluster", "trace", "scheduler", "matching"}
+        expected["yahoo-pigeonc-masters"] = {"cluster", "trace", "pigeonc_masters", "scheduler", "matching"}
+        expected["yahoo-peak-load-seeds"] = {"cluster", "trace", "matching"}
+        expected["google-reference-cluster"] = {"matching"}  # every variant on the same (doubled) cluster
         assert varied == expected[name], (name, varied)
+
+
+def test_the_doubled_reference_cluster_holds_each_reference_node_twice(tmp_path: Path) -> None:
+    from megha.loadgen.replay import REFERENCE_CLUSTER, ReplayConfig, build_cluster
+    from megha.sim.experiments.differences import EXPERIMENTS
+
+    doubled = build_cluster(EXPERIMENTS["google-reference-cluster"].variants([0], tmp_path)[0][1])
+    reference = build_cluster(ReplayConfig(cluster=str(REFERENCE_CLUSTER)))
+    assert doubled.num_nodes == 2 * reference.num_nodes == 20_000
+    for lm in range(reference.num_lms):
+        for gm in range(reference.num_gms):
+            masks = reference.partitions[lm][gm].constraint_masks
+            assert doubled.partitions[lm][gm].constraint_masks == masks + masks
 
 
 def test_tasks_submitted_one_request_each_wait_for_the_gm_and_a_job_at_once_does_not(tmp_path: Path) -> None:

@@ -599,7 +599,9 @@ def _reference_subset(per_partition: int, folder: Path) -> str:
     path = folder / f"reference-first-{per_partition}.json"
     if not path.exists():
         doc = json.loads(REFERENCE_CLUSTER.read_text())
-        lms = {lm: {gm: [strings[i % len(strings)] for i in range(per_partition)] for gm, strings in gms.items()}
+        # Each partition is one bit string per constraint, a character per node.
+        lms = {lm: {gm: [(bits * -(-per_partition // len(bits)))[:per_partition] for bits in strings]
+                    for gm, strings in gms.items()}
                for lm, gms in doc["lms"].items()}  # fmt: skip
         path.write_text(json.dumps({"lms": lms}))
     return str(path)
