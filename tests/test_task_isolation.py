@@ -540,6 +540,10 @@ if pid > 0:
     os.waitpid(pid, 0)
 print("clone", said(pid))
 print("clone3", said(libc.syscall(ctypes.c_long(435), None, ctypes.c_long(0))))  # allowed: EINVAL (no arguments)
+# io_uring_setup(1, NULL), io_uring_enter(-1, ...), io_uring_register(-1, 0, ...): allowed, EFAULT, EBADF, EINVAL
+print("io_uring_setup", said(libc.syscall(ctypes.c_long(425), ctypes.c_long(1), None)))
+print("io_uring_enter", said(libc.syscall(ctypes.c_long(426), ctypes.c_long(-1), 0, 0, 0, None, 0)))
+print("io_uring_register", said(libc.syscall(ctypes.c_long(427), ctypes.c_long(-1), 0, None, 0)))
 if platform.machine() == "x86_64":  # unshare(CLONE_NEWUSER) through the i386 table (int 0x80), from this process
     code = bytes.fromhex("53" "b836010000" "bb00000010" "cd80" "5b" "c3")  # push rbx; eax=310; ebx=flags; int 0x80
     page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
@@ -551,14 +555,16 @@ print("unshare", said(libc.unshare(NEWUSER)))  # last: where allowed, this proce
 
 
 @pytest.mark.asyncio
-async def test_a_task_makes_no_user_namespace_but_still_starts_threads_programs_and_forks(logs_root: Path) -> None:
+async def test_a_task_makes_no_user_namespace_nor_io_uring_but_still_starts_threads_programs_and_forks(
+    logs_root: Path,
+) -> None:
     """A user namespace of its own would let a task mount a tmpfs the memory watch does not see, and is kernel attack
-    surface. unshare and clone with CLONE_NEWUSER fail with EPERM (through the i386 system call table too, on
-    x86-64: no other door), clone3 with ENOSYS (glibc then uses clone), and threads, a new program and a fork still
-    work."""
+    surface, as io_uring is. unshare and clone with CLONE_NEWUSER fail with EPERM (through the i386 system call
+    table too, on x86-64: no other door), clone3 with ENOSYS (glibc then uses clone), the three io_uring calls with
+    ENOSYS (as on a kernel without it), and threads, a new program and a fork still work."""
     if os.uname().machine not in ("x86_64", "aarch64"):
         pytest.skip(f"the filter knows the system calls of x86_64 and aarch64 only, not {os.uname().machine}'s")
-    assert "making no user namespace" in await ExecDriver("iso", TASK_UIDS, 64).prepare()
+    assert "making no user namespace and no io_uring" in await ExecDriver("iso", TASK_UIDS, 64).prepare()
     async with agent(logs_root) as (executor, logs):
         result = await run_to_end(executor, "userns.0", python(NAMESPACES))
     said = dict(line.rsplit(" ", 1) for line in logs.read("userns.0", 1, "stdout").decode().splitlines())
@@ -567,6 +573,7 @@ async def test_a_task_makes_no_user_namespace_but_still_starts_threads_programs_
     if said.get("i386 unshare") == "ENOSYS":  # a kernel without i386 programs: no such door
         said.pop("i386 unshare")
     expected = {"clone": "EPERM", "clone3": "ENOSYS", "unshare": "EPERM"}
+    expected |= {"io_uring_setup": "ENOSYS", "io_uring_enter": "ENOSYS", "io_uring_register": "ENOSYS"}
     if os.uname().machine == "x86_64":
         expected["i386 unshare"] = "EPERM"
     assert said == expected
@@ -579,7 +586,7 @@ def test_on_a_machine_the_filter_does_not_know_tasks_may_make_user_namespaces_an
     start-up, and runs its tasks."""
     real = os.uname()
     monkeypatch.setattr(os, "uname", lambda: os.uname_result((*real[:4], "riscv64")))
-    assert enforcement.no_user_namespaces() is None
+    assert enforcement.task_syscall_filter() is None
 
     async def start() -> tuple[str, ExecutionResult]:
         async with agent(logs_root) as (executor, _):
@@ -594,9 +601,10 @@ def test_on_a_machine_the_filter_does_not_know_tasks_may_make_user_namespaces_an
     assert said[0].startswith("exec tasks may make user namespaces of their own") and "(riscv64)" in said[0], said
 
 
-def test_the_filter_refuses_user_namespaces_for_the_native_and_the_32_bit_system_calls() -> None:
+def test_the_filter_refuses_user_namespaces_and_io_uring_for_the_native_and_the_32_bit_system_calls() -> None:
     """The filter, read back: for each architecture the machine's processes may call the kernel as, clone and
-    unshare with CLONE_NEWUSER are refused (EPERM), clone3 always (ENOSYS), and nothing else."""
+    unshare with CLONE_NEWUSER are refused (EPERM), clone3 and the three io_uring calls always (ENOSYS), and nothing
+    else."""
     numbers = {
         0xC000003E: (56, 272, 435),
         0x40000003: (120, 310, 435),
@@ -604,7 +612,7 @@ def test_the_filter_refuses_user_namespaces_for_the_native_and_the_32_bit_system
         0x40000028: (120, 337, 435),
     }
     for machine, arches in {"x86_64": (0xC000003E, 0x40000003), "aarch64": (0xC00000B7, 0x40000028)}.items():
-        seccomp = enforcement.no_user_namespaces(machine)
+        seccomp = enforcement.task_syscall_filter(machine)
         assert seccomp is not None
         for arch in arches:
             clone, unshare, clone3 = numbers[arch]
@@ -615,13 +623,19 @@ def test_the_filter_refuses_user_namespaces_for_the_native_and_the_32_bit_system
                 (unshare, 0x10000000 | 0x00020000, errno.EPERM),
                 (unshare, 0x00020000, None),
                 (clone3, 0, errno.ENOSYS),
+                (425, 1, errno.ENOSYS),  # io_uring_setup, io_uring_enter, io_uring_register
+                (426, 0, errno.ENOSYS),
+                (427, 0, errno.ENOSYS),
+                (424, 0, None),  # pidfd_send_signal and io_uring's other neighbour: allowed
+                (428, 0, None),
                 (57, 0x10000000, None),  # any other call, whatever its arguments
             ]:
                 assert run_filter(seccomp.program, nr, arch, flags) == refused, (machine, hex(arch), nr, hex(flags))
         assert run_filter(seccomp.program, 272, 0xC000003F, 0x10000000) is None  # an architecture it knows not
-    x86 = enforcement.no_user_namespaces("x86_64")
+    x86 = enforcement.task_syscall_filter("x86_64")
     assert x86 is not None and run_filter(x86.program, 0x40000000 | 272, 0xC000003E, 0x10000000) == errno.EPERM  # x32
-    assert enforcement.no_user_namespaces("riscv64") is None
+    assert run_filter(x86.program, 0x40000000 | 425, 0xC000003E, 1) == errno.ENOSYS  # x32's io_uring_setup
+    assert enforcement.task_syscall_filter("riscv64") is None
 
 
 def run_filter(program: bytes, nr: int, arch: int, arg0: int) -> int | None:
@@ -1142,7 +1156,7 @@ def test_the_opt_in_runs_exec_tasks_as_the_agent_s_own_user_and_says_so_loudly(r
     warnings = [line for line in started["lines"] if line.startswith("WARNING")]
     assert len(warnings) == 1 and "EVERY TASK CAN READ THE AGENT'S SECRETS" in warnings[0], started["lines"]
     assert any("exec driver: each task runs as this agent's own user (uid 65534" in line for line in started["lines"])
-    assert any("making no user namespace" in line for line in started["lines"]), started["lines"]
+    assert any("making no user namespace and no io_uring" in line for line in started["lines"]), started["lines"]
 
 
 def test_root_without_the_capabilities_to_switch_uids_does_not_offer_exec_never_running_tasks_as_root(

@@ -24,8 +24,9 @@ Where the agent has CAP_SYS_ADMIN, each run also has a mount namespace of its ow
 processes only (`private_proc`) and a tmpfs of its own over the folders every user may write to (`OwnFolders`),
 which the agent counts in its memory under rlimits.
 
-Under either, a run makes no user namespace of its own (`SeccompFilter`, `no_user_namespaces`): inside one it could
-mount a tmpfs the memory watch does not see, and each is kernel attack surface. Under rlimits the watch also counts
+Under either, a run makes no user namespace of its own and no io_uring (`SeccompFilter`, `task_syscall_filter`): inside
+a user namespace it could mount a tmpfs the memory watch does not see, a file registered with a ring is held by no
+descriptor the watch sees, and both are kernel attack surface. Under rlimits the watch also counts
 the memfds the run's processes hold open (`memfd_bytes`).
 
 Each of a run's processes holds at most MEGHA_TASK_MAX_FILES descriptors (RLIMIT_NOFILE), under either; under rlimits
@@ -379,7 +380,7 @@ def _syscall(number: int, *args: int | bytes | None) -> int:
     return result
 
 
-# ------------------------------------------------------------------------------- no user namespaces (seccomp)
+# ------------------------------------------------------------------ no user namespaces, no io_uring (seccomp)
 
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _CLONE_NEWUSER = 0x10000000
@@ -391,20 +392,26 @@ _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 # those of clone's, and unshare refuses any above).
 _NR, _ARCH, _ARG0_LOW = 0, 4, 16
 _X32 = 0x40000000  # x86-64's x32 ABI: its system calls have this bit set in their numbers, under AUDIT_ARCH_X86_64
-_NO_USER_NAMESPACES: dict[str, dict[int, tuple[tuple[int, int, int], ...]]] = {
+_IO_URING = (425, 426, 427)  # io_uring_setup, io_uring_enter, io_uring_register: the same numbers on every table
+_FILTERED_CALLS: dict[str, dict[int, tuple[tuple[int, ...], ...]]] = {
     # The host's machine (os.uname): each architecture its processes may call the kernel as (the native one, and
     # the 32-bit one it runs programs of: int 0x80 from any x86-64 process reaches the i386 table), with the
-    # numbers of clone, unshare and clone3 there.
+    # numbers of clone, unshare, clone3 and the io_uring calls there.
     "x86_64": {
-        0xC000003E: ((56, 272, 435), (_X32 | 56, _X32 | 272, _X32 | 435)),  # AUDIT_ARCH_X86_64 (and x32)
-        0x40000003: ((120, 310, 435),),  # AUDIT_ARCH_I386
+        0xC000003E: (
+            (56, 272, 435, *_IO_URING),
+            (_X32 | 56, _X32 | 272, _X32 | 435, *(_X32 | nr for nr in _IO_URING)),
+        ),  # AUDIT_ARCH_X86_64 (and x32)
+        0x40000003: ((120, 310, 435, *_IO_URING),),  # AUDIT_ARCH_I386
     },
     "aarch64": {
-        0xC00000B7: ((220, 97, 435),),  # AUDIT_ARCH_AARCH64
-        0x40000028: ((120, 337, 435),),  # AUDIT_ARCH_ARM (EABI)
+        0xC00000B7: ((220, 97, 435, *_IO_URING),),  # AUDIT_ARCH_AARCH64
+        0x40000028: ((120, 337, 435, *_IO_URING),),  # AUDIT_ARCH_ARM (EABI)
     },
 }
-"""The system calls that make user namespaces, per host machine and architecture: (clone, unshare, clone3)."""
+"""The system calls the task filter looks at, per host machine and architecture: clone and unshare (refused with
+CLONE_NEWUSER), then those refused whatever their arguments (clone3, io_uring_setup, io_uring_enter,
+io_uring_register)."""
 
 
 class SeccompFilter:
@@ -427,12 +434,15 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def no_user_namespaces(machine: str | None = None) -> SeccompFilter | None:
-    """The filter that keeps a run from making user namespaces, for this host's `machine` (os.uname's): `unshare`
-    and `clone` with CLONE_NEWUSER in their flags fail with EPERM, and `clone3` with ENOSYS (its flags are in memory
-    a filter cannot read; glibc falls back to clone, as under Docker's default profile). Every other call is
-    allowed. None on a machine it does not know the system calls of."""
-    arches = _NO_USER_NAMESPACES.get(os.uname().machine if machine is None else machine)
+def task_syscall_filter(machine: str | None = None) -> SeccompFilter | None:
+    """The filter a run's processes get, for this host's `machine` (os.uname's). It keeps them from making user
+    namespaces: `unshare` and `clone` with CLONE_NEWUSER in their flags fail with EPERM, and `clone3` with ENOSYS
+    (its flags are in memory a filter cannot read; glibc falls back to clone, as under Docker's default profile).
+    And from io_uring, as Docker's default profile does: `io_uring_setup`, `io_uring_enter` and `io_uring_register`
+    fail with ENOSYS, as on a kernel without it (programs fall back to plain reads and writes); a ring is kernel
+    attack surface, and a file registered with one is held by no descriptor the memory watch can see. Every other
+    call is allowed. None on a machine it does not know the system calls of."""
+    arches = _FILTERED_CALLS.get(os.uname().machine if machine is None else machine)
     if arches is None:
         return None
     code: list[tuple[int, int | str, int | str, int | str]] = []  # (opcode, jump if true, if false, k); labels
@@ -444,10 +454,10 @@ def no_user_namespaces(machine: str | None = None) -> SeccompFilter | None:
     for arch, tables in arches.items():
         labels[f"arch{arch:x}"] = len(code)
         code.append((_BPF_LD_W_ABS, 0, 0, _NR))
-        for clone, unshare, clone3 in tables:
+        for clone, unshare, *refused in tables:
             code.append((_BPF_JEQ_K, "flags", 0, clone))
             code.append((_BPF_JEQ_K, "flags", 0, unshare))
-            code.append((_BPF_JEQ_K, "enosys", 0, clone3))
+            code.extend((_BPF_JEQ_K, "enosys", 0, nr) for nr in refused)
         code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW))
     labels["flags"] = len(code)
     code.append((_BPF_LD_W_ABS, 0, 0, _ARG0_LOW))
@@ -487,7 +497,7 @@ def child_setup(
     dumps, cap its data segment, its open descriptors (`max_files`, soft and hard: a process of the run cannot raise
     it) and its uid's processes, lower its priority, no new privileges from set-user-ID
     programs or file capabilities, then become `uid` and `gid` with no other group, and install the `seccomp`
-    filter (`no_user_namespaces`, built by the agent before the fork). Uses only modules imported already and no
+    filter (`task_syscall_filter`, built by the agent before the fork). Uses only modules imported already and no
     locks, as code between fork and exec must."""
     if cgroup_procs is not None:
         fd = os.open(cgroup_procs, os.O_WRONLY)

@@ -6,10 +6,10 @@ Each run leases a uid (and the gid of the same number) from MEGHA_TASK_UIDS that
 environment (PATH, HOME, LANG, TMPDIR, then the task's `env`: nothing of the agent's), umask 077, in the task's
 `workdir` or else its scratch folder (0700 and the run's uid's, in the system's temp folder under a random name,
 deleted when the run ends; also its TMPDIR), with no new privileges (a set-user-ID program does not make it root),
-no user namespace of its own (a seccomp filter, `enforcement.no_user_namespaces`, on x86-64 and arm64), at most
-MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), at most MEGHA_TASK_MAX_FILES open
-descriptors per process (RLIMIT_NOFILE), and its CPU and memory enforced as `enforcement.detect` chose at start-up:
-cgroups v2 or rlimits. Where the agent has CAP_SYS_ADMIN, the run
+no user namespace of its own and no io_uring (a seccomp filter, `enforcement.task_syscall_filter`, on x86-64 and
+arm64), at most MEGHA_TASK_MAX_PROCESSES processes and threads (RLIMIT_NPROC, counted per uid), at most
+MEGHA_TASK_MAX_FILES open descriptors per process (RLIMIT_NOFILE), and its CPU and memory enforced as
+`enforcement.detect` chose at start-up: cgroups v2 or rlimits. Where the agent has CAP_SYS_ADMIN, the run
 has a mount namespace of its own with a /proc that shows it only its own processes and a tmpfs of its own, at most
 its memory request, over /dev/shm, /tmp, /var/tmp and /run/lock (`enforcement.OwnFolders`; its scratch folder, on
 the host, bound at its path again), counted in its memory under rlimits.
@@ -96,7 +96,7 @@ class ExecDriver(Driver):
         self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
         self._own_proc = False  # each run has a /proc of its own that hides the other runs (`isolation`)
         self._own_folders: tuple[str, ...] = ()  # the shared folders each run has a tmpfs of its own over
-        self._seccomp: SeccompFilter | None = None  # keeps each run from making user namespaces (`isolation`)
+        self._seccomp: SeccompFilter | None = None  # no user namespaces, no io_uring (`isolation`)
         self._watch = MemoryWatch(max_files)
 
     @property
@@ -159,12 +159,12 @@ class ExecDriver(Driver):
                 self._isolated = False
             if self._enforcement is None:
                 self._enforcement = enforcement.detect(self._worker_id)
-            seccomp = enforcement.no_user_namespaces()
-            if why := await asyncio.to_thread(isolation.why_no_user_namespace_filter, seccomp):
+            seccomp = enforcement.task_syscall_filter()
+            if why := await asyncio.to_thread(isolation.why_no_syscall_filter, seccomp):
                 log.warning(
-                    "exec tasks may make user namespaces of their own where this host lets unprivileged users "
-                    "(kernel attack surface; under rlimits, memory in a tmpfs mounted there is not counted): %s "
-                    "(docs/drivers.md)",
+                    "exec tasks may make user namespaces of their own where this host lets unprivileged users, and "
+                    "use io_uring (kernel attack surface; under rlimits, memory in a tmpfs mounted in such a namespace "
+                    "or in a file registered with a ring is not counted): %s (docs/drivers.md)",
                     why,
                 )
             else:
@@ -185,7 +185,7 @@ class ExecDriver(Driver):
                 f"{self._max_files} open files"
             )
         if self._seccomp is not None:
-            who += ", making no user namespace"
+            who += ", making no user namespace and no io_uring"
         return f"exec driver: each task runs as {who}; CPU and memory enforced with {self._enforcement.describe()}"
 
     async def start(self, task_id: str, attempt: int, spec: RunSpec, limits: Limits, log: RunLog) -> Run:

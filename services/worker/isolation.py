@@ -5,7 +5,7 @@ reached (`signal_uid`); when the run ends every process of the uid is killed (`k
 shared temporary folders and System V IPC is removed (`purge_uid`), before the uid is free again. Where the agent
 may make mount namespaces, a run has a /proc and temporary folders of its own instead of the host's
 (`why_no_private_proc`, `why_no_own_folders`), and on the machines the filter knows, no run makes a user namespace
-(`why_no_user_namespace_filter`). The agent's own folders are private to it (`private_folder`)."""
+(`why_no_syscall_filter`). The agent's own folders are private to it (`private_folder`)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ _IPC_RMID = 0
 _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWUSER = 0x10000000
 _SYS_CLONE3 = 435  # the same on every architecture
+_SYS_IO_URING_SETUP = 425  # the same on every architecture
 
 
 @dataclass(frozen=True)
@@ -257,11 +258,12 @@ def why_no_private_proc() -> str | None:
     return None
 
 
-def why_no_user_namespace_filter(seccomp: enforcement.SeccompFilter | None) -> str | None:
-    """Why runs cannot be kept from making user namespaces of their own (None: they can, with `seccomp`, the filter
-    `enforcement.no_user_namespaces` built for this host): a machine it knows no system call numbers of, or a kernel
-    that refuses the filter (one without seccomp filters) or does not apply it. Tried once, on a child process that
-    installs it, checks that unshare(CLONE_NEWUSER) fails with EPERM and clone3 with ENOSYS, and exits at once."""
+def why_no_syscall_filter(seccomp: enforcement.SeccompFilter | None) -> str | None:
+    """Why runs cannot be kept from making user namespaces of their own and from io_uring (None: they can, with
+    `seccomp`, the filter `enforcement.task_syscall_filter` built for this host): a machine it knows no system call
+    numbers of, or a kernel that refuses the filter (one without seccomp filters) or does not apply it. Tried once,
+    on a child process that installs it, checks that unshare(CLONE_NEWUSER) fails with EPERM and clone3 and
+    io_uring_setup with ENOSYS, and exits at once."""
     if seccomp is None:
         return f"this host's machine ({os.uname().machine}) is none the filter knows the system calls of"
     with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads
@@ -278,14 +280,17 @@ def why_no_user_namespace_filter(seccomp: enforcement.SeccompFilter | None) -> s
                 except OSError as exc:
                     code = 100 + min(exc.errno or 0, 150)
                 else:
+                    code = 0
                     if _LIBC.unshare(_CLONE_NEWUSER) == 0 or ctypes.get_errno() != errno.EPERM:
                         code = 3
                     elif _LIBC.syscall(ctypes.c_long(_SYS_CLONE3), None, ctypes.c_long(0)) == 0 or (
                         ctypes.get_errno() != errno.ENOSYS
                     ):
                         code = 4
-                    else:
-                        code = 0
+                    elif _LIBC.syscall(ctypes.c_long(_SYS_IO_URING_SETUP), ctypes.c_long(1), None) >= 0 or (
+                        ctypes.get_errno() != errno.ENOSYS
+                    ):
+                        code = 5
         except BaseException:
             pass
         finally:
@@ -296,8 +301,8 @@ def why_no_user_namespace_filter(seccomp: enforcement.SeccompFilter | None) -> s
         return None
     if code >= 100:
         return f"the kernel refused the seccomp filter ({os.strerror(code - 100)})"
-    if code in (3, 4):
-        call = "unshare(CLONE_NEWUSER)" if code == 3 else "clone3"
+    if code in (3, 4, 5):
+        call = {3: "unshare(CLONE_NEWUSER)", 4: "clone3", 5: "io_uring_setup"}[code]
         return f"the kernel took the seccomp filter but {call} did not fail as it should"
     return f"a child process could not try the seccomp filter (exit status {code})"
 
