@@ -116,13 +116,23 @@ def run_command(megha: str, out: Path, extra: list[str]) -> dict[str, float]:
 
 
 def report_of(out: Path) -> dict[str, object]:
-    """What must not change between builds: the files' bytes, summary.json but for its wall-clock figures."""
+    """What must not change between builds: the files' bytes, summary.json but for its wall-clock figures, and the
+    replay's options (summary.json's `config`, apart: see `same_report`)."""
     summary = json.loads((out / "summary.json").read_text())
     for key in VARYING:
         summary.pop(key)
     summary["extra"].pop("command")  # names the --out folder
+    options = summary["extra"].pop("config", {})
     files = {name: (out / name).read_bytes() for name in REPORT_FILES if name != "cdf.png"}
-    return {"summary": summary, **files}
+    return {"summary": summary, "options": options, **files}
+
+
+def same_report(a: dict[str, object], b: dict[str, object]) -> bool:
+    """Two builds' reports are the same: the same files and summary, and the same replay options but for those only
+    one build has (a newer build's new option, at a default that changes nothing, as the files then show)."""
+    options: list[dict[str, object]] = [a["options"], b["options"]]  # type: ignore[list-item]
+    shared = options[0].keys() & options[1].keys()
+    return {**a, "options": None} == {**b, "options": None} and all(options[0][k] == options[1][k] for k in shared)
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -140,7 +150,7 @@ def compare(args: argparse.Namespace) -> int:
                 report = report_of(out)
                 if reference is None:
                     reference = report
-                elif report != reference:
+                elif not same_report(report, reference):
                     differing = [key for key in report if report[key] != reference[key]]
                     print(f"{label}, round {round_ + 1}: the report differs in {differing}", file=sys.stderr)
                     return 1
