@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import struct
 import tempfile
@@ -39,7 +40,7 @@ from test_services_http import NOWHERE
 from megha.common.core.task import RunSpec
 from megha.common.lifecycle import StartupError
 from megha.common.settings import WorkerSettings
-from megha.services.worker import enforcement, isolation
+from megha.services.worker import enforcement, isolation, socket_memory
 from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.drivers import Limits
 from megha.services.worker.enforcement import MIB, Cgroups, Rlimits
@@ -386,6 +387,94 @@ async def test_a_memfd_a_task_holds_open_without_mapping_it_counts_against_its_m
         assert int(said.split()[1]) >= 128 * MIB, said
     assert shared.succeeded, (shared, logs.read("memfd.1", 1, "stderr"))
     assert 100 <= shared.peak_rss_mb < 160, shared
+
+
+SOCKET_HOG = """
+import socket, time
+pairs, held = [], 0
+while held < 160 * 2**20:  # unread data in socket buffers: kernel memory, in no page of the process
+    sender, receiver = socket.socketpair()
+    sender.setblocking(False)
+    try:
+        while True:
+            held += sender.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    pairs.append((sender, receiver))
+print("queued", held, "in", len(pairs), "pairs", flush=True)
+time.sleep(30)
+"""
+
+SOCKET_FEW = """
+import socket, time
+sender, receiver = socket.socketpair()
+sender.sendall(b"x" * 100_000)
+time.sleep(1)
+print("done", len(receiver.recv(200_000)), flush=True)
+"""
+
+
+@pytest.mark.asyncio
+async def test_what_a_task_s_sockets_hold_unread_counts_against_its_memory(logs_root: Path) -> None:
+    """Under rlimits, a task with a 64 MB request that queues 160 MB in Unix socket pairs it never reads (kernel
+    buffers, a few MB of resident memory) is killed for its memory; one that keeps 100 KB in flight is not."""
+    async with agent(logs_root, how=Rlimits("forced by the test")) as (executor, logs):
+        hog = await run_to_end(executor, "sockets.0", python(SOCKET_HOG), memory_mb=64)
+        few = await run_to_end(executor, "sockets.1", python(SOCKET_FEW), memory_mb=64)
+    said = logs.read("sockets.0", 1, "stdout").decode()
+    assert hog.error.startswith("exceeded its memory limit of 64 MB (its processes held"), (hog, said)
+    assert few.succeeded and logs.read("sockets.1", 1, "stdout").decode().split() == ["done", "100000"], few
+
+
+def test_the_watch_counts_a_socket_s_buffers_once_and_only_for_the_run_holding_it() -> None:
+    """A process of a task uid holding both ends of 100 Unix socket pairs with their buffers full: the watch adds
+    their unread bytes (about 20 MB here) to the uid's memory once, though it holds both ends, and nothing to another
+    uid's."""
+    uid, other = TASK_UIDS[-40], TASK_UIDS[-41]
+    child, bystander = holding_full_sockets(uid, 100), holding(other, 4)
+    try:
+        usage = enforcement.memory_usage({uid, other}, set())
+        rss = {p.pid: p.rss for p in enforcement.processes() if p.pid in (child, bystander)}
+        queued = socket_memory.socket_bytes()
+        inodes = enforcement.open_descriptors(child).sockets
+    finally:
+        for pid in (child, bystander):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert len(inodes) == 200
+    in_buffers = sum(queued.get(inode, 0) for inode in inodes)
+    assert in_buffers >= 100 * 150_000, in_buffers  # at least 150 KB a pair
+    assert usage[("uid", uid)].held == rss[child] + in_buffers, (usage, rss, in_buffers)
+    assert usage[("uid", other)].held == rss[bystander], (usage, rss)
+
+
+def holding_full_sockets(uid: int, pairs: int) -> int:
+    """A child process that became `uid` holding both ends of `pairs` Unix socket pairs, each sender's buffer full
+    and nothing read, waiting for a signal; its pid once they are full."""
+    ready, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready)
+            os.setresuid(uid, uid, uid)
+            held = []
+            for _ in range(pairs):
+                sender, receiver = socket.socketpair()
+                sender.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    while True:
+                        sender.send(b"x" * 65536)
+                held.append((sender, receiver))
+            os.write(tell, b"!")
+            signal.pause()
+        finally:
+            os._exit(0)
+    os.close(tell)
+    try:
+        assert os.read(ready, 1) == b"!"
+    finally:
+        os.close(ready)
+    return pid
 
 
 # ----------------------------------------------------------------------------------------------- open descriptors

@@ -27,7 +27,7 @@ which the agent counts in its memory under rlimits.
 Under either, a run makes no user namespace of its own and no io_uring (`SeccompFilter`, `task_syscall_filter`): inside
 a user namespace it could mount a tmpfs the memory watch does not see, a file registered with a ring is held by no
 descriptor the watch sees, and both are kernel attack surface. Under rlimits the watch also counts
-the memfds the run's processes hold open (`memfd_bytes`).
+the memfds the run's processes hold open and what their sockets' buffers hold (`open_descriptors`, `socket_memory`).
 
 Each of a run's processes holds at most MEGHA_TASK_MAX_FILES descriptors (RLIMIT_NOFILE), under either; under rlimits
 the watch also counts the descriptors of all the run's processes together and, rather than look for memfds among more
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from megha.services.worker.drivers import Limits
+from megha.services.worker.socket_memory import socket_bytes, socket_inode
 
 CGROUP_PERIOD_US = 100_000
 """cpu.max's period: a run of C millicores gets C * 100 microseconds of CPU in every 100 ms."""
@@ -599,18 +600,20 @@ class Usage(NamedTuple):
 def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = None) -> dict[tuple[str, int], Usage]:
     """Bytes held by each of `uids` (the resident memory of its processes, what it holds in /dev/shm and System V
     shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
-    ``("uid", uid)`` and ``("sid", sid)``, with the memfds their processes hold open (`memfd_bytes`, each counted
-    once), and the descriptors their processes hold open. Shared pages are counted in every process that maps them,
+    ``("uid", uid)`` and ``("sid", sid)``, with the memfds their processes hold open (`open_descriptors`, each counted
+    once) and what their sockets' buffers hold (`socket_memory`, each socket once), and the descriptors their
+    processes hold open. Shared pages are counted in every process that maps them,
     and a /dev/shm file or memfd that is mapped is counted twice: an over-estimate, never an under-estimate. A run
     with its own tmpfs (`OwnFolders`) adds what it holds there itself: its /dev/shm is not the host's.
 
     `max_files`: at most this many descriptors are looked at for memfds per uid or session. Each process's are
     counted (a listing of /proc/<pid>/fd) before they are looked at, and once a uid's or session's processes hold
     more than `max_files` together, none more of them is looked at (nor counted): its `descriptors` is then over
-    `max_files`, and its memfds are not counted."""
+    `max_files`, and its memfds and sockets are not counted."""
     held: dict[tuple[str, int], int] = {}
     descriptors: dict[tuple[str, int], int] = {}
     memfds: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
+    sockets: dict[tuple[str, int], set[int]] = {}
     for p in processes():
         if p.zombie:
             continue
@@ -628,47 +631,71 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
         if not counted:
             continue
         left = None if max_files is None else max(max_files - descriptors.get(key, 0) for key in counted)
-        count, found = memfd_bytes(p.pid, left)
+        found = open_descriptors(p.pid, left)
         for key in counted:
-            descriptors[key] = descriptors.get(key, 0) + count
-            if found:
-                memfds.setdefault(key, {}).update(found)
+            descriptors[key] = descriptors.get(key, 0) + found.count
+            if found.memfds:
+                memfds.setdefault(key, {}).update(found.memfds)
+            if found.sockets:
+                sockets.setdefault(key, set()).update(found.sockets)
+    within = {key for key in held if max_files is None or descriptors.get(key, 0) <= max_files}
     for key, files in memfds.items():
-        if max_files is None or descriptors[key] <= max_files:
+        if key in within:
             held[key] += sum(files.values())
+    if any(key in within for key in sockets):
+        buffered = socket_bytes()
+        for key, inodes in sockets.items():
+            if key in within:
+                held[key] += sum(buffered.get(inode, 0) for inode in inodes)
     for uid, size in shared_memory_bytes(uids).items():
         held[("uid", uid)] = held.get(("uid", uid), 0) + size
     return {key: Usage(size, descriptors.get(key, 0)) for key, size in held.items()}
 
 
-def memfd_bytes(pid: int, at_most: int | None = None) -> tuple[int, dict[tuple[int, int], int]]:
-    """How many descriptors process `pid` holds open, and the memfds among them (memory in no file system the watch
+class Descriptors(NamedTuple):
+    """What one process holds open (`open_descriptors`): how many descriptors; its memfds, by (device, inode), with
+    the bytes each holds; and the inodes of its sockets."""
+
+    count: int
+    memfds: dict[tuple[int, int], int]
+    sockets: set[int]
+
+
+def open_descriptors(pid: int, at_most: int | None = None) -> Descriptors:
+    """How many descriptors process `pid` holds open, the memfds among them (memory in no file system the watch
     reads, in no page of a process that does not map it), by (device, inode) so that one held by several
-    descriptors or processes counts once: what each holds (its blocks). When it holds more than `at_most`, none is
-    looked at (no memfd): counting them (listing /proc/<pid>/fd) costs much less than looking at each (a readlink).
-    (0, {}) when the process is gone or ends meanwhile; a descriptor closed meanwhile is left out."""
-    found: dict[tuple[int, int], int] = {}
+    descriptors or processes counts once, with what each holds (its blocks), and its sockets' inodes (what their
+    buffers hold: `socket_memory`). When it holds more than `at_most`, none is looked at: counting them (listing
+    /proc/<pid>/fd) costs much less than looking at each (a readlink). Nothing when the process is gone or ends
+    meanwhile; a descriptor closed meanwhile is left out."""
+    memfds: dict[tuple[int, int], int] = {}
+    sockets: set[int] = set()
     try:
         folder = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return 0, found
+        return Descriptors(0, memfds, sockets)
     try:
         names = os.listdir(folder)
         if at_most is not None and len(names) > at_most:
-            return len(names), found
+            return Descriptors(len(names), memfds, sockets)
         for name in names:
             try:  # relative to the folder: a third less time per descriptor than by the whole path
-                if not os.readlink(name, dir_fd=folder).startswith("/memfd:"):
+                link = os.readlink(name, dir_fd=folder)
+                if link.startswith("socket:["):
+                    if (inode := socket_inode(link)) is not None:
+                        sockets.add(inode)
+                    continue
+                if not link.startswith("/memfd:"):
                     continue
                 st = os.stat(name, dir_fd=folder)
             except OSError:
                 continue
-            found[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+            memfds[(st.st_dev, st.st_ino)] = st.st_blocks * 512
     except OSError:
-        return 0, found
+        return Descriptors(0, {}, set())
     finally:
         os.close(folder)
-    return len(names), found
+    return Descriptors(len(names), memfds, sockets)
 
 
 def shared_memory_bytes(uids: set[int], shm: str = "/dev/shm") -> dict[int, int]:
