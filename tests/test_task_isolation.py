@@ -451,30 +451,18 @@ def test_the_watch_counts_a_socket_s_buffers_once_and_only_for_the_run_holding_i
 def holding_full_sockets(uid: int, pairs: int) -> int:
     """A child process that became `uid` holding both ends of `pairs` Unix socket pairs, each sender's buffer full
     and nothing read, waiting for a signal; its pid once they are full."""
-    ready, tell = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(ready)
-            os.setresuid(uid, uid, uid)
-            held = []
-            for _ in range(pairs):
-                sender, receiver = socket.socketpair()
-                sender.setblocking(False)
-                with contextlib.suppress(BlockingIOError):
-                    while True:
-                        sender.send(b"x" * 65536)
-                held.append((sender, receiver))
-            os.write(tell, b"!")
-            signal.pause()
-        finally:
-            os._exit(0)
-    os.close(tell)
-    try:
-        assert os.read(ready, 1) == b"!"
-    finally:
-        os.close(ready)
-    return pid
+    held = []
+
+    def fill() -> None:
+        for _ in range(pairs):
+            sender, receiver = socket.socketpair()
+            sender.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    sender.send(b"x" * 65536)
+            held.append((sender, receiver))
+
+    return as_uid(uid, fill)
 
 
 # ----------------------------------------------------------------------------------------------- open descriptors
@@ -878,13 +866,16 @@ def test_many_tasks_started_at_once_under_uvloop_all_start_and_finish_and_no_oth
 # -------------------------------------------------------------------------------------------- leases of uids
 
 
-def as_uid(uid: int) -> int:
-    """A child process that became `uid` (and waits for a signal); its pid once it is `uid`."""
+def as_uid(uid: int, then: Callable[[], None] | None = None) -> int:
+    """A child process that became `uid` (and waits for a signal), having run `then` as `uid` when given; its pid once
+    it is `uid` and `then` has returned."""
     ready, tell = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.setresuid(uid, uid, uid)
+            if then is not None:
+                then()
             os.write(tell, b"!")
             signal.pause()
         finally:
