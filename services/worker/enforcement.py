@@ -26,8 +26,8 @@ which the agent counts in its memory under rlimits.
 
 Under either, a run makes no user namespace of its own and no io_uring (`SeccompFilter`, `task_syscall_filter`): inside
 a user namespace it could mount a tmpfs the memory watch does not see, a file registered with a ring is held by no
-descriptor the watch sees, and both are kernel attack surface. Under rlimits the watch also counts
-the memfds the run's processes hold open and what their sockets' buffers hold (`open_descriptors`, `socket_memory`).
+descriptor the watch sees, and both are kernel attack surface. Under rlimits the watch also counts the memfds the
+run's processes hold open and what their sockets' buffers hold (`open_descriptors`, `socket_memory`).
 
 Each of a run's processes holds at most MEGHA_TASK_MAX_FILES descriptors (RLIMIT_NOFILE), under either; under rlimits
 the watch also counts the descriptors of all the run's processes together and, rather than look for memfds among more
@@ -602,9 +602,9 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
     shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
     ``("uid", uid)`` and ``("sid", sid)``, with the memfds their processes hold open (`open_descriptors`, each counted
     once) and what their sockets' buffers hold (`socket_memory`, each socket once), and the descriptors their
-    processes hold open. Shared pages are counted in every process that maps them,
-    and a /dev/shm file or memfd that is mapped is counted twice: an over-estimate, never an under-estimate. A run
-    with its own tmpfs (`OwnFolders`) adds what it holds there itself: its /dev/shm is not the host's.
+    processes hold open. Shared pages are counted in every process that maps them, and a /dev/shm file or memfd that
+    is mapped is counted twice: an over-estimate, never an under-estimate. A run with its own tmpfs (`OwnFolders`)
+    adds what it holds there itself: its /dev/shm is not the host's.
 
     `max_files`: at most this many descriptors are looked at for memfds per uid or session. Each process's are
     counted (a listing of /proc/<pid>/fd) before they are looked at, and once a uid's or session's processes hold
