@@ -448,6 +448,51 @@ def test_the_watch_counts_a_socket_s_buffers_once_and_only_for_the_run_holding_i
     assert usage[("uid", other)].held == rss[bystander], (usage, rss)
 
 
+@pytest.mark.parametrize("how", ["unlinked", "O_TMPFILE"])
+def test_a_removed_file_of_dev_shm_a_task_holds_open_counts_against_its_memory(how: str) -> None:
+    """Where runs share the host's /dev/shm (no tmpfs of their own), a file a task wrote there and removed, or made
+    with O_TMPFILE, is in no folder the watch lists: the watch finds it among the descriptors the uid's processes
+    hold (a file of a memory file system, removed) and counts its 32 MB once, though two descriptors hold it."""
+    uid = TASK_UIDS[-42]
+    opened: list[int] = []
+
+    def write() -> None:
+        if how == "O_TMPFILE":
+            fd = os.open("/dev/shm", os.O_TMPFILE | os.O_RDWR, 0o600)
+        else:
+            path = f"/dev/shm/megha-removed-{uid}"
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            os.unlink(path)
+        for _ in range(32):
+            os.write(fd, b"x" * 2**20)
+        opened.extend((fd, os.dup(fd)))
+
+    child = as_uid(uid, write)
+    try:
+        usage = enforcement.memory_usage({uid}, set())[("uid", uid)]
+        rss = next(p.rss for p in enforcement.processes() if p.pid == child)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert not [p for p in Path("/dev/shm").iterdir() if p.stat().st_uid == uid]  # in no folder
+    assert 32 * MIB <= usage.held - rss < 33 * MIB, (usage, rss)
+
+
+def test_the_memory_file_systems_are_known_and_a_uid_s_files_in_any_of_them_count() -> None:
+    """`memory_devices` names /dev/shm's tmpfs and not the root's disk; `shared_memory_bytes` counts a uid's files
+    in each folder it is given (those of the shared folders that are memory file systems, where runs have no tmpfs
+    of their own: /tmp is one on some hosts)."""
+    devices = enforcement.memory_devices()
+    assert os.stat("/dev/shm").st_dev in devices and os.stat("/").st_dev not in devices
+    uid = TASK_UIDS[-43]
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "a").write_bytes(b"x" * 2**20)
+        os.chown(Path(folder, "a"), uid, uid)
+        Path(folder, "b").write_bytes(b"x" * 2**20)  # root's
+        assert enforcement.shared_memory_bytes({uid}, [folder]) == {uid: os.stat(Path(folder, "a")).st_blocks * 512}
+        assert enforcement.shared_memory_bytes({uid}, []) == {}
+
+
 def holding_full_sockets(uid: int, pairs: int) -> int:
     """A child process that became `uid` holding both ends of `pairs` Unix socket pairs, each sender's buffer full
     and nothing read, waiting for a signal; its pid once they are full."""

@@ -45,7 +45,7 @@ import signal
 import stat
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -614,6 +614,7 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
     descriptors: dict[tuple[str, int], int] = {}
     memfds: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
     sockets: dict[tuple[str, int], set[int]] = {}
+    in_memory = memory_devices()
     for p in processes():
         if p.zombie:
             continue
@@ -631,7 +632,7 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
         if not counted:
             continue
         left = None if max_files is None else max(max_files - descriptors.get(key, 0) for key in counted)
-        found = open_descriptors(p.pid, left)
+        found = open_descriptors(p.pid, left, in_memory)
         for key in counted:
             descriptors[key] = descriptors.get(key, 0) + found.count
             if found.memfds:
@@ -647,7 +648,8 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
         for key, inodes in sockets.items():
             if key in within:
                 held[key] += sum(buffered.get(inode, 0) for inode in inodes)
-    for uid, size in shared_memory_bytes(uids).items():
+    folders = [folder for folder in OWN_FOLDERS if _device(folder) in in_memory]
+    for uid, size in shared_memory_bytes(uids, folders).items():
         held[("uid", uid)] = held.get(("uid", uid), 0) + size
     return {key: Usage(size, descriptors.get(key, 0)) for key, size in held.items()}
 
@@ -661,13 +663,15 @@ class Descriptors(NamedTuple):
     sockets: set[int]
 
 
-def open_descriptors(pid: int, at_most: int | None = None) -> Descriptors:
+def open_descriptors(pid: int, at_most: int | None = None, in_memory: frozenset[int] = frozenset()) -> Descriptors:
     """How many descriptors process `pid` holds open, the memfds among them (memory in no file system the watch
     reads, in no page of a process that does not map it), by (device, inode) so that one held by several
     descriptors or processes counts once, with what each holds (its blocks), and its sockets' inodes (what their
-    buffers hold: `socket_memory`). When it holds more than `at_most`, none is looked at: counting them (listing
-    /proc/<pid>/fd) costs much less than looking at each (a readlink). Nothing when the process is gone or ends
-    meanwhile; a descriptor closed meanwhile is left out."""
+    buffers hold: `socket_memory`). Among the memfds are the files of a memory file system (devices `in_memory`:
+    `memory_devices`) that are removed but held open, such as a file of the host's /dev/shm unlinked after it was
+    written, or made with O_TMPFILE: no folder lists them. When it holds more than `at_most`, none is looked at:
+    counting them (listing /proc/<pid>/fd) costs much less than looking at each (a readlink). Nothing when the
+    process is gone or ends meanwhile; a descriptor closed meanwhile is left out."""
     memfds: dict[tuple[int, int], int] = {}
     sockets: set[int] = set()
     try:
@@ -685,12 +689,14 @@ def open_descriptors(pid: int, at_most: int | None = None) -> Descriptors:
                     if (inode := socket_inode(link)) is not None:
                         sockets.add(inode)
                     continue
-                if not link.startswith("/memfd:"):
+                memfd = link.startswith("/memfd:")
+                if not memfd and not (in_memory and link.endswith(" (deleted)")):
                     continue
                 st = os.stat(name, dir_fd=folder)
             except OSError:
                 continue
-            memfds[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+            if memfd or (st.st_nlink == 0 and st.st_dev in in_memory and stat.S_ISREG(st.st_mode)):
+                memfds[(st.st_dev, st.st_ino)] = st.st_blocks * 512
     except OSError:
         return Descriptors(0, {}, set())
     finally:
@@ -698,28 +704,58 @@ def open_descriptors(pid: int, at_most: int | None = None) -> Descriptors:
     return Descriptors(len(names), memfds, sockets)
 
 
-def shared_memory_bytes(uids: set[int], shm: str = "/dev/shm") -> dict[int, int]:
-    """What each of `uids` holds in memory outside its processes: files it owns in /dev/shm (a tmpfs: its pages are
-    memory), with everything in folders it owns there, and System V shared memory segments no process has
-    attached (an attached segment's touched pages are in its processes' resident memory)."""
+OWN_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp", "/run/lock")
+"""The shared folders a run gets a tmpfs of its own over, where the agent can (`OwnFolders`; all but /dev/mqueue, whose
+queues stay the host's without an IPC namespace of the run's own: docs/drivers.md, "Isolation"). Where it cannot, the
+memory watch counts what a run's uid keeps in those of them that are memory file systems (`shared_memory_bytes`)."""
+MEMORY_FILE_SYSTEMS = ("tmpfs", "ramfs")
+"""File systems whose files are memory (`memory_devices`)."""
+
+
+def memory_devices() -> frozenset[int]:
+    """The devices (`st_dev`) of this mount namespace's memory file systems (tmpfs, ramfs), from /proc/self/mountinfo:
+    what a file on one holds is memory, in no process's pages."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            with contextlib.suppress(ValueError, IndexError):  # ID, parent, major:minor, ..., "-", type, source, ...
+                if fields[fields.index("-") + 1] in MEMORY_FILE_SYSTEMS:
+                    major, minor = fields[2].split(":")
+                    found.add(os.makedev(int(major), int(minor)))
+    return frozenset(found)
+
+
+def _device(path: str) -> int | None:
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def shared_memory_bytes(uids: set[int], folders: Sequence[str] = ("/dev/shm",)) -> dict[int, int]:
+    """What each of `uids` holds in memory outside its processes: files it owns in `folders` (memory file systems,
+    such as /dev/shm: their pages are memory), with everything in folders it owns there, and System V shared memory
+    segments no process has attached (an attached segment's touched pages are in its processes' resident memory)."""
     found: dict[int, int] = {}
     if not uids:
         return found
-    with contextlib.suppress(OSError), os.scandir(shm) as entries:
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if st.st_uid not in uids:
-                continue
-            size = st.st_blocks * 512
-            if stat.S_ISDIR(st.st_mode):
-                for folder, _, files in os.walk(entry.path):
-                    for name in files:
-                        with contextlib.suppress(OSError):
-                            size += os.lstat(os.path.join(folder, name)).st_blocks * 512
-            found[st.st_uid] = found.get(st.st_uid, 0) + size
+    for shm in folders:
+        with contextlib.suppress(OSError), os.scandir(shm) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_uid not in uids:
+                    continue
+                size = st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    for folder, _, files in os.walk(entry.path):
+                        for name in files:
+                            with contextlib.suppress(OSError):
+                                size += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                found[st.st_uid] = found.get(st.st_uid, 0) + size
     for row in sysvipc("shm"):
         uid = int(row["uid"])
         if uid in uids and row.get("nattch") == "0":

@@ -39,9 +39,7 @@ UID_LOCKS = Path("/run/megha-task-uids")
 """Where agents of one host lease task uids: a lock file per uid, held (flock) while a run has it."""
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 """Folders every uid may write to: what a run's uid left at their top level is removed when the run ends."""
-OWN_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp", "/run/lock")
-"""The shared folders a run gets a tmpfs of its own over, where the agent can (`enforcement.OwnFolders`): all but
-/dev/mqueue, whose queues stay the host's without an IPC namespace of the run's own (docs/drivers.md, "Isolation")."""
+OWN_FOLDERS = enforcement.OWN_FOLDERS
 SETUID_CAPABILITIES = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_SETGID": 6, "CAP_SETUID": 7}
 """What the agent needs to give runs uids of their own: switch to the uid, hand it its scratch folder, and remove
 what the uid left behind (root has them all, unless they were dropped)."""
