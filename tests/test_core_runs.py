@@ -5,9 +5,19 @@ term used."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from megha.common.core.gm import GlobalMaster
 from megha.common.core.lm import LocalMaster
-from megha.common.core.messages import Completions, Delta, FinishedTask, PreemptRequest, WorkerLaunch, WorkerReport
+from megha.common.core.messages import (
+    Completion,
+    Completions,
+    Delta,
+    FinishedTask,
+    PreemptRequest,
+    WorkerLaunch,
+    WorkerReport,
+)
 from megha.common.core.observer import CoreObserver
 from megha.common.core.policies import gm_policies
 from megha.common.core.recovery import LMReport, first_run_number, plan_recovery
@@ -25,12 +35,16 @@ class Ends(CoreObserver):
     def __init__(self) -> None:
         self.completed: list[str] = []
         self.preempted: list[str] = []
+        self.repeated: list[tuple[int, str, int]] = []  # forwarded ends the GM had applied already
 
     def task_completed(self, task: TaskSpec, error: str, now: float, forwarded: bool = False) -> None:
         self.completed.append(task.task_id)
 
     def task_preempted(self, task: TaskSpec, now: float) -> None:
         self.preempted.append(task.task_id)
+
+    def forwarded_end_repeated(self, lm: int, item: Completion, now: float) -> None:
+        self.repeated.append((lm, item.task_id, item.attempt))
 
 
 def _net(ends: Ends) -> Net:
@@ -94,6 +108,24 @@ def test_a_replayed_preempted_completion_of_an_earlier_run_does_not_end_the_run_
     assert ends.completed == ["high.0", "low.0"] and gm.running == {} and lm.is_idle()
     assert gm.handle(first_end, net.now) == [] and ends.completed == ["high.0", "low.0"]
     assert gm.view_snapshot()["ignored_run_ends"] == 2
+
+
+def test_a_forwarded_copy_of_an_end_the_gm_applied_is_told_to_its_observer_not_applied_again() -> None:
+    """A rebuilt LM forwards an end the GM heard of already (the LM that placed the run died after telling the GM,
+    perhaps before announcing it): the GM ignores it, counts it, and tells its observer, which may announce the end.
+    A copy that is not forwarded (the LM that placed the run, repeating itself) announced the end itself."""
+    ends = Ends()
+    net = _net(ends)
+    gm = net.gms[0]
+    net.post(gm.submit(JobSpec("j", (TaskSpec("j.0", "j", "user-0", 1.0, CAP, 0),), 0.0), 0.0))
+    completions: list[Completions] = []
+    _deliver_until(net, Completions, completions)
+    (end,) = completions
+    assert ends.completed == ["j.0"] and gm.running == {}
+    assert gm.handle(end, net.now) == [] and ends.repeated == []
+    forwarded = Completions(end.lm, end.gm, end.applied_through, [replace(c, forwarded=True) for c in end.items])
+    assert gm.handle(forwarded, net.now) == []
+    assert ends.repeated == [(0, "j.0", 1)] and ends.completed == ["j.0"] and gm.ignored_run_ends == 2
 
 
 def test_a_recovering_gm_queues_its_tasks_as_runs_no_earlier_term_used() -> None:

@@ -78,10 +78,42 @@ def test_an_end_no_lm_announced_is_kept_for_the_gm_to_publish_once() -> None:
     table.task_completed(job.tasks[1], "", 1.0, forwarded=True)
     table.task_completed(job.tasks[1], "", 1.1, forwarded=True)  # a repeat
     table.task_failed(job.tasks[2], "LM 1 unreachable", 2.0)
-    assert [(t.task_id, kind, why) for t, kind, why, *_ in table.ended_here] == [
+    assert [(e.task_id, e.kind, e.reason) for e in table.ended_here] == [
         ("j.1", "finished", ""),
         ("j.2", "failed", "LM 1 unreachable"),
     ]
+
+
+def test_a_forwarded_end_repeated_is_announced_again_at_its_worker_s_time_only_for_the_run_it_ended_with() -> None:
+    """An LM killed after telling its GM of an end and before announcing it forwards the end again once rebuilt; the
+    GM, which applied it already, keeps it to publish, at the time the worker measured (the same event as the LM's,
+    had the LM announced it). Not for another attempt, another LM, a preempted or lost run, another outcome, or a
+    task that has not ended."""
+    table = JobTable(0)
+    job = _job("j", 3)
+    table.job_arrived(job, 0, 0.0)
+    table.decided([Placement(t, 1, 2, False, 0) for t in job.tasks], 0.5)
+    table.task_completed(job.tasks[0], "", 1.0)  # announced by its LM
+    table.task_completed(job.tasks[1], "exit code 3", 1.0)
+    state = ((0, 0), (), 0)
+    for item in [
+        Completion("j.0", state, attempt=2, forwarded=True, finished_at=0.9),  # another attempt's
+        Completion("j.0", state, preempted=True, forwarded=True, finished_at=0.9),
+        Completion("j.0", state, lost=True, forwarded=True, finished_at=0.9),
+        Completion("j.0", state, "exit code 1", forwarded=True, finished_at=0.9),  # not how it ended
+        Completion("j.2", state, forwarded=True, finished_at=0.9),  # j.2 has not ended
+        Completion("gone.0", state, forwarded=True, finished_at=0.9),
+    ]:
+        table.forwarded_end_repeated(1, item, 5.0)
+    table.forwarded_end_repeated(0, Completion("j.0", state, forwarded=True, finished_at=0.9), 5.0)  # another LM
+    assert table.ended_here == []
+    table.forwarded_end_repeated(1, Completion("j.0", state, forwarded=True, finished_at=0.9), 5.0)
+    table.forwarded_end_repeated(1, Completion("j.1", state, "exit code 3", forwarded=True), 5.0)
+    assert [tuple(e) for e in table.ended_here] == [
+        ("j.0", "j", 1, "finished", "", 1, 2, 0.9),
+        ("j.1", "j", 1, "failed", "exit code 3", 1, 2, 1.0),  # no worker time: when the GM recorded the end
+    ]
+    assert [t.state for t in table.status("j").tasks] == ["finished", "failed", "launched"]  # type: ignore[union-attr]
 
 
 def test_each_run_of_a_task_is_found_where_it_ran_for_its_output() -> None:
@@ -124,7 +156,7 @@ def test_a_task_ends_once_and_later_news_changes_neither_its_state_nor_its_finis
         ("failed", None, "LM 0 unreachable"),
         ("finished", 3.0, None),
     ]
-    assert [kind for _, kind, *_ in table.ended_here] == ["failed"] and table.illegal == 0
+    assert [e.kind for e in table.ended_here] == ["failed"] and table.illegal == 0
 
 
 def test_a_decision_for_a_cancelled_task_is_logged_and_ignored(

@@ -272,7 +272,7 @@ def test_a_gm_restarting_from_a_journal_with_more_finished_tasks_than_it_keeps_l
         half = jobs.status("half")
         assert half is not None and [t.state for t in half.tasks] == ["finished", "launched"]
         # The only end announced now is the cancel of the task the crash left queued.
-        assert [(t.task_id, kind) for t, kind, *_ in jobs.ended_here] == [("dropped.0", "cancelled")]
+        assert [(e.task_id, e.kind) for e in jobs.ended_here] == [("dropped.0", "cancelled")]
         assert not {"done-1", "done-2"} & set(jobs.jobs)  # forgotten, as the first life would have been by now
         dropped = jobs.status("dropped")
         if kept:

@@ -563,6 +563,8 @@ class GlobalMaster:
             placement = ledger.run_ended(msg.lm, item.task_id, item.attempt, item.run_number)
             if placement is None:
                 self.ignored_run_ends += 1
+                if item.forwarded:
+                    observer.forwarded_end_repeated(msg.lm, item, now)
                 continue
             usage.released(placement.task, msg.lm)
             if placement.task.queueable:

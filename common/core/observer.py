@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from megha.common.core.messages import Placement, Rejection
+from megha.common.core.messages import Completion, Placement, Rejection
 from megha.common.core.task import JobSpec, TaskSpec
 
 
@@ -49,6 +49,12 @@ class CoreObserver:
         """A GM learnt that its task's run ended, finished (`error` "") or failed. `forwarded`: the LM had not
         placed that run (it restarted since), so no LM announced the end as a task event; `now` is then when the
         run ended as its worker measured it, when the LM forwarded that."""
+
+    def forwarded_end_repeated(self, lm: int, item: Completion, now: float) -> None:
+        """A GM ignored a run's end that LM `lm` forwarded (it had not placed the run: it restarted since) because it
+        had applied that end already, or it is a copy of an earlier run's: the LM may have died after telling the
+        GM and before announcing the end as a task event, so an observer that announces ends may announce it (again)
+        if it is the end of the task's last run."""
 
     def task_preempted(self, task: TaskSpec, now: float) -> None:
         """A GM learnt that its task was stopped for another user's; it goes back into its queue."""

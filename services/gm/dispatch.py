@@ -105,14 +105,15 @@ class GMDispatch:
         """Publish a task event for each end no LM announced: tasks this GM gave up on, and runs a rebuilt LM
         forwarded (it had not placed them, so it could not tell a stale copy from the run the GM knows). A
         forwarded end carries the time its worker measured: an LM killed after publishing that end, but before
-        its GM heard of it, forwards it again once restarted, and the two events are then the same event."""
+        its GM heard of it, forwards it again once restarted, and the two events are then the same event. One
+        killed after its GM heard of the end but before publishing it forwards it again too: the GM, which
+        applied it already, announces it then (`JobTable.forwarded_end_repeated`)."""
         gm = self.gm
         ended, gm.jobs.ended_here = gm.jobs.ended_here, []
         if gm.broker is None or not ended:
             return
         events = [
-            RunEvent(kind, task.task_id, task.job_id, lm, node, at, error=reason, attempt=task.attempt)
-            for task, kind, reason, lm, node, at in ended
+            RunEvent(e.kind, e.task_id, e.job_id, e.lm, e.node, e.at, error=e.reason, attempt=e.attempt) for e in ended
         ]
         await gm.broker.publish("events", "", TaskEvents.core_json(events))
 

@@ -13,6 +13,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from megha.common.core.lifecycle import NO_OP, TERMINAL, Event, IllegalTransition, State, next_state
 from megha.common.core.messages import Completion, Placement
@@ -38,6 +39,24 @@ _WIRE: dict[int, str] = {
 }  # a lifecycle state -> the `TaskStatus.state` that shows it
 _FROM_WIRE: dict[str, int] = {"queued": State.QUEUED, "launched": State.PLACING} | {_WIRE[s]: s for s in TERMINAL}
 _ENDS: dict[str, Event] = {"finished": Event.FINISHED, "failed": Event.FAILED, "cancelled": Event.CANCELLED}
+
+
+class UnannouncedEnd(NamedTuple):
+    """A task's end no LM announced as a task event (this GM failed or cancelled it, or a rebuilt LM forwarded it),
+    for the service to publish (`JobTable.ended_here`)."""
+
+    task_id: str
+    job_id: str
+    attempt: int
+    kind: str
+    reason: str
+    lm: int
+    node: int
+    at: float
+
+    @classmethod
+    def of(cls, task: TaskSpec, kind: str, reason: str, rec: _Task, at: float) -> UnannouncedEnd:
+        return cls(task.task_id, task.job_id, task.attempt, kind, reason, rec.lm or 0, rec.node or 0, at)
 
 
 @dataclass(slots=True)
@@ -120,7 +139,7 @@ class JobTable(CoreObserver):
         self._finished_tasks = 0
         # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
         # service to publish as task events: (task, kind, reason, lm, node, when it ended).
-        self.ended_here: list[tuple[TaskSpec, str, str, int, int, float]] = []
+        self.ended_here: list[UnannouncedEnd] = []
         self.illegal = 0  # events the lifecycle did not allow (each logged as an error)
         self.on_job_end: Callable[[str, str], None] | None = None  # told (job id, state) as each job ends
 
@@ -229,7 +248,7 @@ class JobTable(CoreObserver):
                 reason,
                 extra=self._ids(task, rec.lm, rec.node),
             )
-            self.ended_here.append((task, "failed", reason, rec.lm or 0, rec.node or 0, now))
+            self.ended_here.append(UnannouncedEnd.of(task, "failed", reason, rec, now))
             self._ended(task.task_id, rec)
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
@@ -284,9 +303,24 @@ class JobTable(CoreObserver):
         rec = self.tasks.get(task.task_id)
         if rec is not None and self._advance(task.task_id, rec, Event.FAILED if error else Event.FINISHED):
             if forwarded:
-                self.ended_here.append((task, rec.state, error, rec.lm or 0, rec.node or 0, now))
+                self.ended_here.append(UnannouncedEnd.of(task, rec.state, error, rec, now))
             rec.finished_at, rec.failed_reason = now, error or None
             self._ended(task.task_id, rec)
+
+    def forwarded_end_repeated(self, lm: int, item: Completion, now: float) -> None:
+        """A rebuilt LM forwarded again the end of the run this task ended with (same attempt, same LM, the same
+        outcome): the LM that placed it may have died after telling this GM and before announcing the end, so it is
+        announced again, at the time its worker measured (the same event as the LM's, if the LM did announce it)."""
+        rec = self.tasks.get(item.task_id)
+        if rec is None or item.preempted or item.lost or rec.attempt != item.attempt or rec.lm != lm:
+            return
+        kind = "failed" if item.error else "finished"
+        if rec.state != kind or (item.error or None) != rec.failed_reason:
+            return
+        at = item.finished_at if item.finished_at is not None else rec.finished_at if rec.finished_at else now
+        self.ended_here.append(
+            UnannouncedEnd(item.task_id, rec.job_id, item.attempt, kind, item.error, lm, rec.node or 0, at)
+        )
 
     def runs_started(self, items: Iterable[Completion]) -> None:
         """Record when the runs an LM reports finished or failed had started on their workers: a GM hears of no
@@ -303,7 +337,7 @@ class JobTable(CoreObserver):
         """Its job was cancelled: dropped from the queue, or its run stopped. It does not run again."""
         rec = self.tasks.get(task.task_id)
         if rec is not None and self._advance(task.task_id, rec, Event.CANCELLED):
-            self.ended_here.append((task, "cancelled", "job cancelled", rec.lm or 0, rec.node or 0, now))
+            self.ended_here.append(UnannouncedEnd.of(task, "cancelled", "job cancelled", rec, now))
             rec.failed_reason, rec.finished_at = "job cancelled", now
             self._ended(task.task_id, rec)
 
