@@ -138,7 +138,7 @@ class JobTable(CoreObserver):
         self._finished_jobs: deque[str] = deque()  # oldest first
         self._finished_tasks = 0
         # Ends of tasks no LM announced (this GM failed them, or a rebuilt LM forwarded their end), for the
-        # service to publish as task events: (task, kind, reason, lm, node, when it ended).
+        # service to publish as task events.
         self.ended_here: list[UnannouncedEnd] = []
         self.illegal = 0  # events the lifecycle did not allow (each logged as an error)
         self.on_job_end: Callable[[str, str], None] | None = None  # told (job id, state) as each job ends
