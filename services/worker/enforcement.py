@@ -648,7 +648,8 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
         for key, inodes in sockets.items():
             if key in within:
                 held[key] += sum(buffered.get(inode, 0) for inode in inodes)
-    folders = [folder for folder in OWN_FOLDERS if _device(folder) in in_memory]
+    # /dev/shm always (a tmpfs by convention, as before mountinfo was read); the others where they are memory.
+    folders = [f for f in OWN_FOLDERS if f == "/dev/shm" or _device(f) in in_memory]
     for uid, size in shared_memory_bytes(uids, folders).items():
         held[("uid", uid)] = held.get(("uid", uid), 0) + size
     return {key: Usage(size, descriptors.get(key, 0)) for key, size in held.items()}
