@@ -159,6 +159,29 @@ def _stall(name: str, seconds: float) -> Callable[[Processes], None]:
     return inject
 
 
+def _stall_until_lost(agent: str, lm: int) -> Callable[[Processes], None]:
+    """Stop (SIGSTOP) an agent until its LM (`lm`) has taken it out of service and reported its runs lost, then
+    continue it at once: it comes back while its GMs run those tasks again, with the ends of the lost runs still
+    to send. A stop the LM has not acted on within 60 s fails the trial."""
+
+    def inject(target: Processes) -> None:
+        target.deployment.pause(agent)
+        try:
+            with httpx.Client(headers=target.headers, timeout=2.0) as http:
+
+                def lost() -> bool:
+                    with contextlib.suppress(httpx.HTTPError, ValueError):
+                        return agent in http.get(f"{target.lm_urls[lm]}/v1/state").json().get("lost_workers", {})
+                    return False
+
+                if _wait(lost, 60) is None:
+                    raise TimeoutError(f"LM {lm} did not take {agent} out of service within 60 s")
+        finally:
+            target.deployment.resume(agent)
+
+    return inject
+
+
 def _partition(name: str, seconds: float) -> Callable[[Processes], None]:
     """Cut a service off: nothing reaches its HTTP port, and its connections to the broker carry nothing
     (iptables DROP rules on this host's loopback, removed afterwards)."""
@@ -277,6 +300,12 @@ PROCESS_FAULTS: dict[str, Fault[Processes]] = {
             "lm-partition", "LM 0 cut off (HTTP port and broker connections dropped) for 30 s", _partition("lm-0", 30)
         ),
         Fault("gm-stall", "GM 0 stopped (SIGSTOP) for 30 s, then continued", _stall("gm-0", 30.0)),
+        Fault("lm-stall", "LM 0 stopped (SIGSTOP) for 30 s, then continued", _stall("lm-0", 30.0)),
+        Fault(
+            "agent-stall",
+            "agent worker-0-0 stopped (SIGSTOP) until LM 0 reports its runs lost, then continued",
+            _stall_until_lost("worker-0-0", 0),
+        ),
         Fault(
             "gm-down",
             "GM 0 killed (SIGKILL), restarted 60 s later: GM 1 stands in for it after 45 s, then hands it back",

@@ -228,6 +228,8 @@ LEFT_TO_MEGHA_CHAOS = {
     "broker-5": "tests/test_services_recovery.py kills the broker mid-replay and starts it again",
     "broker-60": "tests/test_services_recovery.py kills the broker mid-replay and starts it again",
     "gm-stall": "tests/test_gm_takeover.py stalls a GM (SIGSTOP) mid-replay, past the stand-in's takeover",
+    "lm-stall": "lm-partition (here) leaves an LM's calls and broker connections unanswered for 30 s, as a stopped "
+    "LM's are",
     "gang-gm-kill": "tests/test_core_gang.py crashes a GM at each step of a gang's prepares and commits, and "
     "tests/test_gang_services.py runs gangs across the LMs of a real deployment",
     "lm-kill": "gang-lm-kill (here) kills an LM mid-replay and restarts it, with gangs among its tasks; "
