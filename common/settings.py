@@ -613,8 +613,8 @@ class WorkerSettings(UserTokens):
     task_log_dir: str = Field(
         "",
         description="folder of the kept stdout and stderr of exec and container tasks, the agent's user's alone "
-        "(0700; refused at start-up when another user owns it or could swap it) (empty: megha-<uid>/<run id>-<worker "
-        "id>-task-logs in the system's temp folder)",
+        "(0700; refused at start-up when another user owns it or could swap it, or when others may enter it and it "
+        "holds files already) (empty: megha-<uid>/<run id>-<worker id>-task-logs in the system's temp folder)",
     )
     task_log_bytes: int = Field(
         1024 * 1024,
