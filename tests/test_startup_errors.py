@@ -48,10 +48,28 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
         ("megha.services.lm", {"MEGHA_NUM_GMS": "zero"}, "MEGHA_NUM_GMS"),
         ("megha.services.worker", {"MEGHA_PORT": "99999"}, "MEGHA_PORT"),
         ("megha.loadgen.services", {"MEGHA_TIME_SCALE": "fast"}, "MEGHA_TIME_SCALE"),
+        # The broker URL is checked before any connection: one without a host made aio-pika retry without end,
+        # deaf to SIGTERM; another scheme was taken for amqp://; a port beyond 65535 was a traceback.
+        ("megha.services.gm", {"MEGHA_AMQP_URL": ""}, "MEGHA_AMQP_URL"),
+        ("megha.services.lm", {"MEGHA_AMQP_URL": "http://127.0.0.1:5672/"}, "MEGHA_AMQP_URL"),
+        ("megha.services.worker", {"MEGHA_AMQP_URL": "amqp://guest:guest@127.0.0.1:99999/"}, "MEGHA_AMQP_URL"),
+        ("megha.loadgen.services", {"MEGHA_AMQP_URL": "nonsense"}, "MEGHA_AMQP_URL"),
+        # Seconds are finite: inf waited for the broker or an LM for ever.
+        ("megha.services.lm", {"MEGHA_BROKER_TIMEOUT": "inf"}, "MEGHA_BROKER_TIMEOUT"),
+        ("megha.services.gm", {"MEGHA_LM_TIMEOUT": "inf"}, "MEGHA_LM_TIMEOUT"),
+        ("megha.loadgen.services", {"MEGHA_TIMEOUT": "inf"}, "MEGHA_TIMEOUT"),
+        ("megha.services.gm", {"MEGHA_LM_URLS": ","}, "MEGHA_LM_URLS"),
+        ("megha.loadgen.services", {"MEGHA_GM_URLS": ""}, "MEGHA_GM_URLS"),
+        ("megha.services.gm", {"MEGHA_PUBLIC_URL": "ftp://gm-0"}, "MEGHA_PUBLIC_URL"),
+        ("megha.services.gm", {"MEGHA_QUEUES": "q1:100%:0", "MEGHA_QUEUE_ORDER": "priority"}, "MEGHA_QUEUE_ORDER"),
+        ("megha.services.lm", {"MEGHA_QUEUES": "q1:50%:0,q2:50%:3"}, "MEGHA_QUEUES"),
+        ("megha.loadgen.services", {"MEGHA_QUEUES": "q1:50%:0,q2:50%:3"}, "MEGHA_QUEUES"),
+        ("megha.services.lm", {"MEGHA_EXPECTED_NODES": "1000000000000"}, "MEGHA_EXPECTED_NODES"),
+        ("megha.services.worker", {"MEGHA_NODES": "1000000000000"}, "MEGHA_NODES"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[str, str], named: str) -> None:
-    done = _start(module, **env)
+    done = _start(module, **{"MEGHA_AUTH": "off", **env})
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
