@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +75,21 @@ def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[st
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
     assert "bad settings" in output and named in output, output
+
+
+def test_a_load_generator_no_gm_answers_says_so_in_one_line_before_submitting(tmp_path: Path) -> None:
+    done = _start("megha.loadgen.services", MEGHA_AUTH="off", MEGHA_GM_URLS=f"http://127.0.0.1:{free_port()}")
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in output, output
+    assert output.count("no GM of MEGHA_GM_URLS answered") == 1 and "submitting" not in output, output
+
+
+def test_a_load_generator_s_report_folder_that_cannot_be_made_is_refused_before_the_replay(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    done = _start("megha.loadgen.services", MEGHA_AUTH="off", MEGHA_OUT=str(tmp_path / "a-file" / "out"))
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and len(output.strip().splitlines()) == 1, output
+    assert "bad settings: MEGHA_OUT=" in output, output
 
 
 @pytest.mark.parametrize("role", ["gm", "lm", "worker", "loadgen"])
