@@ -6,6 +6,7 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import ssl
 import sys
@@ -495,7 +496,7 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     @field_validator("lm_urls", "gm_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
-        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+        return split_urls(value)
 
     @field_validator("lm_urls", "gm_urls")
     @classmethod
@@ -762,7 +763,7 @@ class LoadgenSettings(FairSettings):
     @field_validator("gm_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
-        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+        return split_urls(value)
 
     @field_validator("gm_urls")
     @classmethod
@@ -775,6 +776,21 @@ class LoadgenSettings(FairSettings):
     def _check_queue_gms(self) -> Self:
         self.check_queue_gms(len(self.gm_urls), f"MEGHA_GM_URLS lists {len(self.gm_urls)}")
         return self
+
+
+def split_urls(value: object) -> object:
+    """A list of URLs from the environment, as a JSON list or comma-separated; anything else as it is."""
+    if not isinstance(value, str):
+        return value
+    if value.strip().startswith("["):
+        try:
+            urls = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON list: {exc}") from None
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise ValueError("a JSON list of URLs holds strings only")
+        return [u.strip() for u in urls if u.strip()]
+    return [u.strip() for u in value.split(",") if u.strip()]
 
 
 def check_amqp_url(url: str) -> str:

@@ -60,6 +60,7 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
         ("megha.services.gm", {"MEGHA_LM_TIMEOUT": "inf"}, "MEGHA_LM_TIMEOUT"),
         ("megha.loadgen.services", {"MEGHA_TIMEOUT": "inf"}, "MEGHA_TIMEOUT"),
         ("megha.services.gm", {"MEGHA_LM_URLS": ","}, "MEGHA_LM_URLS"),
+        ("megha.services.gm", {"MEGHA_LM_URLS": '["http://lm-0:8100", 7]'}, "MEGHA_LM_URLS"),
         ("megha.loadgen.services", {"MEGHA_GM_URLS": ""}, "MEGHA_GM_URLS"),
         ("megha.services.gm", {"MEGHA_PUBLIC_URL": "ftp://gm-0"}, "MEGHA_PUBLIC_URL"),
         ("megha.services.gm", {"MEGHA_QUEUES": "q1:100%:0", "MEGHA_QUEUE_ORDER": "priority"}, "MEGHA_QUEUE_ORDER"),
@@ -75,6 +76,16 @@ def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[st
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
     assert "bad settings" in output and named in output, output
+
+
+def test_url_lists_are_read_as_json_lists_too_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megha.common.settings import GMSettings, LoadgenSettings
+
+    monkeypatch.setenv("MEGHA_AUTH", "off")
+    monkeypatch.setenv("MEGHA_LM_URLS", '["http://lm-0:8100", "http://lm-1:8100"]')
+    monkeypatch.setenv("MEGHA_GM_URLS", '["http://gm-0:8000"]')
+    assert GMSettings().lm_urls == ["http://lm-0:8100", "http://lm-1:8100"]
+    assert GMSettings().gm_urls == LoadgenSettings().gm_urls == ["http://gm-0:8000"]
 
 
 def test_a_load_generator_no_gm_answers_says_so_in_one_line_before_submitting(tmp_path: Path) -> None:
