@@ -36,6 +36,10 @@ MAX_NODE_CAPACITY = 2**40
 """The most CPU (millicores) or memory (MB) one node may have: a thousand times any machine built, and small enough
 that a data centre's total of millions of such nodes, and its use over a replay, stay exact in a float."""
 
+MAX_LM_NODES = 1_000_000
+"""The most nodes one LM (and so one agent) may have: a hundred times the papers' whole 10,000-node data centre,
+and few enough that an LM's tables of them fit in memory."""
+
 DEFAULT_NODE_CAPACITY: Resources = (64000, 16384)
 """The Megha paper's simulated node: 64 cores (millicores) and 16 GB (MB)."""
 

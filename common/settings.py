@@ -6,6 +6,7 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import ssl
 import sys
@@ -14,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from megha.common.auth import MIN_SECRET_CHARS, Credential, Signer, Verifier, parse_api_tokens, root_public
-from megha.common.clusterfile import MAX_NODE_CAPACITY
+from megha.common.clusterfile import MAX_LM_NODES, MAX_NODE_CAPACITY
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
 from megha.common.core.policies import QUEUE_ORDERS
@@ -71,7 +72,7 @@ class FileSecrets(PydanticBaseSettingsSource):
 class ServiceSettings(BaseSettings):
     """Settings every service shares."""
 
-    model_config = SettingsConfigDict(env_prefix="MEGHA_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MEGHA_", extra="ignore", allow_inf_nan=False)
 
     signs_as: ClassVar[Literal["gm", "lm", "worker"] | None] = None
     """The role this service's signed tokens name (None: a client, not a service: it holds no cluster secret)."""
@@ -108,7 +109,7 @@ class ServiceSettings(BaseSettings):
         "guest account on this machine, is for a development run only: a deployment gives each role its own user "
         "(docs/security.md); MEGHA_AMQP_URL_FILE names a file holding it instead (a Docker secret)",
     )
-    host: str = Field("127.0.0.1", description="address the HTTP server binds")
+    host: str = Field("127.0.0.1", min_length=1, description="address the HTTP server binds")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     public_url: str = Field("", description="URL other services use to reach this one (default http://host:port)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
@@ -150,6 +151,16 @@ class ServiceSettings(BaseSettings):
         description="PEM bundle of the certificate authorities that verify the HTTPS services this one calls and an "
         "amqps:// broker; empty: the system's",
     )
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _check_amqp_url(cls, value: str) -> str:
+        return check_amqp_url(value)
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, value: str) -> str:
+        return check_http_urls([value])[0] if value else value
 
     @classmethod
     def settings_customise_sources(
@@ -326,6 +337,16 @@ class FairSettings(ServiceSettings):
     def fairness(self) -> FairnessConfig | None:
         return parse_queues(self.queues, self.share_policy) if self.queues else None
 
+    def check_queue_gms(self, num_gms: int, given_by: str) -> None:
+        """ValueError naming MEGHA_QUEUES when it maps a queue to a GM beyond the `num_gms` that `given_by` says
+        the deployment has."""
+        fairness = self.fairness()
+        if fairness is not None:
+            try:
+                fairness.check_gms(num_gms)
+            except ValueError as exc:
+                raise ValueError(f"MEGHA_QUEUES: {exc} ({given_by})") from None
+
 
 class PrioritySettings(ServiceSettings):
     """Priority classes, configured alike on every GM and LM (docs/priority.md)."""
@@ -475,17 +496,26 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     @field_validator("lm_urls", "gm_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
-        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+        return split_urls(value)
 
     @field_validator("lm_urls", "gm_urls")
     @classmethod
-    def _check_urls(cls, value: list[str]) -> list[str]:
+    def _check_urls(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if info.field_name == "lm_urls" and not value:
+            raise ValueError("lists no LM: give every LM's URL, in LM-id order")
         return check_http_urls(value)
 
     @model_validator(mode="after")
     def _check_peers(self) -> Self:
         if self.gm_urls and self.gm_id >= len(self.gm_urls):
             raise ValueError(f"MEGHA_GM_ID={self.gm_id} has no URL in MEGHA_GM_URLS ({len(self.gm_urls)} listed)")
+        if self.gm_urls:
+            self.check_queue_gms(len(self.gm_urls), "MEGHA_GM_URLS")
+        if self.queues and self.queue_order != "fifo":
+            raise ValueError(
+                f"MEGHA_QUEUE_ORDER={self.queue_order} does not apply with MEGHA_QUEUES: fair scheduling serves its "
+                "user queues in its own order; leave MEGHA_QUEUE_ORDER unset"
+            )
         if self.auth == "on" and not parse_api_tokens(self.api_tokens.get_secret_value()):
             raise ValueError(
                 "MEGHA_API_TOKENS (or MEGHA_API_TOKENS_FILE) names no user token while MEGHA_AUTH=on: nobody could "
@@ -511,7 +541,9 @@ class LMSettings(FairSettings, PrioritySettings, UserTokens):
     port: int = Field(8100, ge=1, le=65535)
     lm_id: int = Field(0, ge=0, description="this LM's id, 0..L-1")
     num_gms: int = Field(1, ge=1, description="GMs in the deployment: the LM's cluster has one partition per GM")
-    expected_nodes: int = Field(1, ge=1, description="nodes worker agents must register before launches are served")
+    expected_nodes: int = Field(
+        1, ge=1, le=MAX_LM_NODES, description="nodes worker agents must register before launches are served"
+    )
     delta_interval: float = Field(1.0, gt=0, description="seconds between delta updates to each GM")
     http_timeout: float = Field(10.0, gt=0, description="seconds for one worker-agent call")
     worker_timeout: float = Field(
@@ -526,6 +558,11 @@ class LMSettings(FairSettings, PrioritySettings, UserTokens):
         description="queueable tasks (waiting or running) this LM holds per node and per GM; beyond, it refuses one "
         "as a full queue and its GM tries another node (docs/queueable.md)",
     )
+
+    @model_validator(mode="after")
+    def _check_queue_gms(self) -> Self:
+        self.check_queue_gms(self.num_gms, f"MEGHA_NUM_GMS={self.num_gms}")
+        return self
 
     def ident(self) -> str:
         return str(self.lm_id)
@@ -559,7 +596,9 @@ class WorkerSettings(UserTokens):
     execution: Literal["real", "simulated"] = Field(
         "real", description="real: each task burns its CPU and memory in its own process; simulated: no burn"
     )
-    nodes: int = Field(1, ge=1, description="nodes this agent stands for (more than one needs simulated execution)")
+    nodes: int = Field(
+        1, ge=1, le=MAX_LM_NODES, description="nodes this agent stands for (more than one needs simulated execution)"
+    )
     node_cpu_millicores: int = Field(
         2000, gt=0, le=MAX_NODE_CAPACITY, description="CPU of each node, millicores (at most 2**40)"
     )
@@ -613,8 +652,8 @@ class WorkerSettings(UserTokens):
     task_log_dir: str = Field(
         "",
         description="folder of the kept stdout and stderr of exec and container tasks, the agent's user's alone "
-        "(0700; refused at start-up when another user owns it or could swap it) (empty: megha-<uid>/<run id>-<worker "
-        "id>-task-logs in the system's temp folder)",
+        "(0700; refused at start-up when another user owns it or could swap it, or when others may enter it and it "
+        "holds files already) (empty: megha-<uid>/<run id>-<worker id>-task-logs in the system's temp folder)",
     )
     task_log_bytes: int = Field(
         1024 * 1024,
@@ -676,6 +715,7 @@ class LoadgenSettings(FairSettings):
     )
     trace: str = Field(
         "demo",
+        min_length=1,
         description="a .tr file, 'demo' (100 jobs of the Google sub-trace, shipped), or syn:<tasks>:<jobs> (one job "
         "a second of <tasks> 1-second tasks)",
     )
@@ -723,12 +763,48 @@ class LoadgenSettings(FairSettings):
     @field_validator("gm_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
-        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+        return split_urls(value)
 
     @field_validator("gm_urls")
     @classmethod
     def _check_urls(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("lists no GM: give every GM's URL, in GM-id order")
         return check_http_urls(value)
+
+    @model_validator(mode="after")
+    def _check_queue_gms(self) -> Self:
+        self.check_queue_gms(len(self.gm_urls), f"MEGHA_GM_URLS lists {len(self.gm_urls)}")
+        return self
+
+
+def split_urls(value: object) -> object:
+    """A list of URLs from the environment, as a JSON list or comma-separated; anything else as it is."""
+    if not isinstance(value, str):
+        return value
+    if value.strip().startswith("["):
+        try:
+            urls = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON list: {exc}") from None
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise ValueError("a JSON list of URLs holds strings only")
+        return [u.strip() for u in urls if u.strip()]
+    return [u.strip() for u in value.split(",") if u.strip()]
+
+
+def check_amqp_url(url: str) -> str:
+    """`url` if it is an amqp:// or amqps:// URL with a host and a port that is a number; otherwise ValueError
+    saying what is wrong, without the URL (it may hold a password)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+        got = f"scheme {parts.scheme!r}" if parts.scheme not in ("amqp", "amqps") else "no host"
+        raise ValueError(f"not an amqp://user:password@host:port/ (or amqps://) URL: {got if url else 'empty'}")
+    try:
+        parts.port  # noqa: B018 (a port that is not a number, or beyond 65535, raises ValueError)
+    except ValueError:
+        raise ValueError("the URL's port is not a number from 0 to 65535") from None
+    return url
 
 
 def check_http_urls(urls: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ from megha.client.retry import Throttled
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.core.task import JobSpec
+from megha.common.lifecycle import StartupError
 from megha.common.models import TaskEvent, TaskEvents
 from megha.common.settings import LoadgenSettings, load_settings
 from megha.common.transport.inmemory import fewer_gc_pauses
@@ -132,6 +133,8 @@ async def _replay(settings: LoadgenSettings, progress: Progress | None, broker: 
     run = ServicesRun(recorder.tasks, recorder.jobs, recorder.events)
     run.gangs = {job.job_id for _, job in workload if job.gang is not None}
     say = progress.note if progress is not None else _silent
+    token = settings.api_token.get_secret_value() if settings.auth != "off" else None
+    await _check_gms(settings, token)
     own_broker = broker is None
     broker = broker or settings.broker()
     if own_broker:
@@ -148,7 +151,6 @@ async def _replay(settings: LoadgenSettings, progress: Progress | None, broker: 
     submitted_all = False
     await broker.consume("events", "", on_events, queue=queue)
     say(f"replaying {len(workload)} jobs ({len(run.tasks)} tasks) against {len(settings.gm_urls)} GMs")
-    token = settings.api_token.get_secret_value() if settings.auth != "off" else None
     http = AsyncClient(
         settings.gm_urls,
         token=token,
@@ -240,15 +242,25 @@ async def _showing(
             showing.cancel()
 
 
+async def _check_gms(settings: LoadgenSettings, token: str | None) -> None:
+    """Before anything is submitted: StartupError when no GM of MEGHA_GM_URLS answers (each submission would
+    otherwise be retried for minutes, the run ending in the same error)."""
+    http = AsyncClient(settings.gm_urls, token=token, ca=settings.tls_ca or None, timeout=10.0)
+    try:
+        await _total_capacity(http, settings.gm_urls)
+    finally:
+        await http.aclose()
+
+
 async def _total_capacity(http: AsyncClient, urls: list[str]) -> tuple[int, ...]:
-    """The data centre's capacity, from the first GM that answers."""
+    """The data centre's capacity, from the first GM that answers; StartupError when none does."""
     failures = []
     for url in urls:
         try:
             return tuple((await http.at(url, retry=DEFAULT_RETRY).state()).total_capacity)
         except MeghaError as exc:
             failures.append(str(exc))
-    raise RuntimeError(f"no GM answered GET /v1/state: {'; '.join(failures)}")
+    raise StartupError(f"no GM of MEGHA_GM_URLS answered GET /v1/state: {'; '.join(failures)}")
 
 
 def _ring(urls: list[str], gm: int) -> list[str]:
@@ -306,7 +318,19 @@ def main(command: str = "python -m megha.loadgen.services") -> int:
 
     settings = load_settings(LoadgenSettings, command)
     configure_logging(settings.log_level, "loadgen", settings.log_format)
-    run = asyncio.run(replay_services(settings, Progress()))
+    try:
+        Path(settings.out).mkdir(parents=True, exist_ok=True)  # before the replay, not after it
+    except OSError as exc:
+        print(
+            f"{command}: bad settings: MEGHA_OUT={settings.out}: cannot make the folder: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        run = asyncio.run(replay_services(settings, Progress()))
+    except StartupError as exc:  # the broker or every GM unreachable
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 2
     assert run.metrics is not None
     title = f"Megha services replay of {settings.trace}"
     print(format_table(run.metrics, title))

@@ -956,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"megha {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
-    except (RecursionError, OverflowError) as exc:  # input too deep or too large for the code that reads it
+    except (RecursionError, OverflowError, MemoryError) as exc:  # input too deep or too large for the code
         print(f"megha {argv[0]}: error: input too large or too deeply nested: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a path of the command line that cannot be read or written

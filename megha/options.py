@@ -259,6 +259,8 @@ def positive(kind: type[int] | type[float]) -> Bounded:
 
 def usage_line(exc: click.UsageError) -> str:
     """A usage error in one line, naming the option: "--lms: must be at least 1, got 0"."""
+    if isinstance(exc, click.MissingParameter):  # its message is made by format_message
+        return exc.format_message().rstrip(".")
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         opts: Sequence[str] = getattr(exc.param, "opts", ())
         name = max(opts, key=len) if opts else exc.param.name

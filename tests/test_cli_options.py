@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clikit import run_cli
 
 from megha import cli, options
 from megha.common.settings import FairSettings, LMSettings, LoadgenSettings, WorkerSettings
@@ -44,7 +45,7 @@ def test_both_commands_describe_and_type_a_shared_option_as_its_setting(
     for command in ("replay", "local"):
         assert description in _help(command, capsys), (command, flag)
         kind = _param(command, flag).type
-        bounds = {type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in field.metadata}
+        bounds = {bound: getattr(m, bound) for m in field.metadata for bound in ("ge", "gt") if hasattr(m, bound)}
         if isinstance(kind, Bounded):
             assert (kind.ge, kind.gt) == (bounds.get("ge"), bounds.get("gt")), (command, flag)
         elif isinstance(kind, OneOf):
@@ -70,6 +71,8 @@ def test_each_command_keeps_its_own_defaults() -> None:
         (["replay", "--lms"], "megha replay: error: Option '--lms' requires an argument"),
         (["local", "--run-id", "no spaces"], "megha local: error: --run-id: 'no spaces' does not match"),
         (["replay", "--no-such"], "megha replay: error: No such option '--no-such'"),
+        (["reproduce"], "megha reproduce: error: Missing argument 'ID|list|all'"),
+        (["job", "status"], "megha job status: error: Missing argument 'JOB_ID'"),
     ],
 )
 def test_a_usage_error_is_one_line_naming_the_option_and_exit_status_2(
@@ -80,6 +83,13 @@ def test_a_usage_error_is_one_line_naming_the_option_and_exit_status_2(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_a_data_centre_too_large_for_memory_is_one_line_not_a_memory_error_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, err = run_cli(["replay", "--workers-per-partition", "99999999999", "--trace", "syn:1:1"], capsys)
+    assert status == 2 and err.startswith("megha replay: error: input too large"), err
 
 
 def test_the_operating_commands_and_chaos_are_in_the_same_group(capsys: pytest.CaptureFixture[str]) -> None:

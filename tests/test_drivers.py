@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import uuid
@@ -26,6 +27,7 @@ import pytest
 from test_services_http import NOWHERE, RecordingBroker, assert_error, client, placement, register_worker
 
 from megha.common.core.task import RunSpec
+from megha.common.lifecycle import StartupError
 from megha.common.settings import WorkerSettings
 from megha.deploy.local import free_port
 from megha.services.worker import enforcement
@@ -267,6 +269,31 @@ def test_the_oldest_task_folders_go_beyond_the_number_kept_never_a_running_one(t
     logs.close("e", logs.open("e", 1))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "e"]
     assert TaskLogs(tmp_path, limit=100, kept=2).attempts("e") == [1]  # a restarted agent finds them again
+
+
+def test_a_shared_folder_named_for_the_kept_output_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp is
+    (shared / "someone-else's").write_text("theirs")
+    with pytest.raises(StartupError, match="holds files already and others may enter it"):
+        TaskLogs(shared, limit=100, kept=1).prepare()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    TaskLogs(empty, limit=100, kept=1).prepare()
+    assert stat.S_IMODE(empty.stat().st_mode) == 0o700  # nothing in it yet: the agent's own
+
+
+def test_only_task_folders_are_pruned_never_other_folders_of_the_kept_output_folder(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    for name in ("Documents", ".ssh", "1"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "Documents" / "letter").write_text("precious")
+    logs = TaskLogs(tmp_path, limit=100, kept=1)
+    for task_id in ("a", "b"):
+        logs.close(task_id, logs.open(task_id, 1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ssh", "1", "Documents", "b"]
 
 
 @pytest.mark.parametrize("task_id", ["..", ".", "../../etc", "a/b", "x" * 256, "job.0"])

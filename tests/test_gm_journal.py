@@ -27,6 +27,7 @@ from megha.common.core.messages import (
 )
 from megha.common.core.recovery import lm_report
 from megha.common.core.task import JobSpec, TaskSpec
+from megha.common.lifecycle import StartupError
 from megha.common.models import (
     CompletionsModel,
     DeltaModel,
@@ -222,6 +223,16 @@ def test_a_gm_restarting_from_a_journal_with_a_job_a_user_named_recovers_it(tmp_
         second.service.journal.close()
 
     asyncio.run(lives())
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_a_journal_folder_that_cannot_be_used_stops_the_gm_in_one_line_naming_the_variable(
+    tmp_path: Path, where: str
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    gm = _Life(tmp_path / where, 10, LocalMaster(0, SPEC.partitions[0]))
+    with pytest.raises(StartupError, match=f"MEGHA_JOURNAL_DIR={tmp_path / where}: cannot keep the journal"):
+        asyncio.run(gm.service.recover())
 
 
 def test_a_record_not_written_says_so(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,14 +49,58 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
         ("megha.services.lm", {"MEGHA_NUM_GMS": "zero"}, "MEGHA_NUM_GMS"),
         ("megha.services.worker", {"MEGHA_PORT": "99999"}, "MEGHA_PORT"),
         ("megha.loadgen.services", {"MEGHA_TIME_SCALE": "fast"}, "MEGHA_TIME_SCALE"),
+        # The broker URL is checked before any connection: one without a host made aio-pika retry without end,
+        # deaf to SIGTERM; another scheme was taken for amqp://; a port beyond 65535 was a traceback.
+        ("megha.services.gm", {"MEGHA_AMQP_URL": ""}, "MEGHA_AMQP_URL"),
+        ("megha.services.lm", {"MEGHA_AMQP_URL": "http://127.0.0.1:5672/"}, "MEGHA_AMQP_URL"),
+        ("megha.services.worker", {"MEGHA_AMQP_URL": "amqp://guest:guest@127.0.0.1:99999/"}, "MEGHA_AMQP_URL"),
+        ("megha.loadgen.services", {"MEGHA_AMQP_URL": "nonsense"}, "MEGHA_AMQP_URL"),
+        # Seconds are finite: inf waited for the broker or an LM for ever.
+        ("megha.services.lm", {"MEGHA_BROKER_TIMEOUT": "inf"}, "MEGHA_BROKER_TIMEOUT"),
+        ("megha.services.gm", {"MEGHA_LM_TIMEOUT": "inf"}, "MEGHA_LM_TIMEOUT"),
+        ("megha.loadgen.services", {"MEGHA_TIMEOUT": "inf"}, "MEGHA_TIMEOUT"),
+        ("megha.services.gm", {"MEGHA_LM_URLS": ","}, "MEGHA_LM_URLS"),
+        ("megha.services.gm", {"MEGHA_LM_URLS": '["http://lm-0:8100", 7]'}, "MEGHA_LM_URLS"),
+        ("megha.loadgen.services", {"MEGHA_GM_URLS": ""}, "MEGHA_GM_URLS"),
+        ("megha.services.gm", {"MEGHA_PUBLIC_URL": "ftp://gm-0"}, "MEGHA_PUBLIC_URL"),
+        ("megha.services.gm", {"MEGHA_QUEUES": "q1:100%:0", "MEGHA_QUEUE_ORDER": "priority"}, "MEGHA_QUEUE_ORDER"),
+        ("megha.services.lm", {"MEGHA_QUEUES": "q1:50%:0,q2:50%:3"}, "MEGHA_QUEUES"),
+        ("megha.loadgen.services", {"MEGHA_QUEUES": "q1:50%:0,q2:50%:3"}, "MEGHA_QUEUES"),
+        ("megha.services.lm", {"MEGHA_EXPECTED_NODES": "1000000000000"}, "MEGHA_EXPECTED_NODES"),
+        ("megha.services.worker", {"MEGHA_NODES": "1000000000000"}, "MEGHA_NODES"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[str, str], named: str) -> None:
-    done = _start(module, **env)
+    done = _start(module, **{"MEGHA_AUTH": "off", **env})
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
     assert "bad settings" in output and named in output, output
+
+
+def test_url_lists_are_read_as_json_lists_too_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megha.common.settings import GMSettings, LoadgenSettings
+
+    monkeypatch.setenv("MEGHA_AUTH", "off")
+    monkeypatch.setenv("MEGHA_LM_URLS", '["http://lm-0:8100", "http://lm-1:8100"]')
+    monkeypatch.setenv("MEGHA_GM_URLS", '["http://gm-0:8000"]')
+    assert GMSettings().lm_urls == ["http://lm-0:8100", "http://lm-1:8100"]
+    assert GMSettings().gm_urls == LoadgenSettings().gm_urls == ["http://gm-0:8000"]
+
+
+def test_a_load_generator_no_gm_answers_says_so_in_one_line_before_submitting(tmp_path: Path) -> None:
+    done = _start("megha.loadgen.services", MEGHA_AUTH="off", MEGHA_GM_URLS=f"http://127.0.0.1:{free_port()}")
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in output, output
+    assert output.count("no GM of MEGHA_GM_URLS answered") == 1 and "submitting" not in output, output
+
+
+def test_a_load_generator_s_report_folder_that_cannot_be_made_is_refused_before_the_replay(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    done = _start("megha.loadgen.services", MEGHA_AUTH="off", MEGHA_OUT=str(tmp_path / "a-file" / "out"))
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and len(output.strip().splitlines()) == 1, output
+    assert "bad settings: MEGHA_OUT=" in output, output
 
 
 @pytest.mark.parametrize("role", ["gm", "lm", "worker", "loadgen"])

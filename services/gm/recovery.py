@@ -20,7 +20,7 @@ from megha.common.lifecycle import StartupError
 from megha.common.models import GMRecovery, JobSubmission
 from megha.services.client import CallError, Reply
 from megha.services.gm.jobs import ENDED
-from megha.services.gm.journal import Journal, Replayed
+from megha.services.gm.journal import Journal, Replayed, open_private
 
 if TYPE_CHECKING:
     from megha.services.gm.service import GMService
@@ -54,13 +54,27 @@ class Restart:
         finish time as first recorded."""
         self.gm.jobs.restore_end(task_id, state, reason, at)
 
+    def _read_journal(self) -> Replayed:
+        """The journal of this GM's earlier life (empty: none), once the journal is known to be writable:
+        StartupError naming MEGHA_JOURNAL_DIR when it is not (a file, a folder that cannot be made or written)."""
+        path = self.gm.journal_path()
+        try:
+            replayed = Journal.replay(path)
+            open_private(path, "ab").close()
+        except OSError as exc:
+            raise StartupError(
+                f"MEGHA_JOURNAL_DIR={self.gm.settings.journal_dir}: cannot keep the journal {path}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        return replayed
+
     async def recover(self) -> None:
         """Rebuild this GM after a start: its view from every LM's full state, its job table from its journal, and
         its queue from the accepted tasks that no LM runs and that did not end (nothing running or finished is
         launched again). Then keep journaling, with the journal rewritten to what is still held."""
         gm = self.gm
         assert gm.core is not None
-        replayed = Journal.replay(gm.journal_path()) if gm.settings.journal_dir else None
+        replayed = self._read_journal() if gm.settings.journal_dir else None
         states = await self.claim()
         now = time.time()
         tasks: list[TaskSpec] = []

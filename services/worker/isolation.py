@@ -336,8 +336,10 @@ def why_no_own_folders(folders: tuple[str, ...]) -> str | None:
 
 def private_folder(path: Path, what: str) -> int:
     """Open `path` (O_NOFOLLOW), a folder only this agent's user may enter, creating it and missing parents 0700;
-    tightens one it owns to 0700. Raises `StartupError` for a link, a file, a folder of another user, or one in a
-    folder another user may write to (unless sticky, as /tmp is): it could be swapped for another."""
+    tightens one it owns to 0700 while it is empty. Raises `StartupError` for a link, a file, a folder of another
+    user, one in a folder another user may write to (unless sticky, as /tmp is): it could be swapped for another,
+    and a folder that others may enter and that holds files already (a shared one such as /tmp, /var/log or a
+    project's folder): tightening it would lock its other users out."""
     euid = os.geteuid()
     missing = []
     at = path
@@ -363,5 +365,11 @@ def private_folder(path: Path, what: str) -> int:
         os.close(fd)
         raise StartupError(f"{what} {path} belongs to uid {st.st_uid}, not to this agent's user (uid {euid})")
     if stat.S_IMODE(st.st_mode) != 0o700:
+        if os.listdir(fd):
+            os.close(fd)
+            raise StartupError(
+                f"{what} {path} holds files already and others may enter it (mode {stat.S_IMODE(st.st_mode):o}): "
+                "name a folder of this agent's own, missing or empty (it is made 0700)"
+            )
         os.fchmod(fd, 0o700)
     return fd

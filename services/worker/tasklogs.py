@@ -3,8 +3,9 @@
 Layout under the folder (MEGHA_TASK_LOG_DIR): ``<task>/<attempt>/stdout`` and ``stderr``. A stream that reaches
 MEGHA_TASK_LOG_BYTES is rotated once (``stdout`` becomes ``stdout.1``, replacing the one before), so at most twice
 that is kept per stream and the newest output always is. Beyond MEGHA_TASK_LOGS_KEPT task folders the oldest
-are deleted (never one whose task still runs). A task id is the folder's name when it is a plain file name;
-any other id is percent-encoded (a long one hashed), so no id can reach outside the folder.
+are deleted (never one whose task still runs, nor a folder holding anything but attempt folders: one the agent did
+not make). A task id is the folder's name when it is a plain file name; any other id is percent-encoded (a long
+one hashed), so no id can reach outside the folder.
 
 Burn tasks print nothing worth keeping and get no folder. Files are written by the agent from the runs' pipes
 (or the Docker engine's stream): a task never writes here itself. Everything is the agent's user's alone: the
@@ -169,7 +170,7 @@ class TaskLogs:
             for entry in entries:
                 with contextlib.suppress(OSError):
                     st = entry.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(st.st_mode):
+                    if stat.S_ISDIR(st.st_mode) and _holds_attempts(self._root, entry.name):
                         found.append((st.st_mtime, entry.name))
         self._folders = OrderedDict((name, None) for _, name in sorted(found))
 
@@ -259,6 +260,17 @@ class TaskLogs:
             os.close(run)
         data = b"".join(parts)
         return data if tail is None else data[-tail:] if tail else b""
+
+
+def _holds_attempts(root: int, name: str) -> bool:
+    """Whether the folder `name` in `root` is a task's kept output: attempt folders (1, 2, ...) and nothing else.
+    Only such folders are pruned, so that nothing else in a folder MEGHA_TASK_LOG_DIR names by mistake is deleted."""
+    folder = _open_folder(root, name)
+    try:
+        entries = os.listdir(folder)
+    finally:
+        os.close(folder)
+    return bool(entries) and all(entry.isdigit() for entry in entries)
 
 
 def _read_end(f: BinaryIO, tail: int | None) -> bytes:
