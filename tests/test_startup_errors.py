@@ -103,6 +103,31 @@ def test_a_load_generator_s_report_folder_that_cannot_be_made_is_refused_before_
     assert "bad settings: MEGHA_OUT=" in output, output
 
 
+def test_an_agent_says_which_lm_it_waits_for_while_it_waits() -> None:
+    """The agent connects to the broker (the test run's), then registers with an LM that never answers: it says so
+    within seconds, as the GM does, rather than after its two minutes of silence."""
+    env = dict(os.environ) | {"MEGHA_PORT": str(free_port()), "MEGHA_LM_URL": "http://127.0.0.1:9"}
+    env |= {"MEGHA_EXECUTION": "simulated", "MEGHA_LOG_FORMAT": "text"}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "megha.services.worker"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
+    )
+    assert agent.stderr is not None
+    os.set_blocking(agent.stderr.fileno(), False)
+    said = bytearray()
+
+    def heard() -> bool:
+        said.extend(agent.stderr.read() or b"")  # type: ignore[union-attr]
+        return b"waiting for LM at http://127.0.0.1:9" in said
+
+    try:
+        wait_until(heard, 30, saw=lambda: said.decode())
+    finally:
+        agent.terminate()
+        agent.wait(10)
+        agent.stderr.close()
+    assert b"Traceback" not in said
+
+
 @pytest.mark.parametrize("role", ["gm", "lm", "worker", "loadgen"])
 def test_a_bad_setting_names_the_command_it_was_given_to(role: str) -> None:
     values = dict(os.environ) | {"MEGHA_PORT": "99999", "MEGHA_TIME_SCALE": "fast"}

@@ -148,7 +148,16 @@ class WorkerAgent:
         lm = f"LM at {self.settings.lm_url}"
         policy = retry.RetryPolicy(deadline=timeout, first_pause=0.2, max_pause=0.2, jitter=0.0)
         send = partial(self._calls.post, f"{self.settings.lm_url}/v1/workers", self.registration(), idempotent=True)
-        outcome = await retry.call(send, policy, lm, lambda attempt, failure: check_stop(lm))
+        next_note = time.monotonic() + 2.0
+
+        def waiting(attempt: int, failure: str) -> None:  # as the GM waits for its LMs: a line every 5 s
+            nonlocal next_note
+            check_stop(lm)
+            if time.monotonic() >= next_note:
+                log.warning("waiting for %s (up to %g s): %s", lm, timeout, failure)
+                next_note = time.monotonic() + 5.0
+
+        outcome = await retry.call(send, policy, lm, waiting)
         r = outcome.reply
         if not outcome.succeeded or r is None:
             if r is not None and not retry.busy(r.status):
