@@ -301,7 +301,7 @@ def megha() -> None:
 )
 @option(
     "--gangs",
-    type=click.FloatRange(0.0, 1.0),
+    type=Bounded(float, ge=0, le=1),
     default=REPLAY.gangs,
     group=SCHEDULER,
     help="fraction of jobs (drawn with --seed) that are gangs: every task of the job starts or none does "
@@ -310,7 +310,7 @@ def megha() -> None:
 @setting("GMSettings", "gang_reserve_after", default=REPLAY.gang_reserve_after, group=SCHEDULER)
 @option(
     "--queueable",
-    type=click.FloatRange(0.0, 1.0),
+    type=Bounded(float, ge=0, le=1),
     default=REPLAY.queueable,
     group=SCHEDULER,
     help="the fraction of tasks made queueable (chosen with the seed): they wait in a node's queue beyond its free "
@@ -398,7 +398,7 @@ def megha() -> None:
 @setting("GMSettings", "max_attempts", default=REPLAY.max_attempts, group=FAILURES)
 @option(
     "--fail-fraction",
-    type=click.FloatRange(0, 1),
+    type=Bounded(float, ge=0, le=1),
     default=REPLAY.fail_fraction,
     group=RETRIES,
     help="fraction of simulated runs that fail (each drawn with the seed), at the end of their duration",

@@ -73,6 +73,13 @@ def test_each_command_keeps_its_own_defaults() -> None:
         (["replay", "--no-such"], "megha replay: error: No such option '--no-such'"),
         (["reproduce"], "megha reproduce: error: Missing argument 'ID|list|all'"),
         (["job", "status"], "megha job status: error: Missing argument 'JOB_ID'"),
+        (["top", "--timeout", "nan"], "megha top: error: --timeout: must be finite, got nan"),
+        (["top", "--interval", "inf"], "megha top: error: --interval: must be finite, got inf"),
+        (["top", "--interval", "0.05"], "megha top: error: --interval: must be >= 0.1, got 0.05"),
+        (["job", "list", "--timeout", "0"], "megha job list: error: --timeout: must be > 0, got 0"),
+        (["job", "submit", "--duration", "nan"], "megha job submit: error: --duration: must be finite, got nan"),
+        (["replay", "--trace", "syn:1:1", "--gangs", "nan"], "megha replay: error: --gangs: must be finite, got nan"),
+        (["replay", "--fail-fraction", "2"], "megha replay: error: --fail-fraction: must be <= 1, got 2"),
     ],
 )
 def test_a_usage_error_is_one_line_naming_the_option_and_exit_status_2(

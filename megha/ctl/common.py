@@ -20,6 +20,7 @@ from rich.table import Table
 from megha.client import DEFAULT_GM_URL, Client, MeghaError
 from megha.client.plans import gm_urls
 from megha.common.core.resources import CPU, MEMORY
+from megha.options import positive
 
 REFUSED, USAGE, UNREACHABLE, UNFINISHED = 1, 2, 3, 4
 RESOURCE_LABELS = {CPU: "CPU m", MEMORY: "memory MB"}
@@ -148,7 +149,7 @@ def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., 
             ),
             click.option(
                 "--timeout",
-                type=click.FloatRange(min=0, min_open=True),
+                type=positive(float),
                 default=10.0,
                 show_default=True,
                 help="seconds to wait for each answer",
