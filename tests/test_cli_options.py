@@ -92,6 +92,23 @@ def test_a_usage_error_is_one_line_naming_the_option_and_exit_status_2(
     assert err.count("\n") == 1 and err.startswith(message), err
 
 
+@pytest.mark.parametrize("content", [bytes(range(256)), b"not a certificate\n"], ids=["binary", "text"])
+@pytest.mark.parametrize("given", ["option", "variable"])
+def test_a_ca_file_that_is_not_pem_certificates_is_one_line_naming_the_option_and_the_file(
+    content: bytes, given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(content)
+    argv = ["job", "submit", "--duration", "1", "--gm", "http://127.0.0.1:9"]
+    if given == "option":
+        argv += ["--ca", str(ca)]
+    else:
+        monkeypatch.setenv("MEGHA_TLS_CA", str(ca))
+    status, err = run_cli(argv, capsys)
+    named = f"{ca} (MEGHA_TLS_CA)" if given == "variable" else str(ca)
+    assert status == 2 and err.startswith(f"megha job submit: error: --ca: {named}: not a PEM bundle"), err
+
+
 def test_a_data_centre_too_large_for_memory_is_one_line_not_a_memory_error_traceback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
