@@ -603,15 +603,35 @@ def check_input_file(value: str, option: str) -> None:
 
 
 def check_out_folder(out: Path | None, option: str = "--out") -> None:
-    """An --out folder refused up front in one usage line when it, or a folder above it, is an existing file."""
+    """An --out folder refused up front in one usage line when it, or a folder above it, is an existing file, or
+    when it cannot be made or a file cannot be written in it: the folders missing are made and a file is written
+    in the last, then all are removed again (the run makes them when it writes its report), so that a run
+    refused for another reason leaves no empty folder behind."""
     if out is None:
         return
+    import tempfile
+
+    missing = []
     for folder in (out, *out.parents):
         if folder.exists():
             if not folder.is_dir():
                 what = "is a file, not a folder" if folder == out else f"cannot be made: {folder} is a file"
                 raise click.BadParameter(f"{out} {what}", param_hint=option)
-            return
+            break
+        missing.append(folder)
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        what = "cannot be made" if made != missing else "cannot be written to"
+        raise click.BadParameter(f"{out} {what}: {exc.strerror or exc}", param_hint=option) from None
+    finally:
+        for folder in reversed(made):
+            folder.rmdir()
 
 
 def _warn(command: str, warnings: list[str]) -> None:
