@@ -59,6 +59,11 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
         ("megha.services.lm", {"MEGHA_BROKER_TIMEOUT": "inf"}, "MEGHA_BROKER_TIMEOUT"),
         ("megha.services.gm", {"MEGHA_LM_TIMEOUT": "inf"}, "MEGHA_LM_TIMEOUT"),
         ("megha.loadgen.services", {"MEGHA_TIMEOUT": "inf"}, "MEGHA_TIMEOUT"),
+        # An interval between repeated actions is at least MIN_INTERVAL: 1e-300 was a busy loop.
+        ("megha.services.gm", {"MEGHA_DEPENDENCY_POLL": "1e-300"}, "MEGHA_DEPENDENCY_POLL"),
+        ("megha.services.lm", {"MEGHA_DELTA_INTERVAL": "1e-300"}, "MEGHA_DELTA_INTERVAL"),
+        ("megha.services.lm", {"MEGHA_WORKER_TIMEOUT": "1e-300"}, "MEGHA_WORKER_TIMEOUT"),
+        ("megha.services.worker", {"MEGHA_HEARTBEAT_INTERVAL": "1e-300"}, "MEGHA_HEARTBEAT_INTERVAL"),
         ("megha.services.gm", {"MEGHA_LM_URLS": ","}, "MEGHA_LM_URLS"),
         ("megha.services.gm", {"MEGHA_LM_URLS": '["http://lm-0:8100", 7]'}, "MEGHA_LM_URLS"),
         ("megha.loadgen.services", {"MEGHA_GM_URLS": ""}, "MEGHA_GM_URLS"),
