@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -81,6 +83,23 @@ def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[st
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
     assert "bad settings" in output and named in output, output
+
+
+def test_the_wait_for_the_broker_gives_its_seconds_readably(caplog: pytest.LogCaptureFixture) -> None:
+    """MEGHA_BROKER_TIMEOUT=1e308 was logged as a number of 309 digits, and 0.5 as 0."""
+    from megha.common.transport.rabbit import Broker, BrokerUnavailable
+
+    nowhere = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+
+    async def wait_a_while() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(Broker(nowhere, "megha", connect_timeout=1e308).connect(), 2)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(wait_a_while())
+    assert "giving up in 1e+308 s" in caplog.text, caplog.text
+    with pytest.raises(BrokerUnavailable, match=r"unreachable at .* for 0\.5 s \("):
+        asyncio.run(Broker(nowhere, "megha", connect_timeout=0.5).connect())
 
 
 def test_url_lists_are_read_as_json_lists_too_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
