@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
 
 
+MIN_INTERVAL = 0.001
+"""The fewest seconds between two rounds of a repeated action (a delta update, a heartbeat, a dependency poll, a
+liveness check): a shorter interval, 1e-300 say, would make a busy loop of it (or overflow the delta timer)."""
+
 SECRET_SETTINGS = ("amqp_url", "cluster_secret", "credential", "api_tokens", "api_token")
 """Settings that may instead be read from a file named by MEGHA_<NAME>_FILE (a Docker secret, say), so that the
 secret is in no environment listing."""
@@ -477,9 +481,10 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     )
     dependency_poll: float = Field(
         5.0,
-        gt=0,
+        ge=MIN_INTERVAL,
         description="seconds between this GM's checks of the parents its waiting jobs wait for at other GMs "
-        "(depends_on; docs/dependencies.md): how late, at most, a child learns a remote parent ended",
+        "(depends_on; docs/dependencies.md): how late, at most, a child learns a remote parent ended (at "
+        f"least {MIN_INTERVAL:g})",
     )
     takeover_after: float = Field(
         45.0,
@@ -544,13 +549,15 @@ class LMSettings(FairSettings, PrioritySettings, UserTokens):
     expected_nodes: int = Field(
         1, ge=1, le=MAX_LM_NODES, description="nodes worker agents must register before launches are served"
     )
-    delta_interval: float = Field(1.0, gt=0, description="seconds between delta updates to each GM")
+    delta_interval: float = Field(
+        1.0, ge=MIN_INTERVAL, description=f"seconds between delta updates to each GM (at least {MIN_INTERVAL:g})"
+    )
     http_timeout: float = Field(10.0, gt=0, description="seconds for one worker-agent call")
     worker_timeout: float = Field(
         30.0,
-        gt=0,
+        ge=MIN_INTERVAL,
         description="seconds without a heartbeat after which an agent that fails its health check loses its nodes "
-        "and its tasks are reported failed",
+        f"and its tasks are reported failed (checked every quarter of it, at most 5 s; at least {MIN_INTERVAL:g})",
     )
     queueable_per_node: int = Field(
         4,
@@ -606,7 +613,9 @@ class WorkerSettings(UserTokens):
     constraints: Annotated[list[int], NoDecode] = Field(
         default_factory=list, description="machine constraint ids of this agent's nodes"
     )
-    heartbeat_interval: float = Field(5.0, gt=0, description="seconds between heartbeats to the LM")
+    heartbeat_interval: float = Field(
+        5.0, ge=MIN_INTERVAL, description=f"seconds between heartbeats to the LM (at least {MIN_INTERVAL:g})"
+    )
     constraint_seed: int | None = Field(
         None, description="draw each node's constraints with the published machine fractions instead"
     )

@@ -301,7 +301,7 @@ def megha() -> None:
 )
 @option(
     "--gangs",
-    type=click.FloatRange(0.0, 1.0),
+    type=Bounded(float, ge=0, le=1),
     default=REPLAY.gangs,
     group=SCHEDULER,
     help="fraction of jobs (drawn with --seed) that are gangs: every task of the job starts or none does "
@@ -310,7 +310,7 @@ def megha() -> None:
 @setting("GMSettings", "gang_reserve_after", default=REPLAY.gang_reserve_after, group=SCHEDULER)
 @option(
     "--queueable",
-    type=click.FloatRange(0.0, 1.0),
+    type=Bounded(float, ge=0, le=1),
     default=REPLAY.queueable,
     group=SCHEDULER,
     help="the fraction of tasks made queueable (chosen with the seed): they wait in a node's queue beyond its free "
@@ -398,7 +398,7 @@ def megha() -> None:
 @setting("GMSettings", "max_attempts", default=REPLAY.max_attempts, group=FAILURES)
 @option(
     "--fail-fraction",
-    type=click.FloatRange(0, 1),
+    type=Bounded(float, ge=0, le=1),
     default=REPLAY.fail_fraction,
     group=RETRIES,
     help="fraction of simulated runs that fail (each drawn with the seed), at the end of their duration",
@@ -603,15 +603,35 @@ def check_input_file(value: str, option: str) -> None:
 
 
 def check_out_folder(out: Path | None, option: str = "--out") -> None:
-    """An --out folder refused up front in one usage line when it, or a folder above it, is an existing file."""
+    """An --out folder refused up front in one usage line when it, or a folder above it, is an existing file, or
+    when it cannot be made or a file cannot be written in it: the folders missing are made and a file is written
+    in the last, then all are removed again (the run makes them when it writes its report), so that a run
+    refused for another reason leaves no empty folder behind."""
     if out is None:
         return
+    import tempfile
+
+    missing = []
     for folder in (out, *out.parents):
         if folder.exists():
             if not folder.is_dir():
                 what = "is a file, not a folder" if folder == out else f"cannot be made: {folder} is a file"
                 raise click.BadParameter(f"{out} {what}", param_hint=option)
-            return
+            break
+        missing.append(folder)
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        what = "cannot be made" if made != missing else "cannot be written to"
+        raise click.BadParameter(f"{out} {what}: {exc.strerror or exc}", param_hint=option) from None
+    finally:
+        for folder in reversed(made):
+            folder.rmdir()
 
 
 def _warn(command: str, warnings: list[str]) -> None:

@@ -73,6 +73,13 @@ def test_each_command_keeps_its_own_defaults() -> None:
         (["replay", "--no-such"], "megha replay: error: No such option '--no-such'"),
         (["reproduce"], "megha reproduce: error: Missing argument 'ID|list|all'"),
         (["job", "status"], "megha job status: error: Missing argument 'JOB_ID'"),
+        (["top", "--timeout", "nan"], "megha top: error: --timeout: must be finite, got nan"),
+        (["top", "--interval", "inf"], "megha top: error: --interval: must be finite, got inf"),
+        (["top", "--interval", "0.05"], "megha top: error: --interval: must be >= 0.1, got 0.05"),
+        (["job", "list", "--timeout", "0"], "megha job list: error: --timeout: must be > 0, got 0"),
+        (["job", "submit", "--duration", "nan"], "megha job submit: error: --duration: must be finite, got nan"),
+        (["replay", "--trace", "syn:1:1", "--gangs", "nan"], "megha replay: error: --gangs: must be finite, got nan"),
+        (["replay", "--fail-fraction", "2"], "megha replay: error: --fail-fraction: must be <= 1, got 2"),
     ],
 )
 def test_a_usage_error_is_one_line_naming_the_option_and_exit_status_2(
@@ -83,6 +90,23 @@ def test_a_usage_error_is_one_line_naming_the_option_and_exit_status_2(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(message), err
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)), b"not a certificate\n"], ids=["binary", "text"])
+@pytest.mark.parametrize("given", ["option", "variable"])
+def test_a_ca_file_that_is_not_pem_certificates_is_one_line_naming_the_option_and_the_file(
+    content: bytes, given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(content)
+    argv = ["job", "submit", "--duration", "1", "--gm", "http://127.0.0.1:9"]
+    if given == "option":
+        argv += ["--ca", str(ca)]
+    else:
+        monkeypatch.setenv("MEGHA_TLS_CA", str(ca))
+    status, err = run_cli(argv, capsys)
+    named = f"{ca} (MEGHA_TLS_CA)" if given == "variable" else str(ca)
+    assert status == 2 and err.startswith(f"megha job submit: error: --ca: {named}: not a PEM bundle"), err
 
 
 def test_a_data_centre_too_large_for_memory_is_one_line_not_a_memory_error_traceback(

@@ -63,6 +63,26 @@ def test_out_naming_an_existing_file_is_a_usage_error(
         assert "--out" in err and str(file) in err
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no folder can be made")
+def test_out_that_cannot_be_made_is_refused_before_the_replay(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["replay", *SMALL, "--trace", str(trace), "--out", "/proc/megha-out/run"])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == "", captured.out  # nothing replayed
+    assert captured.err.startswith("megha replay: error: --out: /proc/megha-out/run cannot be made: "), captured.err
+
+
+def test_out_is_not_left_behind_when_the_run_is_refused_for_another_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command in (["replay", *SMALL], ["local"]):
+        status, err = _run(
+            [*command, "--trace", str(tmp_path / "missing.tr"), "--out", str(tmp_path / "new/run")], capsys
+        )
+        assert status == 2 and "missing.tr" in err, err
+        assert not (tmp_path / "new").exists(), command
+
+
 def test_unreadable_trace_is_a_usage_error(
     trace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

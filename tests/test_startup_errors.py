@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -59,6 +61,11 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
         ("megha.services.lm", {"MEGHA_BROKER_TIMEOUT": "inf"}, "MEGHA_BROKER_TIMEOUT"),
         ("megha.services.gm", {"MEGHA_LM_TIMEOUT": "inf"}, "MEGHA_LM_TIMEOUT"),
         ("megha.loadgen.services", {"MEGHA_TIMEOUT": "inf"}, "MEGHA_TIMEOUT"),
+        # An interval between repeated actions is at least MIN_INTERVAL: 1e-300 was a busy loop.
+        ("megha.services.gm", {"MEGHA_DEPENDENCY_POLL": "1e-300"}, "MEGHA_DEPENDENCY_POLL"),
+        ("megha.services.lm", {"MEGHA_DELTA_INTERVAL": "1e-300"}, "MEGHA_DELTA_INTERVAL"),
+        ("megha.services.lm", {"MEGHA_WORKER_TIMEOUT": "1e-300"}, "MEGHA_WORKER_TIMEOUT"),
+        ("megha.services.worker", {"MEGHA_HEARTBEAT_INTERVAL": "1e-300"}, "MEGHA_HEARTBEAT_INTERVAL"),
         ("megha.services.gm", {"MEGHA_LM_URLS": ","}, "MEGHA_LM_URLS"),
         ("megha.services.gm", {"MEGHA_LM_URLS": '["http://lm-0:8100", 7]'}, "MEGHA_LM_URLS"),
         ("megha.loadgen.services", {"MEGHA_GM_URLS": ""}, "MEGHA_GM_URLS"),
@@ -76,6 +83,23 @@ def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[st
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
     assert "bad settings" in output and named in output, output
+
+
+def test_the_wait_for_the_broker_gives_its_seconds_readably(caplog: pytest.LogCaptureFixture) -> None:
+    """MEGHA_BROKER_TIMEOUT=1e308 was logged as a number of 309 digits, and 0.5 as 0."""
+    from megha.common.transport.rabbit import Broker, BrokerUnavailable
+
+    nowhere = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+
+    async def wait_a_while() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(Broker(nowhere, "megha", connect_timeout=1e308).connect(), 2)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(wait_a_while())
+    assert "giving up in 1e+308 s" in caplog.text, caplog.text
+    with pytest.raises(BrokerUnavailable, match=r"unreachable at .* for 0\.5 s \("):
+        asyncio.run(Broker(nowhere, "megha", connect_timeout=0.5).connect())
 
 
 def test_url_lists_are_read_as_json_lists_too_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -338,14 +338,13 @@ class Broker:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise BrokerUnavailable(
-                        f"RabbitMQ unreachable at {safe_url(self.url)} for {timeout:.0f} s ({attempt} attempts): "
-                        f"{reason}"
+                        f"RabbitMQ unreachable at {safe_url(self.url)} for {timeout:g} s ({attempt} attempts): {reason}"
                     ) from None
                 log.warning(
-                    "waiting for RabbitMQ at %s (attempt %d, giving up in %.0f s): %s",
+                    "waiting for RabbitMQ at %s (attempt %d, giving up in %g s): %s",
                     safe_url(self.url),
                     attempt,
-                    left,
+                    round(left),
                     reason,
                 )
                 until = time.monotonic() + min(pause, left)

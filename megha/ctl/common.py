@@ -7,12 +7,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +22,7 @@ from rich.table import Table
 from megha.client import DEFAULT_GM_URL, Client, MeghaError
 from megha.client.plans import gm_urls
 from megha.common.core.resources import CPU, MEMORY
+from megha.options import positive
 
 REFUSED, USAGE, UNREACHABLE, UNFINISHED = 1, 2, 3, 4
 RESOURCE_LABELS = {CPU: "CPU m", MEMORY: "memory MB"}
@@ -94,6 +97,23 @@ def _urls(given: Sequence[str], variables: Sequence[str], default: str | None) -
         raise CtlError(str(exc), USAGE) from None
 
 
+def _ca_bundle(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """`--ca` (or MEGHA_TLS_CA): a file of PEM certificates, refused before any call when ssl cannot load it."""
+    if path:
+        try:
+            ssl.create_default_context(cafile=path)
+        except OSError as exc:  # ssl.SSLError (not PEM certificates) or the file cannot be read
+            given = (
+                " (MEGHA_TLS_CA)" if ctx.get_parameter_source(param.name or "") is ParameterSource.ENVIRONMENT else ""
+            )
+            if isinstance(exc, ssl.SSLError):
+                reason = f"not a PEM bundle of certificates ({exc.reason or exc})"
+            else:
+                reason = exc.strerror or str(exc)
+            raise click.BadParameter(f"{path}{given}: {reason}", ctx, param) from None
+    return path
+
+
 def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """The options every command shares (`--gm`, `--json`, `--token`, `--ca`, `--timeout`; `--lm` when `lms`),
     passed as a `Ctl`."""
@@ -143,12 +163,13 @@ def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., 
                 envvar="MEGHA_TLS_CA",
                 metavar="FILE",
                 type=click.Path(exists=True, dir_okay=False),
+                callback=_ca_bundle,
                 help="PEM bundle of the certificate authorities that verify https:// GMs and LMs (default: "
                 "$MEGHA_TLS_CA, else the system's)",
             ),
             click.option(
                 "--timeout",
-                type=click.FloatRange(min=0, min_open=True),
+                type=positive(float),
                 default=10.0,
                 show_default=True,
                 help="seconds to wait for each answer",

@@ -22,6 +22,7 @@ from megha.common.models import (
     validation_error_body,
 )
 from megha.ctl.common import REFUSED, UNFINISHED, USAGE, Ctl, CtlError, counts, dump, options, seconds, table, when
+from megha.options import Bounded
 
 JOB_STATES: tuple[str, ...] = get_args(JobState)
 PAGE = 1000
@@ -47,7 +48,7 @@ def _constraint_ids(text: str) -> list[int]:
 @click.option(
     "--tasks", type=click.IntRange(1, MAX_TASKS_PER_JOB), help="identical tasks, without a job file (default 1)"
 )
-@click.option("--duration", type=click.FloatRange(min=0), help="seconds each task runs, without a job file")
+@click.option("--duration", type=Bounded(float, ge=0), help="seconds each task runs, without a job file")
 @click.option("--cpu-millicores", type=click.IntRange(min=1), help="each task's CPU, without a job file (default 1000)")
 @click.option("--memory-mb", type=click.IntRange(min=1), help="each task's memory, without a job file (default 1024)")
 @click.option("--constraints", help="placement constraint ids of each task, like 0,3 (without a job file)")

@@ -22,6 +22,7 @@ from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.ctl.cluster import lms_from_gm
 from megha.ctl.common import Ctl, CtlError, amounts, dump, label, options, table, total, used
 from megha.ctl.jobs import JOB_STATES
+from megha.options import Bounded
 
 A = TypeVar("A")
 
@@ -111,7 +112,11 @@ def _render(frame: Frame, interval: float) -> Group:
 
 @click.command(short_help="a live view of GMs, LMs and jobs")
 @click.option(
-    "--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, help="seconds between refreshes"
+    "--interval",
+    type=Bounded(float, ge=0.1),
+    default=1.0,
+    show_default=True,
+    help="seconds between refreshes (at least 0.1)",
 )
 @click.option("--iterations", type=click.IntRange(min=0), default=0, help="refreshes before exiting (0: until Ctrl-C)")
 @options(lms=True)
