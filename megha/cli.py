@@ -12,6 +12,7 @@ import json
 import platform
 import stat
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -609,8 +610,6 @@ def check_out_folder(out: Path | None, option: str = "--out") -> None:
     refused for another reason leaves no empty folder behind."""
     if out is None:
         return
-    import tempfile
-
     missing = []
     for folder in (out, *out.parents):
         if folder.exists():
