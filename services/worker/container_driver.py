@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+SIGKILLED = 128 + 9
+"""A container's exit code when its main process was killed with SIGKILL (by the kernel's OOM killer, or by the
+agent stopping it)."""
+OOM_FLAG_WAIT = 1.0
+"""Seconds to ask Docker again whether a container that ended by a SIGKILL the agent did not send was OOM-killed."""
 
 _NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]")
 
@@ -141,31 +148,48 @@ class _ContainerRun(Run):
         self._follow = follow
         self._output = output
         self._log = log
+        self._signalled = False  # the agent asked the container to stop (a SIGKILL then is not the kernel's)
         self._ended = _in_own_thread(self._follow_to_end, name=f"megha-{container.name}")
 
     def _follow_to_end(self) -> tuple[int, bool]:
-        """Copy the output into the log until the container ends; its exit code and whether it was OOM-killed."""
+        """Copy the output into the log until the container ends; its exit code and whether Docker flagged it
+        OOM-killed. The engine may flag it a moment after it reports the exit (its OOM event and the exit come
+        apart), so a SIGKILL the agent did not send is asked about again for up to `OOM_FLAG_WAIT` seconds."""
         for out, err in self._output:
             if out:
                 self._log.write("stdout", out)
             if err:
                 self._log.write("stderr", err)
-        status = self._follow.api.wait(self._container.id)
-        state = self._follow.api.inspect_container(self._container.id)["State"]
-        return int(status["StatusCode"]), bool(state.get("OOMKilled"))
+        code = int(self._follow.api.wait(self._container.id)["StatusCode"])
+        deadline = time.monotonic() + OOM_FLAG_WAIT
+        while True:
+            oom = bool(self._follow.api.inspect_container(self._container.id)["State"].get("OOMKilled"))
+            if oom or code != SIGKILLED or self._signalled or time.monotonic() >= deadline:
+                return code, oom
+            time.sleep(0.1)
 
     async def wait(self) -> Exit:
         try:
             exit_code, oom_killed = await self._ended
         finally:
             await asyncio.to_thread(_remove, self._container)
-        how = "stopped by the kernel's OOM killer in its container" if oom_killed else ""
-        return Exit(exit_code, memory_exceeded=oom_killed, memory_how=how)
+        if oom_killed:
+            return Exit(
+                exit_code, memory_exceeded=True, memory_how="stopped by the kernel's OOM killer in its container"
+            )
+        if exit_code == SIGKILLED and not self._signalled:
+            # The kernel can kill a process of a memory-limited container without Docker flagging it (a known
+            # gap of the engine): a SIGKILL nobody here sent is most likely its memory limit, and is said so.
+            how = "most likely: SIGKILL, which the agent did not send, and Docker flagged no OOM kill"
+            return Exit(exit_code, memory_exceeded=True, memory_how=how)
+        return Exit(exit_code)
 
     def terminate(self) -> None:
+        self._signalled = True
         self._signal("SIGTERM")
 
     def kill(self) -> None:
+        self._signalled = True
         self._signal("SIGKILL")
 
     def _signal(self, signum: str) -> None:
