@@ -72,6 +72,11 @@ def _shared(name: str) -> str:
     return str(harness.TRACES / harness.NAMED_TRACES[name])
 
 
+def _on_reference(name: str, what: str, derived: Derived, *options: str) -> Setup:
+    """A set-up replaying a derived trace on the reference cluster."""
+    return Setup(name, what, ("--trace", "{trace}", "--cluster", "reference", *options), derived)
+
+
 SETUPS = [
     Setup(
         "A1",
@@ -152,18 +157,8 @@ SETUPS = [
             "drop",
         ),
     ),
-    Setup(
-        "C1",
-        "Yahoo[:1000], arrivals x 0.5, reference cluster",
-        ("--trace", "{trace}", "--cluster", "reference"),
-        Derived("Yahoo", 0, 1000, 0.5),
-    ),
-    Setup(
-        "C2",
-        "Yahoo[:1000], arrivals x 0.3, reference cluster",
-        ("--trace", "{trace}", "--cluster", "reference"),
-        Derived("Yahoo", 0, 1000, 0.3),
-    ),
+    _on_reference("C1", "Yahoo[:1000], arrivals x 0.5, reference cluster", Derived("Yahoo", 0, 1000, 0.5)),
+    _on_reference("C2", "Yahoo[:1000], arrivals x 0.3, reference cluster", Derived("Yahoo", 0, 1000, 0.3)),
     Setup(
         "C3",
         "Yahoo[:1000], --time-scale 0.3 (arrivals and durations), reference cluster",
@@ -195,29 +190,14 @@ SETUPS = [
         "small data centre without constraints: syn:400:100 on 3 LMs x 2 GMs x 100",
         ("--trace", "syn:400:100", "--lms", "3", "--gms", "2", "--workers-per-partition", "100", "--no-constraints"),
     ),
-    Setup(
-        "D1",
-        "GOOG[7000:7600], reference cluster",
-        ("--trace", "{trace}", "--cluster", "reference"),
-        Derived("GOOG", 7000, 7600),
-    ),
-    Setup(
-        "D2",
-        "GOOG[9000:10000], reference cluster",
-        ("--trace", "{trace}", "--cluster", "reference"),
-        Derived("GOOG", 9000, 10000),
-    ),
-    Setup(
-        "D3",
-        "Yahoo[1000:2000], arrivals x 0.25, reference cluster",
-        ("--trace", "{trace}", "--cluster", "reference"),
-        Derived("Yahoo", 1000, 2000, 0.25),
-    ),
-    Setup(
+    _on_reference("D1", "GOOG[7000:7600], reference cluster", Derived("GOOG", 7000, 7600)),
+    _on_reference("D2", "GOOG[9000:10000], reference cluster", Derived("GOOG", 9000, 10000)),
+    _on_reference("D3", "Yahoo[1000:2000], arrivals x 0.25, reference cluster", Derived("Yahoo", 1000, 2000, 0.25)),
+    _on_reference(
         "E1",
         "no constraints, Yahoo[:1000], arrivals x 0.3, reference cluster",
-        ("--trace", "{trace}", "--cluster", "reference", "--no-constraints"),
         Derived("Yahoo", 0, 1000, 0.3),
+        "--no-constraints",
     ),
     Setup(
         "E2",
