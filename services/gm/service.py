@@ -139,12 +139,10 @@ class GMService:
                 )
             )
         cluster = ClusterSpec(tuple(rows), names)
-        fairness = self.settings.fairness()
-        if fairness is not None:
-            try:
-                fairness.check_gms(cluster.num_gms)
-            except ValueError as exc:
-                raise StartupError(f"MEGHA_QUEUES: {exc} (the LMs have a partition per GM)") from None
+        try:
+            self.settings.check_queue_gms(cluster.num_gms, "the LMs have a partition per GM")
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
         self.adopt(cluster)
         return cluster
 
