@@ -31,14 +31,11 @@ from megha.common.core.policies.priority import (
     parse_priority_classes,
 )
 from megha.common.core.task import DRIVERS
+from megha.common.limits import MIN_INTERVAL
 
 if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
 
-
-MIN_INTERVAL = 0.001
-"""The fewest seconds between two rounds of a repeated action (a delta update, a heartbeat, a dependency poll, a
-liveness check): a shorter interval, 1e-300 say, would make a busy loop of it (or overflow the delta timer)."""
 
 SECRET_SETTINGS = ("amqp_url", "cluster_secret", "credential", "api_tokens", "api_token")
 """Settings that may instead be read from a file named by MEGHA_<NAME>_FILE (a Docker secret, say), so that the

@@ -21,6 +21,7 @@ from megha.common.core.queueable import mark_queueable
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
 from megha.common.core.retry import parse_rule
 from megha.common.core.task import JobSpec
+from megha.common.limits import MIN_INTERVAL
 from megha.embedded.faults import Faults
 from megha.embedded.system import EmbeddedConfig
 from megha.loadgen.dependencies import parse_dependencies, with_dependencies
@@ -28,7 +29,7 @@ from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.priority import assign_classes
 from megha.loadgen.progress import Advance, Progress
 from megha.loadgen.recorder import Recorder, WallClockRecorder
-from megha.loadgen.trace import TraceJob, resolve_trace
+from megha.loadgen.trace import MAX_SECONDS, TraceJob, resolve_trace
 from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
 from megha.sim.pigeonc import PigeonCConfig
 from megha.sim.system import PIGEONC_SCHEDULERS, SchedulerSystem, build_system
@@ -207,6 +208,12 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         raise ValueError(f"unknown --delta-states {config.delta_states!r}; choose one of {list(DELTA_STATES)}")
     if config.delta_states != DEFAULTS.delta_states and config.scheduler not in ("megha", "centralized"):
         raise ValueError(f"--delta-states {config.delta_states} is a policy of Megha's LMs, not {config.scheduler}")
+    if not MIN_INTERVAL <= config.delta_interval <= MAX_SECONDS:
+        raise ValueError(
+            f"--delta-interval {config.delta_interval} must be between {MIN_INTERVAL:g} and {MAX_SECONDS:g} seconds"
+        )
+    if not 0 <= config.hop_delay <= MAX_SECONDS:
+        raise ValueError(f"--hop-delay {config.hop_delay} must be between 0 and {MAX_SECONDS:g} seconds")
     if not 0 <= config.delta_offset < config.delta_interval:
         raise ValueError(
             f"--delta-offset {config.delta_offset} must be at least 0 and less than --delta-interval "

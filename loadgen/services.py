@@ -318,8 +318,10 @@ def main(command: str = "python -m megha.loadgen.services") -> int:
 
     settings = load_settings(LoadgenSettings, command)
     configure_logging(settings.log_level, "loadgen", settings.log_format)
+    out = Path(settings.out)
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]
     try:
-        Path(settings.out).mkdir(parents=True, exist_ok=True)  # before the replay, not after it
+        out.mkdir(parents=True, exist_ok=True)  # before the replay, not after it
     except OSError as exc:
         print(
             f"{command}: bad settings: MEGHA_OUT={settings.out}: cannot make the folder: {exc.strerror}",
@@ -328,8 +330,13 @@ def main(command: str = "python -m megha.loadgen.services") -> int:
         return 2
     try:
         run = asyncio.run(replay_services(settings, Progress()))
-    except StartupError as exc:  # the broker or every GM unreachable
-        print(f"{command}: error: {exc}", file=sys.stderr)
+    except BaseException as exc:  # nothing was written: leave no empty folder behind
+        for folder in made:
+            with contextlib.suppress(OSError):  # a folder something else wrote in meanwhile is kept
+                folder.rmdir()
+        if not isinstance(exc, StartupError):
+            raise
+        print(f"{command}: error: {exc}", file=sys.stderr)  # the broker or every GM unreachable
         return 2
     assert run.metrics is not None
     title = f"Megha services replay of {settings.trace}"

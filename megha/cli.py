@@ -31,6 +31,7 @@ from megha.common.transport.inmemory import EVENT_ORDERS, fewer_gc_pauses
 from megha.embedded.faults import parse_faults
 from megha.loadgen.metrics import RunMetrics
 from megha.loadgen.replay import ReplayConfig
+from megha.loadgen.trace import MAX_SECONDS
 from megha.options import Bounded, Decorator, GroupedCommand, OneOf, option, options, positive, setting, usage_line
 from megha.sim.system import SCHEDULERS
 
@@ -319,7 +320,7 @@ def megha() -> None:
 )
 @option(
     "--hop-delay",
-    type=Bounded(float, ge=0),
+    type=Bounded(float, ge=0, le=MAX_SECONDS),
     default=REPLAY.hop_delay,
     group=SCHEDULER,
     help="network delay per message hop, seconds",
@@ -603,19 +604,23 @@ def check_input_file(value: str, option: str) -> None:
         raise click.BadParameter(f"cannot read {value}: {exc.strerror}", param_hint=option) from None
 
 
-def check_out_folder(out: Path | None, option: str = "--out") -> None:
+def check_out_folder(out: Path | None, option: str = "--out", default: Path | None = None) -> None:
     """An --out folder refused up front in one usage line when it, or a folder above it, is an existing file, or
     when it cannot be made or a file cannot be written in it: the folders missing are made and a file is written
     in the last, then all are removed again (the run makes them when it writes its report), so that a run
-    refused for another reason leaves no empty folder behind."""
+    refused for another reason leaves no empty folder behind. Without `out`, the `default` folder the report's
+    own folder is made in is checked so."""
+    named = out
     if out is None:
-        return
+        if default is None:
+            return
+        out = default
     missing = []
     for folder in (out, *out.parents):
         if folder.exists():
             if not folder.is_dir():
                 what = "is a file, not a folder" if folder == out else f"cannot be made: {folder} is a file"
-                raise click.BadParameter(f"{out} {what}", param_hint=option)
+                raise click.BadParameter(f"{_out_name(out, named)} {what}", param_hint=option)
             break
         missing.append(folder)
     made: list[Path] = []
@@ -627,10 +632,14 @@ def check_out_folder(out: Path | None, option: str = "--out") -> None:
             pass
     except OSError as exc:
         what = "cannot be made" if made != missing else "cannot be written to"
-        raise click.BadParameter(f"{out} {what}: {exc.strerror or exc}", param_hint=option) from None
+        raise click.BadParameter(f"{_out_name(out, named)} {what}: {exc.strerror or exc}", param_hint=option) from None
     finally:
         for folder in reversed(made):
             folder.rmdir()
+
+
+def _out_name(out: Path, named: Path | None) -> str:
+    return str(out) if named is not None else f"{out}, the report folder when --out is not given,"
 
 
 def _warn(command: str, warnings: list[str]) -> None:
@@ -722,7 +731,7 @@ def _check_local(args: SimpleNamespace) -> None:
     from megha.loadgen.services import check_submittable
     from megha.loadgen.trace import TraceError, demo_trace_path, resolve_trace
 
-    check_out_folder(args.out)
+    check_out_folder(args.out, default=LOCAL_OUT)
     if args.nodes_per_worker > 1 and args.execution != "simulated":
         raise click.UsageError(
             f"--nodes-per-worker {args.nodes_per_worker} needs --execution simulated (an agent that runs its tasks "
@@ -799,7 +808,7 @@ def _replay(args: SimpleNamespace) -> int:
     from megha.loadgen.trace import demo_trace_path
 
     if not args.no_files:
-        check_out_folder(args.out)
+        check_out_folder(args.out, default=REPLAY_OUT)
     if args.trace != "demo" and not args.trace.startswith("syn:"):
         check_input_file(args.trace, "--trace")
     if args.cluster not in ("generate", "reference"):

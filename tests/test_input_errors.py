@@ -72,6 +72,20 @@ def test_out_that_cannot_be_made_is_refused_before_the_replay(trace: Path, capsy
     assert captured.err.startswith("megha replay: error: --out: /proc/megha-out/run cannot be made: "), captured.err
 
 
+def test_default_report_folder_that_cannot_be_made_is_refused_before_the_run(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --out, the report goes under out/<command>/ in the working folder: a file `out` there is found before
+    anything runs, not after the replay."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").write_text("")
+    for command, folder in ((["replay", *SMALL], "out/replay"), (["local"], "out/local")):
+        status, err = _run([*command, "--trace", str(trace)], capsys)
+        assert status == 2, err
+        assert f"{folder}, the report folder when --out is not given, cannot be made: out is a file" in err, err
+    assert capsys.readouterr().out == ""  # nothing replayed
+
+
 def test_out_is_not_left_behind_when_the_run_is_refused_for_another_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -432,3 +446,20 @@ def test_an_argparse_command_s_usage_error_is_one_line(module: str, argv: list[s
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and "--help" in lines[0], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("delta_interval", 1e-300, "--delta-interval 1e-300 must be between 0.001 and 1e+12 seconds"),
+        ("delta_interval", 1e300, "--delta-interval 1e+300 must be between 0.001 and 1e+12 seconds"),
+        ("hop_delay", 1e300, "--hop-delay 1e+300 must be between 0 and 1e+12 seconds"),
+    ],
+)
+def test_a_replay_config_s_times_are_bounded(field: str, value: float, message: str) -> None:
+    """The library's ReplayConfig refuses what the command line refuses: a delta interval of 1e-300 was a busy
+    loop, a hop delay of 1e300 printed 300-digit figures and overflowed the utilization."""
+    from megha.loadgen.replay import ReplayConfig, replay
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        replay(ReplayConfig(first_jobs=1, **{field: value}))

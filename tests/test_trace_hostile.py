@@ -175,8 +175,10 @@ def test_loadgen_refuses_an_oversized_job_before_reaching_the_broker(
     monkeypatch.setenv("MEGHA_TRACE", str(path))
     monkeypatch.setenv("MEGHA_AUTH", "off")
     monkeypatch.setenv("MEGHA_AMQP_URL", "amqp://guest:guest@127.0.0.1:9/")  # nothing listens: not reached
+    monkeypatch.chdir(tmp_path)
     status, err = _run(["loadgen"], capsys)
     assert status == 2 and "MEGHA_TRACE" in err and "10,001 tasks" in err
+    assert not (tmp_path / "out").exists()  # the report folder it made is removed again: nothing was written
 
 
 # 4. cluster files

@@ -22,7 +22,7 @@ from rich.table import Table
 from megha.client import DEFAULT_GM_URL, Client, MeghaError
 from megha.client.plans import gm_urls
 from megha.common.core.resources import CPU, MEMORY
-from megha.options import positive
+from megha.options import Bounded
 
 REFUSED, USAGE, UNREACHABLE, UNFINISHED = 1, 2, 3, 4
 RESOURCE_LABELS = {CPU: "CPU m", MEMORY: "memory MB"}
@@ -169,10 +169,10 @@ def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., 
             ),
             click.option(
                 "--timeout",
-                type=positive(float),
+                type=Bounded(float, gt=0, le=86400),
                 default=10.0,
                 show_default=True,
-                help="seconds to wait for each answer",
+                help="seconds to wait for each answer (at most 86400)",
             ),
         ]
         if lms:

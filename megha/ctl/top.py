@@ -113,10 +113,10 @@ def _render(frame: Frame, interval: float) -> Group:
 @click.command(short_help="a live view of GMs, LMs and jobs")
 @click.option(
     "--interval",
-    type=Bounded(float, ge=0.1),
+    type=Bounded(float, ge=0.1, le=86400),
     default=1.0,
     show_default=True,
-    help="seconds between refreshes (at least 0.1)",
+    help="seconds between refreshes (0.1 to 86400)",
 )
 @click.option("--iterations", type=click.IntRange(min=0), default=0, help="refreshes before exiting (0: until Ctrl-C)")
 @options(lms=True)
