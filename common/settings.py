@@ -642,6 +642,21 @@ class WorkerSettings(UserTokens):
         "processes at most this many (exec: RLIMIT_NOFILE, or the agent's own hard limit when lower; container: the "
         "nofile ulimit), and under rlimits all of an exec task's processes together, or the agent kills it",
     )
+    task_max_disk_mb: int = Field(
+        10240,
+        ge=1,
+        le=MAX_NODE_CAPACITY,
+        description="disk one exec task may fill, MB: each file it writes at most this much (RLIMIT_FSIZE), and the "
+        "blocks of its scratch folder, of its uid's files in the host's /tmp and /var/tmp when they are shared and on "
+        "disk, and of the removed files on disk it holds open together, or the agent kills it (at most 2**40)",
+    )
+    task_max_disk_files: int = Field(
+        100_000,
+        ge=1024,
+        description="files and folders one exec task may keep in the places its disk is counted in (its scratch "
+        "folder, its uid's in the host's shared /tmp and /var/tmp), or the agent kills it; bounds the inodes it takes "
+        "and what the agent's count of its disk costs",
+    )
     exec_as_agent_user: bool = Field(
         False,
         description="for an agent that cannot switch uids (not root): offer exec anyway, running every task as the "

@@ -40,7 +40,7 @@ from test_services_http import NOWHERE
 from megha.common.core.task import RunSpec
 from megha.common.lifecycle import StartupError
 from megha.common.settings import WorkerSettings
-from megha.services.worker import enforcement, isolation, socket_memory
+from megha.services.worker import disk_usage, enforcement, isolation, socket_memory
 from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.drivers import Limits
 from megha.services.worker.enforcement import MIB, Cgroups, Rlimits
@@ -82,13 +82,26 @@ def uid_processes(uid: int) -> list[int]:
 
 @asynccontextmanager
 async def agent(
-    logs_root: Path, max_processes: int = 64, how: Cgroups | Rlimits | None = None, max_files: int = 4096
+    logs_root: Path,
+    max_processes: int = 64,
+    how: Cgroups | Rlimits | None = None,
+    max_files: int = 4096,
+    max_disk_mb: int = 10240,
+    max_disk_files: int = 100_000,
 ) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
     """An executor with the exec driver as an agent makes it from its settings, prepared as at its start-up (`how`:
     CPU and memory enforced so, rather than as the agent would choose)."""
     logs = TaskLogs(logs_root, 1 << 20, kept=100)
     logs.prepare()
-    driver = ExecDriver("iso", TASK_UIDS, max_processes, how=how, max_files=max_files)
+    driver = ExecDriver(
+        "iso",
+        TASK_UIDS,
+        max_processes,
+        how=how,
+        max_files=max_files,
+        max_disk_mb=max_disk_mb,
+        max_disk_files=max_disk_files,
+    )
     await driver.prepare()
     assert driver.isolated
     executor = TaskExecutor(drivers={"exec": driver}, logs=logs, kill_grace=1.0)
@@ -357,12 +370,7 @@ print("written", os.fstat(fd).st_blocks * 512, flush=True)
 time.sleep(30)
 """
 
-MEMFD_SHARED = """
-import os, time
-fd = os.memfd_create("megha-shared")
-for _ in range(100):
-    os.write(fd, b"x" * 2**20)
-os.dup(fd)  # two descriptors of one process, and then those of two processes
+HELD_BY_TWO_PROCESSES = """
 if os.fork() == 0:
     time.sleep(3)
     os._exit(0)
@@ -370,6 +378,18 @@ time.sleep(3)
 os.wait()
 print("done", flush=True)
 """
+"""The end of a task's script: what its process holds open, two processes hold for 3 s; then it says "done"."""
+
+MEMFD_SHARED = (
+    """
+import os, time
+fd = os.memfd_create("megha-shared")
+for _ in range(100):
+    os.write(fd, b"x" * 2**20)
+os.dup(fd)  # two descriptors of one process, and then those of two processes
+"""
+    + HELD_BY_TWO_PROCESSES
+)
 
 
 @pytest.mark.asyncio
@@ -629,6 +649,164 @@ def test_the_memory_watch_looks_at_no_more_than_max_files_descriptors_of_a_run(m
     assert bounded.descriptors > 128 and bounded_looks <= 128, (bounded, bounded_looks)
     assert unbounded.descriptors == 200 and len(looked) == 200, (unbounded, len(looked))
     assert bounded.held > 0
+
+
+# ---------------------------------------------------------------------------------------------------------- disk
+
+DISK_MB = 8
+"""The disk limit of the tests' agent (MEGHA_TASK_MAX_DISK_MB)."""
+
+ONE_FILE = {
+    "dd": ("dd", "if=/dev/zero", "of=big", "bs=1M", "count=20"),  # killed by SIGXFSZ, or by the watch first
+    "python": (PYTHON, "-c", "open('big', 'wb').write(b'x' * 20 * 2**20)"),  # ignores SIGXFSZ: EFBIG
+    "dd-dev-shm": ("dd", "if=/dev/zero", "of=/dev/shm/big", "bs=1M", "count=20"),  # memory, no disk counted
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", list(ONE_FILE))
+async def test_a_task_that_writes_one_file_past_the_disk_limit_fails_with_the_disk_reason(
+    logs_root: Path, how: str
+) -> None:
+    """MEGHA_TASK_MAX_DISK_MB=8: a task writing one 20 MB file in its scratch folder fails over its disk limit, whether
+    the kernel's SIGXFSZ or the watch stopped it (dd), or the write failed with EFBIG (Python ignores SIGXFSZ); in
+    /dev/shm (a tmpfs: memory, no disk the watch counts) the file is still cut at 8 MB, and SIGXFSZ is reported as
+    the disk limit, not as a signal."""
+    async with agent(logs_root, max_disk_mb=DISK_MB) as (executor, logs):
+        result = await run_to_end(executor, "one.0", RunSpec("exec", ONE_FILE[how]))
+    assert result.error.startswith(f"exceeded its disk limit of {DISK_MB} MB ("), (
+        result,
+        logs.read("one.0", 1, "stderr"),
+    )
+    if how == "python":
+        assert "(a write failed at its file size rlimit): exit code 1:" in result.error, result
+        assert "File too large" in result.error, result
+    if how == "dd-dev-shm":
+        assert result.error == f"exceeded its disk limit of {DISK_MB} MB (a file reached it: killed by SIGXFSZ)", result
+
+
+MANY_FILES = """
+echo "$TMPDIR"
+mkdir -p "$PLACE"
+for i in 1 2 3 4 5 6; do head -c 3000000 /dev/zero > "$PLACE/f$i"; done
+echo written
+sleep 10
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("place", ["scratch", "/tmp", "/var/tmp"])
+async def test_many_files_each_under_the_disk_limit_but_together_over_it_fail_the_task(
+    logs_root: Path, monkeypatch: pytest.MonkeyPatch, place: str
+) -> None:
+    """Six 3 MB files (each under the 8 MB limit, 18 MB together) in the task's scratch folder, or, where runs share
+    the host's /tmp and /var/tmp (an agent that cannot mount a tmpfs of a run's own) and they are on disk, in a
+    folder of its own there: the watch kills it within a few looks, with the disk reason; its scratch folder and what
+    it left in the shared folder are gone after its run."""
+    if place != "scratch":
+        if os.stat(place).st_dev in enforcement.memory_devices():
+            pytest.fail(f"{place} is a memory file system here: its files count as memory, not disk")
+        monkeypatch.setattr(isolation, "why_no_own_folders", lambda folders: "refused by the test")
+    folder = "$TMPDIR/files" if place == "scratch" else f"{place}/megha-disk-{uuid.uuid4().hex[:8]}"
+    async with agent(logs_root, max_disk_mb=DISK_MB) as (executor, logs):
+        begun = asyncio.get_running_loop().time()
+        result = await run_to_end(executor, "many.0", RunSpec("exec", ("sh", "-c", f'PLACE="{folder}"; {MANY_FILES}')))
+        took = asyncio.get_running_loop().time() - begun
+    said = logs.read("many.0", 1, "stdout").decode().split()
+    assert result.error.startswith(f"exceeded its disk limit of {DISK_MB} MB (its files took "), (result, said)
+    assert took < 8, took  # not its 10 s sleep
+    assert not Path(said[0]).exists()  # its scratch folder
+    if place != "scratch":
+        assert not Path(folder).exists(), folder
+
+
+REMOVED = (
+    """
+import os, sys, time
+def removed_file(mb):
+    fd = os.open("removed", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.unlink("removed")
+    os.write(fd, b"x" * mb * 2**20)
+    return fd
+fd = removed_file(5)
+os.dup(fd)  # two descriptors of one process, then of two processes
+os.link(open("linked", "wb").name, "link")  # an empty file, two names
+with open("linked", "ab") as f:
+    f.write(b"y" * 2 * 2**20)  # 5 + 2 MB, each once: under 8 MB
+if sys.argv[1] == "two":
+    removed_file(5)  # 12 MB
+"""
+    + HELD_BY_TWO_PROCESSES
+)
+
+
+@pytest.mark.asyncio
+async def test_a_removed_file_a_task_holds_open_counts_against_its_disk_once(logs_root: Path) -> None:
+    """A 5 MB file the task removed while two descriptors of each of two processes hold it, and a 2 MB file with two
+    names (a hard link), in its scratch folder: 7 MB counted once each, so under 8 MB the task is untouched for 3 s
+    (three looks at its disk). A second 5 MB removed file takes it over: it fails with the disk reason."""
+    async with agent(logs_root, max_disk_mb=DISK_MB) as (executor, logs):
+        once = await run_to_end(executor, "removed.0", RunSpec("exec", (PYTHON, "-c", REMOVED, "one")))
+        two = await run_to_end(executor, "removed.1", RunSpec("exec", (PYTHON, "-c", REMOVED, "two")))
+    assert once.succeeded and logs.read("removed.0", 1, "stdout") == b"done\n", (
+        once,
+        logs.read("removed.0", 1, "stderr"),
+    )
+    assert two.error.startswith(f"exceeded its disk limit of {DISK_MB} MB (its files took 1"), two
+
+
+@pytest.mark.asyncio
+async def test_a_task_over_its_count_of_files_and_folders_fails_and_one_well_under_its_limits_is_untouched(
+    logs_root: Path,
+) -> None:
+    """MEGHA_TASK_MAX_DISK_FILES=2000: a task making 3,000 empty files (no block, so no byte of its disk limit) fails
+    for them; one writing 4 MB in 100 files and folders runs its 2 s to the end."""
+    many = "mkdir d; cd d; i=0; while [ $i -lt 3000 ]; do : > f$i; i=$((i+1)); done; sleep 10"
+    few = "for i in $(seq 50); do mkdir d$i; head -c 80000 /dev/zero > d$i/f; done; sleep 2; echo done"
+    async with agent(logs_root, max_disk_mb=DISK_MB, max_disk_files=2000) as (executor, logs):
+        files = await run_to_end(executor, "files.0", sh(many))
+        under = await run_to_end(executor, "files.1", sh(few))
+    expected = f"exceeded its disk limit of {DISK_MB} MB (more than 2000 files and folders: MEGHA_TASK_MAX_DISK_FILES)"
+    assert files.error == expected, files
+    assert under.succeeded and logs.read("files.1", 1, "stdout") == b"done\n", (
+        under,
+        logs.read("files.1", 1, "stderr"),
+    )
+
+
+def test_the_disk_count_takes_blocks_each_file_once_and_looks_at_no_more_than_its_bound(tmp_path: Path) -> None:
+    """`disk_usage` over a scratch folder of a task uid's: a 1 MB file with a second name is counted once (its
+    blocks), a sparse 1 GB file by its blocks, a root's file not at all; with a bound of 100 files and folders the
+    count stops at 101 of the 303."""
+    uid = TASK_UIDS[-44]
+    scratch = tmp_path / "scratch"
+    (scratch / "d").mkdir(parents=True)
+    (scratch / "a").write_bytes(b"x" * 2**20)
+    os.link(scratch / "a", scratch / "d" / "b")
+    with open(scratch / "sparse", "wb") as f:
+        f.truncate(2**30)
+        f.write(b"x")
+    for i in range(297):
+        (scratch / "d" / f"e{i}").touch()
+    for path in [scratch, *scratch.rglob("*")]:
+        os.chown(path, uid, uid)
+    (scratch / "root's").write_bytes(b"x" * 2**20)
+    places = {("uid", uid): disk_usage.DiskPlaces(uid, str(scratch), shared=False)}
+    blocks = sum(os.lstat(p).st_blocks * 512 for p in (scratch, scratch / "d", scratch / "a", scratch / "sparse"))
+    whole = disk_usage.disk_usage(places, {}, [], 1000)[("uid", uid)]
+    bounded = disk_usage.disk_usage(places, {}, [], 100)[("uid", uid)]
+    assert whole == disk_usage.DiskUse(blocks, 303), (whole, blocks)  # 301 of the uid's, the scratch folder, root's
+    assert blocks < 2 * 2**20 and bounded.entries == 101, bounded
+
+
+def test_an_agent_s_disk_limit_is_each_file_s_size_limit_for_its_tasks(tmp_path: Path) -> None:
+    """An agent started with MEGHA_TASK_MAX_DISK_MB=64 gives its exec tasks RLIMIT_FSIZE 64 MB, soft and hard, and
+    says so at start-up."""
+    settings = {"drivers": "burn,exec", "task_max_disk_mb": 64, "task_log_dir": str(tmp_path / "logs")}
+    limit = "import resource; print(*resource.getrlimit(resource.RLIMIT_FSIZE))"
+    started = in_child(lambda: None, lambda: start_agent((PYTHON, "-c", limit), **settings))
+    assert started["task_uid"] == f"{64 * MIB} {64 * MIB}", started
+    assert any("filling at most 64 MB of disk in 100000 files" in line for line in started["lines"]), started["lines"]
 
 
 # ------------------------------------------------------------------------------------------ no user namespaces
@@ -1065,7 +1243,7 @@ async def test_what_the_memory_watch_saw_of_a_uid_is_not_shown_to_the_next_run_o
     scans = iter([10**12, 1])  # the ended run's memory, then the new run's
 
     def memory_usage(
-        uids: set[int], sessions: set[int], max_files: int | None = None
+        uids: set[int], sessions: set[int], max_files: int | None = None, disk: object = None, max_disk_files: int = 0
     ) -> dict[tuple[str, int], enforcement.Usage]:
         scanning.set()
         swapped.wait(10)

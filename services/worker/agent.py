@@ -485,6 +485,8 @@ def _drivers(settings: WorkerSettings) -> dict[str, Driver]:
             settings.task_max_processes,
             settings.exec_as_agent_user,
             max_files=settings.task_max_files,
+            max_disk_mb=settings.task_max_disk_mb,
+            max_disk_files=settings.task_max_disk_files,
         )
     if "container" in settings.drivers:
         from megha.services.worker.container_driver import ContainerDriver  # imports the Docker SDK

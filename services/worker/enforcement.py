@@ -45,11 +45,12 @@ import signal
 import stat
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from megha.services.worker.disk_usage import DiskPlaces, DiskUse, WatchKey, disk_usage
 from megha.services.worker.drivers import Limits
 from megha.services.worker.socket_memory import socket_bytes, socket_inode
 
@@ -359,6 +360,10 @@ class OwnFolders:
             if self._enter:
                 os.chdir(self._scratch)
 
+    def device(self) -> int:
+        """The tmpfs's device (`st_dev` of its files)."""
+        return os.fstat(self._fd).st_dev
+
     def held_bytes(self) -> int:
         """What the run's files take of its tmpfs (0 once closed)."""
         if self._fd < 0:
@@ -491,15 +496,17 @@ def child_setup(
     own_folders: OwnFolders | None = None,
     seccomp: SeccompFilter | None = None,
     max_files: int | None = None,
+    max_file_bytes: int | None = None,
 ) -> None:
     """Run in the task's process between fork and exec (subprocess's preexec_fn): join its cgroup (as the agent's
     user still), with `own_proc` a /proc that hides other users' processes (`private_proc`) and with `own_folders`
     its own tmpfs over the folders every user may write to (`OwnFolders.mount`, in the same mount namespace), no core
     dumps, cap its data segment, its open descriptors (`max_files`, soft and hard: a process of the run cannot raise
-    it) and its uid's processes, lower its priority, no new privileges from set-user-ID
-    programs or file capabilities, then become `uid` and `gid` with no other group, and install the `seccomp`
-    filter (`task_syscall_filter`, built by the agent before the fork). Uses only modules imported already and no
-    locks, as code between fork and exec must."""
+    it), the size of each file it writes (`max_file_bytes`, soft and hard: beyond, the kernel sends SIGXFSZ, or the
+    write fails with EFBIG where the program ignores that signal) and its uid's processes, lower its priority, no
+    new privileges from set-user-ID programs or file capabilities, then become `uid` and `gid` with no other group,
+    and install the `seccomp` filter (`task_syscall_filter`, built by the agent before the fork). Uses only modules
+    imported already and no locks, as code between fork and exec must."""
     if cgroup_procs is not None:
         fd = os.open(cgroup_procs, os.O_WRONLY)
         try:
@@ -515,6 +522,8 @@ def child_setup(
         resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))
     if max_files is not None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+    if max_file_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
     if max_processes is not None:  # counted per real uid: only meaningful for a uid of the run's own
         resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
     if nice:
@@ -591,13 +600,21 @@ def session_members(sid: int) -> list[int]:
 class Usage(NamedTuple):
     """What the memory watch saw of one run: `held`, the bytes its processes hold (`memory_usage`), and
     `descriptors`, how many descriptors they hold open. Over `memory_usage`'s `max_files`, counted only up to the
-    process that took the run over it, and `held` then leaves out the memfds (not looked for)."""
+    process that took the run over it, and `held` then leaves out the memfds (not looked for). `disk`, what its files
+    take of the disk, when this look counted it (`disk_usage`; None otherwise)."""
 
     held: int
     descriptors: int
+    disk: DiskUse | None = None
 
 
-def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = None) -> dict[tuple[str, int], Usage]:
+def memory_usage(
+    uids: set[int],
+    sessions: set[int],
+    max_files: int | None = None,
+    disk: Mapping[WatchKey, DiskPlaces] | None = None,
+    max_disk_files: int = 0,
+) -> dict[tuple[str, int], Usage]:
     """Bytes held by each of `uids` (the resident memory of its processes, what it holds in /dev/shm and System V
     shared memory no process has attached) and each of `sessions` (its processes' resident memory), keyed
     ``("uid", uid)`` and ``("sid", sid)``, with the memfds their processes hold open (`open_descriptors`, each counted
@@ -609,12 +626,18 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
     `max_files`: at most this many descriptors are looked at for memfds per uid or session. Each process's are
     counted (a listing of /proc/<pid>/fd) before they are looked at, and once a uid's or session's processes hold
     more than `max_files` together, none more of them is looked at (nor counted): its `descriptors` is then over
-    `max_files`, and its memfds and sockets are not counted."""
+    `max_files`, and its memfds and sockets are not counted.
+
+    `disk`: the runs whose disk use this look counts too, and where (`disk_usage.disk_usage`, at most
+    `max_disk_files` files and folders looked at per run), with the removed files on disk their processes hold open
+    (among the descriptors looked at: none of a run over `max_files`)."""
     held: dict[tuple[str, int], int] = {}
     descriptors: dict[tuple[str, int], int] = {}
     memfds: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
     sockets: dict[tuple[str, int], set[int]] = {}
+    removed: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
     in_memory = memory_devices()
+    own_tmpfs = frozenset(p.own_device for p in (disk or {}).values() if p.own_device is not None)
     for p in processes():
         if p.zombie:
             continue
@@ -632,11 +655,13 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
         if not counted:
             continue
         left = None if max_files is None else max(max_files - descriptors.get(key, 0) for key in counted)
-        found = open_descriptors(p.pid, left, in_memory)
+        found = open_descriptors(p.pid, left, in_memory, own_tmpfs)
         for key in counted:
             descriptors[key] = descriptors.get(key, 0) + found.count
             if found.memfds:
                 memfds.setdefault(key, {}).update(found.memfds)
+            if found.removed:
+                removed.setdefault(key, {}).update(found.removed)
             if found.sockets:
                 sockets.setdefault(key, set()).update(found.sockets)
     within = {key for key in held if max_files is None or descriptors.get(key, 0) <= max_files}
@@ -652,37 +677,51 @@ def memory_usage(uids: set[int], sessions: set[int], max_files: int | None = Non
     folders = [f for f in OWN_FOLDERS if f == "/dev/shm" or _device(f) in in_memory]
     for uid, size in shared_memory_bytes(uids, folders).items():
         held[("uid", uid)] = held.get(("uid", uid), 0) + size
-    return {key: Usage(size, descriptors.get(key, 0)) for key, size in held.items()}
+    on_disk = {}
+    if disk:
+        shared = [f for f in OWN_FOLDERS if f != "/dev/shm" and f not in folders]
+        on_disk = disk_usage(disk, removed, shared, max_disk_files)
+    return {key: Usage(size, descriptors.get(key, 0), on_disk.get(key)) for key, size in held.items()}
 
 
 class Descriptors(NamedTuple):
     """What one process holds open (`open_descriptors`): how many descriptors; its memfds, by (device, inode), with
-    the bytes each holds; and the inodes of its sockets."""
+    the bytes each holds; the inodes of its sockets; and the removed files on disk it holds open, by (device,
+    inode), with the blocks each takes."""
 
     count: int
     memfds: dict[tuple[int, int], int]
     sockets: set[int]
+    removed: dict[tuple[int, int], int]
 
 
-def open_descriptors(pid: int, at_most: int | None = None, in_memory: frozenset[int] = frozenset()) -> Descriptors:
+def open_descriptors(
+    pid: int,
+    at_most: int | None = None,
+    in_memory: frozenset[int] = frozenset(),
+    own_tmpfs: frozenset[int] = frozenset(),
+) -> Descriptors:
     """How many descriptors process `pid` holds open, the memfds among them (memory in no file system the watch
     reads, in no page of a process that does not map it), by (device, inode) so that one held by several
     descriptors or processes counts once, with what each holds (its blocks), and its sockets' inodes (what their
     buffers hold: `socket_memory`). Among the memfds are the files of a memory file system (devices `in_memory`:
     `memory_devices`) that are removed but held open, such as a file of the host's /dev/shm unlinked after it was
-    written, or made with O_TMPFILE: no folder lists them. When it holds more than `at_most`, none is looked at:
-    counting them (listing /proc/<pid>/fd) costs much less than looking at each (a readlink). Nothing when the
-    process is gone or ends meanwhile; a descriptor closed meanwhile is left out."""
+    written, or made with O_TMPFILE: no folder lists them. The removed files of other file systems are on disk
+    (`removed`), but for those of the runs' own tmpfs (devices `own_tmpfs`), which a run counts itself. When it holds
+    more than `at_most`, none is looked at: counting them (listing /proc/<pid>/fd) costs much less than looking at
+    each (a readlink). Nothing when the process is gone or ends meanwhile; a descriptor closed meanwhile is left
+    out."""
     memfds: dict[tuple[int, int], int] = {}
     sockets: set[int] = set()
+    removed: dict[tuple[int, int], int] = {}
     try:
         folder = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return Descriptors(0, memfds, sockets)
+        return Descriptors(0, memfds, sockets, removed)
     try:
         names = os.listdir(folder)
         if at_most is not None and len(names) > at_most:
-            return Descriptors(len(names), memfds, sockets)
+            return Descriptors(len(names), memfds, sockets, removed)
         for name in names:
             try:  # relative to the folder: a third less time per descriptor than by the whole path
                 link = os.readlink(name, dir_fd=folder)
@@ -691,18 +730,20 @@ def open_descriptors(pid: int, at_most: int | None = None, in_memory: frozenset[
                         sockets.add(inode)
                     continue
                 memfd = link.startswith("/memfd:")
-                if not memfd and not (in_memory and link.endswith(" (deleted)")):
+                if not memfd and not link.endswith(" (deleted)"):
                     continue
                 st = os.stat(name, dir_fd=folder)
             except OSError:
                 continue
             if memfd or (st.st_nlink == 0 and st.st_dev in in_memory and stat.S_ISREG(st.st_mode)):
                 memfds[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+            elif st.st_nlink == 0 and st.st_dev not in own_tmpfs and stat.S_ISREG(st.st_mode):
+                removed[(st.st_dev, st.st_ino)] = st.st_blocks * 512
     except OSError:
-        return Descriptors(0, {}, set())
+        return Descriptors(0, {}, set(), {})
     finally:
         os.close(folder)
-    return Descriptors(len(names), memfds, sockets)
+    return Descriptors(len(names), memfds, sockets, removed)
 
 
 OWN_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp", "/run/lock")

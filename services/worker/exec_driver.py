@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megha.services.worker import enforcement, isolation
+from megha.services.worker.disk_usage import DiskLimit, DiskPlaces, DiskUse
 from megha.services.worker.drivers import Driver, DriverUnavailable, Exit, Limits, Run
 from megha.services.worker.enforcement import MIB, Cgroups, OwnFolders, Rlimits, SeccompFilter, Usage
 from megha.services.worker.isolation import TaskUids, UidLease, describe_range
@@ -68,6 +69,9 @@ the pipes open)."""
 
 _ALLOCATION_FAILED = re.compile(r"MemoryError|Cannot allocate memory|out of memory|bad_alloc", re.IGNORECASE)
 """Rlimits: what a program typically prints when an allocation fails at its RLIMIT_DATA."""
+_FILE_TOO_LARGE = re.compile(r"File too large|File size limit exceeded")
+"""What a program prints when a write fails at its RLIMIT_FSIZE (EFBIG, when it ignores SIGXFSZ, as Python does), or
+a shell when SIGXFSZ killed a command of it."""
 
 
 class ExecDriver(Driver):
@@ -81,23 +85,28 @@ class ExecDriver(Driver):
         as_agent_user: bool = False,
         how: Cgroups | Rlimits | None = None,
         max_files: int = 4096,
+        max_disk_mb: int = 10240,
+        max_disk_files: int = 100_000,
     ) -> None:
         """`task_uids`: the uids runs take, one each (MEGHA_TASK_UIDS); `max_processes`: the processes and threads
         a run may have (MEGHA_TASK_MAX_PROCESSES); `as_agent_user`: when the agent cannot switch uids, run tasks as
         its own user rather than not offer exec (MEGHA_EXEC_AS_AGENT_USER); `how`: how CPU and memory are enforced,
         None: as `enforcement.detect` chooses at `prepare`; `max_files`: the descriptors each process of a run may
-        hold open, and under rlimits all of them together (MEGHA_TASK_MAX_FILES)."""
+        hold open, and under rlimits all of them together (MEGHA_TASK_MAX_FILES); `max_disk_mb`: the disk a run may
+        fill, each file and all together (MEGHA_TASK_MAX_DISK_MB); `max_disk_files`: the files and folders it may keep
+        where its disk is counted (MEGHA_TASK_MAX_DISK_FILES)."""
         self._worker_id = worker_id
         self._uids = TaskUids(task_uids)
         self._max_processes = max_processes
         self._max_files = max_files
+        self._disk = DiskLimit(max_disk_mb, max_disk_files)
         self._as_agent_user = as_agent_user
         self._enforcement = how
         self._isolated: bool | None = None  # runs take uids of their own; None: not prepared yet
         self._own_proc = False  # each run has a /proc of its own that hides the other runs (`isolation`)
         self._own_folders: tuple[str, ...] = ()  # the shared folders each run has a tmpfs of its own over
         self._seccomp: SeccompFilter | None = None  # no user namespaces, no io_uring (`isolation`)
-        self._watch = MemoryWatch(max_files)
+        self._watch = MemoryWatch(max_files, max_disk_files)
 
     @property
     def enforcement(self) -> Cgroups | Rlimits | None:
@@ -186,6 +195,7 @@ class ExecDriver(Driver):
             )
         if self._seccomp is not None:
             who += ", making no user namespace and no io_uring"
+        who += f", {self._disk.describe()}"
         return f"exec driver: each task runs as {who}; CPU and memory enforced with {self._enforcement.describe()}"
 
     async def start(self, task_id: str, attempt: int, spec: RunSpec, limits: Limits, log: RunLog) -> Run:
@@ -222,6 +232,7 @@ class ExecDriver(Driver):
                 folders,
                 self._seccomp,
                 _files_per_process(self._max_files),
+                self._disk.max_mb * MIB,
             )
             # preexec_fn, not user=: the process joins its cgroup before it gives up the agent's privileges. It
             # calls only os, resource and libc functions, so the agent's other threads cannot deadlock it.
@@ -240,8 +251,7 @@ class ExecDriver(Driver):
             # Popen may fail after its child became the uid: the uid is killed before it is given back.
             await asyncio.to_thread(held.give_back, kill=True)
             raise
-        watch = self._watch if cgroup is None else None
-        run = _ExecRun(process, log, limits, held, watch, self._max_files)
+        run = _ExecRun(process, log, limits, held, self._watch, self._max_files, self._disk)
         try:
             run.begin()
         except BaseException:
@@ -271,8 +281,9 @@ class _ExecRun(Run):
         log: RunLog,
         limits: Limits,
         held: _Held,
-        watch: MemoryWatch | None,
+        watch: MemoryWatch,
         max_files: int,
+        disk: DiskLimit,
     ) -> None:
         self._process = process
         self._log = log
@@ -286,6 +297,8 @@ class _ExecRun(Run):
         self._max_files = max_files
         self._over_memory_mb: float | None = None  # what the watch saw when it killed the run
         self._over_files = False  # the watch killed the run: its processes held more than max_files descriptors
+        self._disk = disk
+        self._over_disk: DiskUse | None = None  # what the watch saw when it killed the run for its disk
         self._peak_bytes = 0
         self._pumps: list[OutputPump] = []
         self._exited: asyncio.Future[resource.struct_rusage] | None = None
@@ -300,8 +313,19 @@ class _ExecRun(Run):
         self._exited = loop.create_future()
         self._pidfd = os.pidfd_open(process.pid)
         loop.add_reader(self._pidfd, self._reap)
-        if self._watch is not None:
-            self._watch.add(self._key, self._seen)
+        self._watch.add(self._key, self._seen, self._disk_places())
+
+    def _disk_places(self) -> DiskPlaces:
+        """Where the watch counts the run's disk: its uid's (or, as the agent's user, the agent's) files in its
+        scratch folder, in the host's shared folders on disk when the uid is its own, and its removed files on disk
+        that are not in its own tmpfs."""
+        lease, folders = self._lease, self._held.folders
+        return DiskPlaces(
+            owner=os.geteuid() if lease is None else lease.uid,
+            scratch=None if self._held.scratch is None else str(self._held.scratch),
+            shared=lease is not None,
+            own_device=None if folders is None else folders.device(),
+        )
 
     def _reap(self) -> None:
         pid, status, usage = os.wait4(self._process.pid, os.WNOHANG)
@@ -336,27 +360,36 @@ class _ExecRun(Run):
         for pipe in (self._process.stdout, self._process.stderr):  # one `begin` made no pump for yet
             if pipe is not None and not pipe.closed:
                 pipe.close()
-        if self._watch is not None:
-            self._watch.forget(self._key)
+        self._watch.forget(self._key)
         self._released = True
         process = None if killed or self._process.returncode is not None else self._process
         await asyncio.to_thread(self._held.give_back, process, kill=not killed)
 
     def _seen(self, usage: Usage) -> None:
-        """The memory watch's look at the run: its processes (and its uid's shared memory) hold `usage.held` bytes,
-        and its own tmpfs what it holds; its processes hold `usage.descriptors` open (more than `max_files`: the
-        watch looked for no memfd, and the run is killed for its descriptors)."""
-        killed = self._over_memory_mb is not None or self._over_files
-        if usage.descriptors > self._max_files:
-            if not killed:
-                self._over_files = True
-                self.kill()
+        """The watch's look at the run: its processes (and its uid's shared memory) hold `usage.held` bytes, and its
+        own tmpfs what it holds (counted under rlimits only: a cgroup's memory is the kernel's); its processes hold
+        `usage.descriptors` open (more than `max_files`: the watch looked for no memfd nor removed file, and the run
+        is killed for its descriptors, under cgroups too: its disk cannot be counted); its files take `usage.disk`
+        of the disk, when the look counted it."""
+        killed = self._over_memory_mb is not None or self._over_files or self._over_disk is not None
+        if killed:
             return
+        if usage.descriptors > self._max_files:
+            self._over_files = True
+            self.kill()
+        elif usage.disk is not None and self._disk.exceeded(usage.disk):
+            self._over_disk = usage.disk
+            self.kill()
+        elif self._cgroup is None:
+            self._check_memory(usage)
+
+    def _check_memory(self, usage: Usage) -> None:
+        """Rlimits: kill the run when what it holds is over its memory request."""
         resident = usage.held
         if self._held.folders is not None:
             resident += self._held.folders.held_bytes()
         self._peak_bytes = max(self._peak_bytes, resident)
-        if resident > self._limits.memory_mb * MIB and not killed:
+        if resident > self._limits.memory_mb * MIB:
             self._over_memory_mb = resident / MIB
             self.kill()
 
@@ -383,16 +416,29 @@ class _ExecRun(Run):
         assert exit_code is not None
         # Not ru_maxrss: it counts the agent's memory the child had between fork and exec.
         peak_mb = self._peak_bytes / MIB
-        how = over = ""
-        if self._over_files:
-            over = f"held more than {self._max_files} open descriptors across its processes (MEGHA_TASK_MAX_FILES)"
-        elif oom_kills:
-            how = "stopped by the kernel's OOM killer in its cgroup"
-        elif self._over_memory_mb is not None:
-            how = f"its processes held {self._over_memory_mb:.0f} MB"
-        elif self._cgroup is None and exit_code != 0 and _ALLOCATION_FAILED.search(self._log.stderr_tail()):
-            how = "an allocation failed at its data rlimit"
+        how, over = self._limit_reached(exit_code, oom_kills)
         return Exit(exit_code, cpu, peak_mb, memory_exceeded=bool(how), memory_how=how, limit_exceeded=over)
+
+    def _limit_reached(self, exit_code: int, oom_kills: int) -> tuple[str, str]:
+        """Which limit stopped the run, as (how it went over its memory, or the reason another limit stopped it):
+        first what the watch or the kernel saw, then what its exit and stderr suggest."""
+        disk = f"exceeded its disk limit of {self._disk.max_mb} MB"
+        tail = self._log.stderr_tail() if exit_code != 0 else ""
+        if self._over_files:
+            return "", f"held more than {self._max_files} open descriptors across its processes (MEGHA_TASK_MAX_FILES)"
+        if self._over_disk is not None:
+            return "", f"{disk} ({self._disk.how_exceeded(self._over_disk)})"
+        if oom_kills:
+            return "stopped by the kernel's OOM killer in its cgroup", ""
+        if self._over_memory_mb is not None:
+            return f"its processes held {self._over_memory_mb:.0f} MB", ""
+        if exit_code == -signal.SIGXFSZ:
+            return "", f"{disk} (a file reached it: killed by SIGXFSZ)"
+        if self._cgroup is None and _ALLOCATION_FAILED.search(tail):
+            return "an allocation failed at its data rlimit", ""
+        if _FILE_TOO_LARGE.search(tail):
+            return "", f"{disk} (a write failed at its file size rlimit): exit code {exit_code}: {tail}"
+        return "", ""
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
