@@ -774,6 +774,31 @@ async def test_a_task_over_its_count_of_files_and_folders_fails_and_one_well_und
     )
 
 
+DEEP = """
+import os, time
+print(os.getcwd(), flush=True)
+for _ in range(25):  # 25 x 201 characters: past PATH_MAX (4096), reached by relative paths
+    os.mkdir("d" * 200)
+    os.chdir("d" * 200)
+open("hidden", "wb").write(b"x" * 2**20)
+time.sleep(10)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_task_that_nests_folders_past_the_longest_path_fails_with_the_disk_reason(logs_root: Path) -> None:
+    """Files in folders nested past PATH_MAX cannot be reached by their path: the count does not let them go
+    uncounted, the task fails with the disk reason, and its scratch folder is still removed after its run."""
+    async with agent(logs_root, max_disk_mb=DISK_MB) as (executor, logs):
+        result = await run_to_end(executor, "deep.0", python(DEEP))
+    expected = "folders nested past the longest path the agent counts files in (PATH_MAX)"
+    assert result.error == f"exceeded its disk limit of {DISK_MB} MB ({expected})", (
+        result,
+        logs.read("deep.0", 1, "stderr"),
+    )
+    assert not Path(logs.read("deep.0", 1, "stdout").decode().strip()).exists()
+
+
 def test_the_disk_count_takes_blocks_each_file_once_and_looks_at_no_more_than_its_bound(tmp_path: Path) -> None:
     """`disk_usage` over a scratch folder of a task uid's: a 1 MB file with a second name is counted once (its
     blocks), a sparse 1 GB file by its blocks, a root's file not at all; with a bound of 100 files and folders the

@@ -9,6 +9,7 @@ A count looks at no more than a run's `max_entries` files and folders: past them
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -32,10 +33,12 @@ class DiskPlaces(NamedTuple):
 
 class DiskUse(NamedTuple):
     """One run's disk: the `bytes` its files take (allocated blocks), and the files and folders looked at to find
-    them (`entries`; over the count's `max_entries`, it stopped there and `bytes` is only what it found so far)."""
+    them (`entries`; over the count's `max_entries`, it stopped there and `bytes` is only what it found so far);
+    `too_deep`: it met a folder nested past the longest path (PATH_MAX) and stopped, not knowing what it holds."""
 
     bytes: int
     entries: int
+    too_deep: bool = False
 
 
 class DiskLimit(NamedTuple):
@@ -49,10 +52,12 @@ class DiskLimit(NamedTuple):
         return f"filling at most {self.max_mb} MB of disk in {self.max_files} files and folders"
 
     def exceeded(self, use: DiskUse) -> bool:
-        return use.bytes > self.max_mb * MIB or use.entries > self.max_files
+        return use.bytes > self.max_mb * MIB or use.entries > self.max_files or use.too_deep
 
     def how_exceeded(self, use: DiskUse) -> str:
         """How `use` is over the limit, for the run's failure reason."""
+        if use.too_deep:
+            return "folders nested past the longest path the agent counts files in (PATH_MAX)"
         if use.entries > self.max_files:
             return f"more than {self.max_files} files and folders: MEGHA_TASK_MAX_DISK_FILES"
         return f"its files took {use.bytes / MIB:.0f} MB"
@@ -65,16 +70,17 @@ class _Tally:
         self.owner = owner
         self.max_entries = max_entries
         self.entries = 0
+        self.too_deep = False
         self.bytes = 0
         self.linked: dict[tuple[int, int], int] = {}  # files with several names (hard links): each counted once
         self.seen_tops: set[tuple[int, int]] = set()  # folders walked already (the scratch folder is in /tmp)
 
     @property
     def full(self) -> bool:
-        return self.entries > self.max_entries
+        return self.entries > self.max_entries or self.too_deep
 
     def total(self, removed: Mapping[tuple[int, int], int]) -> DiskUse:
-        return DiskUse(self.bytes + sum(self.linked.values()) + sum(removed.values()), self.entries)
+        return DiskUse(self.bytes + sum(self.linked.values()) + sum(removed.values()), self.entries, self.too_deep)
 
     def add(self, st: os.stat_result) -> bool:
         """Count one file or folder (the owner's only); whether it was counted."""
@@ -108,7 +114,8 @@ class _Tally:
         found: list[str] = []
         try:
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+        except OSError as exc:  # gone or replaced meanwhile, but for a path too long to follow
+            self.too_deep = exc.errno == errno.ENAMETOOLONG
             return found
         try:
             with os.scandir(fd) as entries:

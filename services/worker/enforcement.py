@@ -29,9 +29,11 @@ a user namespace it could mount a tmpfs the memory watch does not see, a file re
 descriptor the watch sees, and both are kernel attack surface. Under rlimits the watch also counts the memfds the
 run's processes hold open and what their sockets' buffers hold (`open_descriptors`, `socket_memory`).
 
-Each of a run's processes holds at most MEGHA_TASK_MAX_FILES descriptors (RLIMIT_NOFILE), under either; under rlimits
-the watch also counts the descriptors of all the run's processes together and, rather than look for memfds among more
-than MEGHA_TASK_MAX_FILES, says the run holds too many (`memory_usage`), which kills it.
+Each of a run's processes holds at most MEGHA_TASK_MAX_FILES descriptors (RLIMIT_NOFILE), under either; the watch
+also counts the descriptors of all the run's processes together and, rather than look for memfds and removed files among
+more than MEGHA_TASK_MAX_FILES, says the run holds too many (`memory_usage`), which kills it. Each file a run writes is
+at most MEGHA_TASK_MAX_DISK_MB (RLIMIT_FSIZE), under either, and the watch counts what its files take of the disk
+(`disk_usage`), under either too.
 """
 
 from __future__ import annotations

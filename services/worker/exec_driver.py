@@ -20,8 +20,10 @@ as a warning at start-up says, with no process limit (it would count the agent's
 
 The agent reaps the process itself (``os.wait4`` when its pidfd says it ended) to learn the CPU time it and the
 children it waited for used. It reads the output pipes itself too (`output_pump.OutputPump`), not through the
-loop's pipe transports. Under rlimits, `memory_watch.MemoryWatch` shows each run what its processes hold, and a run
-over its memory, or whose processes hold more than MEGHA_TASK_MAX_FILES descriptors together, kills itself.
+loop's pipe transports. `memory_watch.MemoryWatch` shows each run what its processes hold and what its files take of
+the disk, and a run over its memory (under rlimits), over its disk limit (MEGHA_TASK_MAX_DISK_MB, each file also held
+to it by RLIMIT_FSIZE; MEGHA_TASK_MAX_DISK_FILES), or whose processes hold more than MEGHA_TASK_MAX_FILES descriptors
+together, kills itself.
 
 When the run ends, every process of its uid (or what it left in its session or cgroup) is killed, so its output
 pipes close and nothing of it outlives the run, even a process that left the session; what the uid left in the
