@@ -16,6 +16,7 @@ from megha.common.core.messages import (
     LaunchResponse,
     NodeState,
     Placement,
+    Rejection,
     StopRequest,
     WorkerLaunch,
     WorkerReport,
@@ -132,6 +133,29 @@ def test_a_launch_retried_after_its_run_ended_is_accepted_but_not_run_again() ->
     (response,) = [o.msg for o in again if isinstance(o.msg, LaunchResponse)]
     assert [p.task.task_id for p in response.accepted] == ["j.0"] and response.rejected == []
     assert not [o for o in again if isinstance(o.msg, WorkerLaunch)] and lm.is_idle()
+
+
+def test_a_run_that_ended_before_its_batch_was_refused_is_not_placed_again() -> None:
+    """An LM launched a batch and was killed before it answered; its successor forwarded the run's end, then
+    refused the batch the GM sent again (its node looked busy: an inconsistency). The end came first, so the task
+    ended: the refusal must not queue it again (found by `megha chaos`, lm-kill: the task ran and finished twice)."""
+    spec = cluster([[[[], []]]])
+    lives = Lives()
+    gm = GlobalMaster(0, spec, observer=lives)
+    lm = LocalMaster.in_cluster(spec, 0)
+    (batch,) = [o.msg for o in gm.submit(job("j", task("j.0", duration=1.0)), 0.0)]
+    (placement,) = batch.placements
+    lm.handle(batch, 0.1)  # launched; its answer never reaches the GM (the LM is killed)
+    state = NodeState(placement.node, CAP, 7)
+    end = Completions(0, 0, 0, [Completion("j.0", state, forwarded=True, finished_at=1.1)])
+    gm.handle(end, 5.0)  # the restarted LM forwards the worker's report of the end
+    assert lives.completed == [("j.0", 1)]
+    refusal = Rejection(placement, "node 0 lacks the free resources", inconsistency=True)
+    answer = LaunchResponse(0, 0, batch.seq, [], [refusal], [state], Delta(0, 0, 0))
+    again = gm.handle(answer, 6.0)
+    assert [p for o in again if isinstance(o.msg, LaunchBatch) for p in o.msg.placements] == []
+    assert lives.placed == [("j.0", 1)] and lives.completed == [("j.0", 1)] and lives.failed == []
+    assert not gm.queue and gm.inconsistencies == 0
 
 
 class Lives(Ends):

@@ -528,6 +528,10 @@ class GlobalMaster:
         retry: list[TaskSpec] = []
         for rejection in resp.rejected:
             refused = rejection.placement.task
+            if not ledger.refused(resp.lm, resp.seq, refused.task_id):
+                # Its completion came first: that run ended (an LM that was killed after launching it, whose
+                # successor refused the batch sent again), and its resources were released then.
+                continue
             self.policies.usage.released(refused, resp.lm)
             if refused.queueable:
                 self.opportunistic.ended(rejection.placement)
