@@ -209,8 +209,21 @@ def _pty_run(args: list[str], shown: Callable[[str], bool], timeout: float = 20.
 
 
 @needs_rabbitmq
+def _a_finished_and_a_cancelled_job(gm: str) -> None:
+    """At least one finished and one cancelled job at GM `gm`, made here when the module's earlier tests left none
+    (the test runs alone, or after the module fixture's deployment was made again)."""
+    if as_json("job", "list", "--state", "finished", "--gm", gm)["total"] == 0:
+        short = as_json("job", "submit", "--duration", "0.1", "--gm", gm)["job_id"]
+        wait_until(lambda: as_json("job", "status", short, "--gm", gm)["state"] in ENDED, 30)
+    if as_json("job", "list", "--state", "cancelled", "--gm", gm)["total"] == 0:
+        long = as_json("job", "submit", "--duration", "600", "--gm", gm)["job_id"]
+        megha("job", "cancel", long, "--gm", gm)
+        wait_until(lambda: as_json("job", "status", long, "--gm", gm)["state"] == "cancelled", 30)
+
+
 def test_top_shows_job_counts_live_and_ctrl_c_exits_0(deployment: LocalDeployment) -> None:
     gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
+    _a_finished_and_a_cancelled_job(gm)
     counts = {state: as_json("job", "list", "--state", state, "--gm", gm)["total"] for state in ENDED}
     assert counts["finished"] >= 1 and counts["cancelled"] >= 1
 

@@ -58,7 +58,7 @@ def test_a_user_below_its_share_preempts_across_processes_and_nothing_is_lost(tm
             tasks = job_tasks(gm_a, "a")
             return tasks if all(t["state"] == "finished" for t in tasks) else None
 
-        a_tasks = wait_until(a_finished, 30, lambda: job_tasks(gm_a, "a"))
+        a_tasks = wait_until(a_finished, 60, lambda: job_tasks(gm_a, "a"))
         assert sorted(t["preemptions"] for t in a_tasks) == [0, 1]
         # The stopped task ran again from the start, after B's task: its 5 s of work began again.
         (again,) = [t for t in a_tasks if t["preemptions"] == 1]
