@@ -128,7 +128,7 @@ against it): with the Docker tests, they run one at a time, on one worker of the
 
 def _worker_group(item: pytest.Item) -> str:
     """The group of tests one worker runs in order (pytest-xdist's loadgroup, `-n 2` in pyproject.toml): a module's
-    tests together (they share module fixtures, and some read the state earlier ones left), and the Docker tests and
+    tests together (they share module fixtures, made once per worker), and the Docker tests and
     ONE_AT_A_TIME's together, so that no two of them overlap; the service tests of two modules may."""
     module = item.module.__name__ if isinstance(item, pytest.Function) else item.nodeid.split("::")[0]
     if item.get_closest_marker("docker") is not None or module in ONE_AT_A_TIME:
