@@ -101,39 +101,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if any(name in getattr(item, "fixturenames", ()) for name in SHARED_FIXTURES):
             item.add_marker(pytest.mark.shared)
-        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
     if os.environ.get(SKIP_DOCKER, "").lower() not in ("1", "true", "yes"):
         return
     skip = pytest.mark.skip(reason=f"{SKIP_DOCKER}=1: the Docker tests are turned off")
     for item in items:
         if item.get_closest_marker("docker") is not None:
             item.add_marker(skip)
-
-
-ONE_AT_A_TIME = frozenset(
-    {
-        "test_drivers",
-        "test_queueable_services",
-        "test_services_e2e",
-        "test_services_fairness",
-        "test_task_isolation",
-        "test_worker_enforcement",
-        "test_worker_executor",
-        "test_attacks",
-    }
-)
-"""Modules whose tests run real work on the machine's cores (exec tasks that burn their CPU, memory watches timed
-against it): with the Docker tests, they run one at a time, on one worker of the two."""
-
-
-def _worker_group(item: pytest.Item) -> str:
-    """The group of tests one worker runs in order (pytest-xdist's loadgroup, `-n 2` in pyproject.toml): a module's
-    tests together (they share module fixtures, made once per worker), and the Docker tests and
-    ONE_AT_A_TIME's together, so that no two of them overlap; the service tests of two modules may."""
-    module = item.module.__name__ if isinstance(item, pytest.Function) else item.nodeid.split("::")[0]
-    if item.get_closest_marker("docker") is not None or module in ONE_AT_A_TIME:
-        return "one-at-a-time"
-    return module
 
 
 @functools.cache
