@@ -1529,3 +1529,19 @@ def test_root_without_cap_sys_admin_runs_exec_tasks_as_their_own_uids_and_says_t
     assert "exec tasks can list every process of this host" in warnings[0] and "CAP_SYS_ADMIN" in warnings[0]
     assert "share /dev/shm, /tmp, /var/tmp" in warnings[0], warnings
     assert not any("seeing only its own processes" in line for line in started["lines"]), started["lines"]
+
+
+def test_an_agent_running_tasks_as_its_own_user_holds_them_to_the_disk_limit(run_id: str) -> None:
+    """As `nobody` with MEGHA_EXEC_AS_AGENT_USER: no uid of the run's own, but two files each under the limit and
+    over it together end the run with the disk reason (the watch counts the agent's user's files in the scratch
+    folder), well before its 10 s."""
+    write = ("sh", "-c", 'for f in a b; do head -c 5000000 /dev/zero > "$TMPDIR/$f"; done; sleep 10')
+    settings = {"drivers": "burn,exec", "exec_as_agent_user": True, "run_id": run_id, "task_max_disk_mb": 8}
+
+    def start() -> dict[str, Any]:  # the run's error under a key of its own: in_child's "error" is a traceback
+        found = start_agent(write, **settings)
+        return {"drivers": found["drivers"], "run_error": found.get("error")}
+
+    started = in_child(become_nobody, start)
+    assert started["drivers"] == ["burn", "exec"]
+    assert "exceeded its disk limit of 8 MB" in (started["run_error"] or ""), started
