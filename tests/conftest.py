@@ -5,16 +5,23 @@ the published reference cluster); they are marked `shared` and skip, naming the 
 
 Tests marked `docker` need a Docker engine. They run by default and fail (in set-up, saying why) when the engine
 does not answer; MEGHA_SKIP_DOCKER=1 skips them instead, for a machine without Docker.
+
+Two pytest-xdist workers run the tests (`-n 2 --dist loadgroup` in pyproject.toml; `-n 0` runs them in this
+process). Each worker runs whole modules (a module's fixtures are made once, on one worker), the Docker tests all on
+one worker in turn, and the modules of `ALONE` alone: while one runs, the other worker starts no test (`_Turns`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import pytest
 
@@ -30,6 +37,8 @@ os.environ.setdefault("MEGHA_AUTH", "off")
 
 
 _OWN_BROKER: list[BrokerNode] = []  # the RabbitMQ node this test run started, if it started one
+TURNS = "MEGHA_TEST_TURNS"  # the folder of the xdist workers' lock files (`_Turns`), made by the run's process
+_TURNS_FOLDER: list[str] = []  # that folder, when this process made it
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +47,9 @@ def pytest_configure(config: pytest.Config) -> None:
     answers and lacks it. The service tests need RabbitMQ at 127.0.0.1:5672: when nothing answers there, the run
     starts such a node of its own on that port and stops it at the end (`brokerkit.rabbitmqctl` reaches it: through
     RABBITMQ_NODENAME, or in its container). Without either backend, the tests that need a broker say so."""
+    if not hasattr(config, "workerinput"):  # the run's process, not an xdist worker: a folder for `_Turns`
+        _TURNS_FOLDER.append(tempfile.mkdtemp(prefix="megha-tests-"))
+        os.environ[TURNS] = _TURNS_FOLDER[0]
     from brokerkit import CONTAINER, ensure_rabbitmq_image
 
     from megha.deploy.broker_node import ContainerNode, broker_node, port_open
@@ -70,6 +82,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for node in _OWN_BROKER:
         node.destroy()
     _OWN_BROKER.clear()
+    for folder in _TURNS_FOLDER:
+        shutil.rmtree(folder, ignore_errors=True)
+    _TURNS_FOLDER.clear()
 
 
 SHARED_FIXTURES = ("reference_cluster", "syn_250")  # files of ../shared a test may take
@@ -101,6 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if any(name in getattr(item, "fixturenames", ()) for name in SHARED_FIXTURES):
             item.add_marker(pytest.mark.shared)
+        item.add_marker(pytest.mark.xdist_group("docker" if item.get_closest_marker("docker") else _module(item)))
     if os.environ.get(SKIP_DOCKER, "").lower() not in ("1", "true", "yes"):
         return
     skip = pytest.mark.skip(reason=f"{SKIP_DOCKER}=1: the Docker tests are turned off")
@@ -128,3 +144,78 @@ def docker_problem() -> str | None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("docker") is not None and (problem := docker_problem()) is not None:
         pytest.fail(f"{problem} (set {SKIP_DOCKER}=1 to skip the Docker tests)", pytrace=False)
+
+
+ALONE = frozenset(
+    {
+        "test_drivers",
+        "test_queueable_services",
+        "test_services_e2e",
+        "test_services_fairness",
+        "test_task_isolation",
+        "test_worker_enforcement",
+        "test_worker_executor",
+        "test_attacks",
+    }
+)
+"""Modules whose tests time real work against the machine's two cores (exec tasks that burn their CPU for a
+preemption to stop, memory and disk watches that must see a task over its limit in time): with a test of the other
+worker beside them, a task's second of CPU took 18 s of wall time once. They run alone."""
+
+
+def _module(item: pytest.Item) -> str:
+    """The name of the test's module file, without its folder and suffix."""
+    return Path(item.nodeid.split("::")[0]).stem
+
+
+class _Turns:
+    """The two workers' turns at the machine, as a readers-writer lock on two files of the test run (flock): a test
+    of a module of `ALONE` holds the machine alone from its module's first test to its last; any other test holds
+    it shared for its own run. A worker waiting for its turn alone holds the gate, so that the other finishes its
+    test and starts no new one; a worker's set-up and tear-down of module fixtures are in its turn too."""
+
+    def __init__(self, folder: Path) -> None:
+        self._gate: IO[str] = open(folder / "gate", "a")  # noqa: SIM115 (open for the whole run)
+        self._machine: IO[str] = open(folder / "machine", "a")  # noqa: SIM115
+        self.alone: str | None = None  # the module holding the machine alone, while one does
+
+    def take(self, module: str) -> None:
+        """Wait for the turn of a test of `module` (none when its module holds the machine alone already)."""
+        if self.alone == module:
+            return
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        if module in ALONE:
+            fcntl.flock(self._machine, fcntl.LOCK_EX)
+            self.alone = module
+        else:
+            fcntl.flock(self._machine, fcntl.LOCK_SH)
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    def give_back(self, next_module: str | None) -> None:
+        """A test ended; `next_module` is the module of the worker's next test, if known."""
+        if self.alone is not None and next_module == self.alone:
+            return  # the module's next test keeps the machine alone
+        fcntl.flock(self._machine, fcntl.LOCK_UN)
+        if self.alone is not None:
+            self.alone = None
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+
+_TURNS: list[_Turns] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """Under xdist, a test's set-up, run and tear-down in its worker's turn (`_Turns`)."""
+    folder = os.environ.get(TURNS)
+    if folder is None or not hasattr(item.config, "workerinput"):
+        yield
+        return
+    if not _TURNS:
+        _TURNS.append(_Turns(Path(folder)))
+    turns = _TURNS[0]
+    turns.take(_module(item))
+    try:
+        yield
+    finally:
+        turns.give_back(None if nextitem is None else _module(nextitem))
