@@ -660,6 +660,8 @@ ONE_FILE = {
     "dd": ("dd", "if=/dev/zero", "of=big", "bs=1M", "count=20"),  # killed by SIGXFSZ, or by the watch first
     "python": (PYTHON, "-c", "open('big', 'wb').write(b'x' * 20 * 2**20)"),  # ignores SIGXFSZ: EFBIG
     "dd-dev-shm": ("dd", "if=/dev/zero", "of=/dev/shm/big", "bs=1M", "count=20"),  # memory, no disk counted
+    # dash prints nothing when SIGXFSZ kills a command; its exit code says so (128 + 25)
+    "sh-dev-shm": ("sh", "-c", "dd if=/dev/zero of=/dev/shm/big bs=1M count=20 2>/dev/null; exit $?"),
 }
 
 
@@ -671,7 +673,7 @@ async def test_a_task_that_writes_one_file_past_the_disk_limit_fails_with_the_di
     """MEGHA_TASK_MAX_DISK_MB=8: a task writing one 20 MB file in its scratch folder fails over its disk limit, whether
     the kernel's SIGXFSZ or the watch stopped it (dd), or the write failed with EFBIG (Python ignores SIGXFSZ); in
     /dev/shm (a tmpfs: memory, no disk the watch counts) the file is still cut at 8 MB, and SIGXFSZ is reported as
-    the disk limit, not as a signal."""
+    the disk limit, not as a signal, also when it killed a command of a shell that then exited (with 153)."""
     async with agent(logs_root, max_disk_mb=DISK_MB) as (executor, logs):
         result = await run_to_end(executor, "one.0", RunSpec("exec", ONE_FILE[how]))
     assert result.error.startswith(f"exceeded its disk limit of {DISK_MB} MB ("), (
@@ -683,6 +685,11 @@ async def test_a_task_that_writes_one_file_past_the_disk_limit_fails_with_the_di
         assert "File too large" in result.error, result
     if how == "dd-dev-shm":
         assert result.error == f"exceeded its disk limit of {DISK_MB} MB (a file reached it: killed by SIGXFSZ)", result
+    if how == "sh-dev-shm":
+        assert result.error == (
+            f"exceeded its disk limit of {DISK_MB} MB (most likely: exit code 153, a shell's when SIGXFSZ killed a "
+            "command of it)"
+        ), result
 
 
 MANY_FILES = """

@@ -71,6 +71,8 @@ the pipes open)."""
 
 _ALLOCATION_FAILED = re.compile(r"MemoryError|Cannot allocate memory|out of memory|bad_alloc", re.IGNORECASE)
 """Rlimits: what a program typically prints when an allocation fails at its RLIMIT_DATA."""
+SHELL_SIGNAL_BASE = 128
+"""A shell's exit code for a command a signal killed is this plus the signal's number."""
 _FILE_TOO_LARGE = re.compile(r"File too large|File size limit exceeded")
 """What a program prints when a write fails at its RLIMIT_FSIZE (EFBIG, when it ignores SIGXFSZ, as Python does), or
 a shell when SIGXFSZ killed a command of it."""
@@ -436,6 +438,8 @@ class _ExecRun(Run):
             return f"its processes held {self._over_memory_mb:.0f} MB", ""
         if exit_code == -signal.SIGXFSZ:
             return "", f"{disk} (a file reached it: killed by SIGXFSZ)"
+        if exit_code == SHELL_SIGNAL_BASE + signal.SIGXFSZ:
+            return "", f"{disk} (most likely: exit code {exit_code}, a shell's when SIGXFSZ killed a command of it)"
         if self._cgroup is None and _ALLOCATION_FAILED.search(tail):
             return "an allocation failed at its data rlimit", ""
         if _FILE_TOO_LARGE.search(tail):
