@@ -1522,6 +1522,38 @@ def test_signalling_a_uid_reaches_only_that_uid() -> None:
         isolation.signal_uid(0, signal.SIGTERM)
 
 
+@pytest.mark.asyncio
+async def test_a_look_at_a_uid_the_agent_signalled_meanwhile_is_not_shown_to_its_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the agent signals a run's uid, its child (a copy of the agent that became the uid, `signal_uid`) is a
+    process of the uid that holds the agent's memory and descriptors, and a look of the memory watch meanwhile counts
+    them as the run's: an exec task of 32 MB that had just exited was reported over its limit so ("its processes held
+    51 MB", the agent's size) while the machine was loaded. Such a look is not shown to the run; the next one is.
+    The look that overlaps the real `signal_uid` (fork, setresuid, kill(-1)) is made to see 64 MB."""
+    uid = TASK_UIDS[-3]
+    looks: list[int] = []
+
+    def look(uids: set[int], sessions: set[int], *rest: Any) -> dict[tuple[str, int], enforcement.Usage]:
+        assert uid in uids
+        if not looks:
+            isolation.signal_uid(uid, 0)  # signal 0: no process of the uid is touched, the child is as ever
+        looks.append(1)
+        return {("uid", uid): enforcement.Usage((64 if len(looks) == 1 else 1) * MIB, 3)}
+
+    monkeypatch.setattr(enforcement, "memory_usage", look)
+    watch = MemoryWatch(max_files=100)
+    seen: list[enforcement.Usage] = []
+    watch.add(("uid", uid), seen.append)
+    try:
+        await wait_for(lambda: seen, 10, lambda: looks)
+    finally:
+        watch.forget(("uid", uid))
+    assert seen[0] == enforcement.Usage(MIB, 3), seen
+    assert len(looks) >= 2
+    assert not isolation.signalled_since(isolation.signalling_marks([uid]))  # no signalling left half done
+
+
 def test_root_without_cap_sys_admin_runs_exec_tasks_as_their_own_uids_and_says_they_can_see_every_process(
     tmp_path: Path,
 ) -> None:

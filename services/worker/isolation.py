@@ -23,8 +23,10 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,28 +142,56 @@ def describe_range(uids: range) -> str:
     return f"{uids.start}-{uids.stop - 1}"
 
 
+_SIGNALLING: dict[int, int] = {}
+"""Per uid, how many times `signal_uid` began or ended signalling it: odd while its child, a copy of the agent that
+became the uid, may be alive (`signalling_marks`)."""
+_SIGNALLING_LOCK = threading.Lock()
+
+
+def _mark_signalling(uid: int) -> None:
+    with _SIGNALLING_LOCK:
+        _SIGNALLING[uid] = _SIGNALLING.get(uid, 0) + 1
+
+
+def signalling_marks(uids: Iterable[int]) -> dict[int, int]:
+    """Where `signal_uid` stands for each of `uids`, to be given to `signalled_since` after a look at their
+    processes."""
+    return {uid: _SIGNALLING.get(uid, 0) for uid in uids}
+
+
+def signalled_since(marks: dict[int, int]) -> set[int]:
+    """The uids of `marks` whose `signal_uid` child may have been alive since the marks were taken: a look at their
+    processes meanwhile may have counted that copy of the agent (its memory, its descriptors) as theirs."""
+    return {uid for uid, mark in marks.items() if mark % 2 or _SIGNALLING.get(uid, 0) != mark}
+
+
 def signal_uid(uid: int, signum: int) -> None:
     """Send `signum` to every process of `uid` at once: kill(-1) from a child process that became `uid`. The kernel
     signals every process that child may signal in one pass that no fork can slip through, so a fork bomb cannot
     outrun it, and a process that left its session is reached. The child does not run a new program, so it works
-    when the uid is at its process limit. Needs CAP_SETUID."""
+    when the uid is at its process limit. Needs CAP_SETUID. Until it is reaped, the child is a process of the uid
+    that holds the agent's memory and descriptors: `signalled_since` tells the memory watch so."""
     if uid <= 0:
         raise ValueError(f"uid {uid}: only a task's uid is signalled this way")
-    with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setresuid(uid, uid, uid)
-            if os.getresuid() == (uid, uid, uid):  # never kill(-1) as anyone else
-                os.kill(-1, signum)
-                code = 0
-        except BaseException:
-            pass
-        finally:
-            os._exit(code)
-    os.waitpid(pid, 0)
+    _mark_signalling(uid)
+    try:
+        with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setresuid(uid, uid, uid)
+                if os.getresuid() == (uid, uid, uid):  # never kill(-1) as anyone else
+                    os.kill(-1, signum)
+                    code = 0
+            except BaseException:
+                pass
+            finally:
+                os._exit(code)
+        os.waitpid(pid, 0)
+    finally:
+        _mark_signalling(uid)
 
 
 def kill_uid(uid: int, within: float = KILL_WAIT_SECONDS) -> list[int]:

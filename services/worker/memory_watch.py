@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from megha.services.worker import enforcement
+from megha.services.worker import enforcement, isolation
 from megha.services.worker.disk_usage import DiskPlaces, WatchKey
 from megha.services.worker.enforcement import Usage
 
@@ -50,14 +50,19 @@ class MemoryWatch:
             sessions = {n for kind, n in runs if kind == "sid"}
             disk = dict(self._disk) if looks % DISK_LOOKS == 0 else None
             looks += 1
+            marks = isolation.signalling_marks(uids)
             # In a thread: reading every /proc/<pid>/status of a busy host takes a while.
             held = await asyncio.to_thread(
                 enforcement.memory_usage, uids, sessions, self._max_files, disk, self._max_disk_files
             )
+            # Not to a run whose uid the agent signalled meanwhile: the scan may have counted the signalling child,
+            # a copy of the agent, as the run's (the agent's memory and descriptors; a run that had just exited
+            # was once reported over its memory limit so).
+            disturbed = isolation.signalled_since(marks)
             for key, usage in held.items():
                 seen = runs.get(key)
                 # Only to a run watched through the whole scan: a uid given back and leased again meanwhile is
                 # another run's now, and what the scan saw of it was the ended run's.
-                if seen is not None and self._runs.get(key) is seen:
+                if seen is not None and self._runs.get(key) is seen and not (key[0] == "uid" and key[1] in disturbed):
                     seen(usage)
             await asyncio.sleep(enforcement.WATCH_SECONDS)
