@@ -759,6 +759,13 @@ class LoadgenSettings(FairSettings):
     mem_scale: int = Field(50, ge=1, description="scaled mode: divide the drawn memory request by this")
     out: str = Field("out/services", description="directory for the report files")
     timeout: float = Field(600.0, gt=0, description="seconds to wait for every task to finish after the last submit")
+    gm_timeout: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="seconds to keep asking MEGHA_GM_URLS at start-up until a GM answers, before exiting with an "
+        "error (in a deployment the generator may start before the GMs)",
+    )
     api_token: SecretStr = Field(
         SecretStr(""),
         description="the API token the load generator submits with: an operator's (MEGHA_OPERATORS on the GMs), "

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megha.client import DEFAULT_RETRY, AsyncClient, MeghaError, RetryPolicy
+from megha.client import DEFAULT_RETRY, NO_RETRY, AsyncClient, MeghaError, RetryPolicy
 from megha.client.retry import Throttled
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
@@ -242,25 +242,48 @@ async def _showing(
             showing.cancel()
 
 
+GM_ASKED_EVERY = 2.0
+"""Seconds between two rounds of asking MEGHA_GM_URLS at start-up while no GM answers."""
+
+
 async def _check_gms(settings: LoadgenSettings, token: str | None) -> None:
-    """Before anything is submitted: StartupError when no GM of MEGHA_GM_URLS answers (each submission would
-    otherwise be retried for minutes, the run ending in the same error)."""
+    """Before anything is submitted, wait until a GM of MEGHA_GM_URLS answers, saying at each round which it waits
+    for (in a deployment the generator may start before the GMs, and a swarm has no start order); StartupError in
+    one line when none has within MEGHA_GM_TIMEOUT seconds (each submission would otherwise be retried for minutes,
+    the run ending in the same error)."""
     http = AsyncClient(settings.gm_urls, token=token, ca=settings.tls_ca or None, timeout=10.0)
+    deadline = time.monotonic() + settings.gm_timeout
     try:
-        await _total_capacity(http, settings.gm_urls)
+        while True:
+            try:
+                await _total_capacity(http, settings.gm_urls, NO_RETRY)
+                return
+            except StartupError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StartupError(f"{exc} (asked for {settings.gm_timeout:g} s: MEGHA_GM_TIMEOUT)") from None
+                log.warning(
+                    "waiting for a GM of MEGHA_GM_URLS to answer (giving up in %.0f s): %s",
+                    left,
+                    str(exc).removeprefix(NO_GM),
+                )
+            await asyncio.sleep(min(GM_ASKED_EVERY, left))
     finally:
         await http.aclose()
 
 
-async def _total_capacity(http: AsyncClient, urls: list[str]) -> tuple[int, ...]:
+NO_GM = "no GM of MEGHA_GM_URLS answered GET /v1/state: "
+
+
+async def _total_capacity(http: AsyncClient, urls: list[str], retry: RetryPolicy = DEFAULT_RETRY) -> tuple[int, ...]:
     """The data centre's capacity, from the first GM that answers; StartupError when none does."""
     failures = []
     for url in urls:
         try:
-            return tuple((await http.at(url, retry=DEFAULT_RETRY).state()).total_capacity)
+            return tuple((await http.at(url, retry=retry).state()).total_capacity)
         except MeghaError as exc:
             failures.append(str(exc))
-    raise StartupError(f"no GM of MEGHA_GM_URLS answered GET /v1/state: {'; '.join(failures)}")
+    raise StartupError(NO_GM + "; ".join(failures))
 
 
 def _ring(urls: list[str], gm: int) -> list[str]:

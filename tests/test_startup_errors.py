@@ -8,6 +8,8 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -113,10 +115,82 @@ def test_url_lists_are_read_as_json_lists_too_as_documented(monkeypatch: pytest.
 
 
 def test_a_load_generator_no_gm_answers_says_so_in_one_line_before_submitting(tmp_path: Path) -> None:
-    done = _start("megha.loadgen.services", MEGHA_AUTH="off", MEGHA_GM_URLS=f"http://127.0.0.1:{free_port()}")
+    """It asks for MEGHA_GM_TIMEOUT seconds, saying at each round which GM it waits for, then exits in one line."""
+    done = _start(
+        "megha.loadgen.services",
+        MEGHA_AUTH="off",
+        MEGHA_GM_URLS=f"http://127.0.0.1:{free_port()}",
+        MEGHA_GM_TIMEOUT="3",
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in output, output
     assert output.count("no GM of MEGHA_GM_URLS answered") == 1 and "submitting" not in output, output
+    assert "(asked for 3 s: MEGHA_GM_TIMEOUT)" in output, output
+    assert output.count("waiting for a GM of MEGHA_GM_URLS to answer (giving up in ") >= 1, output
+
+
+def test_a_load_generator_started_before_its_gm_waits_for_it() -> None:
+    """In a deployment the generator may start first (a swarm has no start order; the GMs' names do not even resolve
+    until their containers are healthy): it waits for a GM to answer GET /v1/state, then goes on (here to a broker
+    that is not there, which ends it: past the GMs)."""
+    port = free_port()
+    env = dict(os.environ) | {
+        "MEGHA_AUTH": "off",
+        "MEGHA_GM_URLS": f"http://127.0.0.1:{port}",
+        "MEGHA_GM_TIMEOUT": "60",
+    }
+    env |= {"MEGHA_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{free_port()}/", "MEGHA_BROKER_TIMEOUT": "1"}
+    loadgen = subprocess.Popen(
+        [sys.executable, "-m", "megha.loadgen.services"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    assert loadgen.stderr is not None
+    said = []
+    try:
+        for line in loadgen.stderr:
+            said.append(line)
+            if "waiting for a GM of MEGHA_GM_URLS to answer" in line:
+                break
+        with _gm_state_server(port):
+            said.append(loadgen.communicate(timeout=60)[1])
+    finally:
+        loadgen.kill()
+        loadgen.wait()
+    output = "".join(said)
+    assert loadgen.returncode == 2 and "Traceback" not in output, output
+    assert "no GM of MEGHA_GM_URLS" not in output and "RabbitMQ unreachable" in output, output
+
+
+@contextlib.contextmanager
+def _gm_state_server(port: int) -> Iterator[None]:
+    """A stand-in GM on `port` that answers GET /v1/state (a data centre of one 2-core node)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from megha.common.wire.answers import GMState
+
+    counts = dict.fromkeys(("gm", "queued", "waiting", "running", "repartitions", "inconsistencies"), 0)
+    counts |= dict.fromkeys(("reschedules", "preemption_attempts", "preemptions", "preempted", "retries"), 0)
+    counts |= dict.fromkeys(("cancelled", "unfinished_tasks", "finished_jobs_dropped", "ignored_broker_messages"), 0)
+    body = GMState(**counts, total_capacity=[2000, 4096], partitions=[], lm_urls=[]).model_dump_json().encode()
+
+    class State(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/v1/state" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), State)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_load_generator_s_report_folder_that_cannot_be_made_is_refused_before_the_replay(tmp_path: Path) -> None:
