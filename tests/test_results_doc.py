@@ -80,6 +80,7 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
     names = ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time", "synthetic-answers")
     names += ("yahoo-matching-durations", "yahoo-matching-event-order", "yahoo-peak-load", "yahoo-pigeonc-masters")
     names += ("yahoo-peak-load-seeds", "yahoo-peak-load-clusters", "google-reference-cluster")
+    names += ("yahoo-authors-peak-load",)
     for name in names:
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
@@ -96,6 +97,7 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
         expected["yahoo-peak-load-seeds"] = {"cluster", "trace", "matching"}
         expected["yahoo-peak-load-clusters"] = {"workers_per_partition", "trace", "matching"}
         expected["google-reference-cluster"] = {"matching"}  # every variant on the same (doubled) cluster
+        expected["yahoo-authors-peak-load"] = {"cluster", "trace", "matching"}  # the authors' variants in every one
         assert varied == expected[name], (name, varied)
 
 
