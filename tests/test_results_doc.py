@@ -80,7 +80,7 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
     names = ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time", "synthetic-answers")
     names += ("yahoo-matching-durations", "yahoo-matching-event-order", "yahoo-peak-load", "yahoo-pigeonc-masters")
     names += ("yahoo-peak-load-seeds", "yahoo-peak-load-clusters", "google-reference-cluster")
-    names += ("yahoo-authors-peak-load",)
+    names += ("yahoo-authors-peak-load", "yahoo-authors-peak-load-halves", "yahoo-authors-peak-load-placing")
     for name in names:
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
@@ -98,6 +98,9 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
         expected["yahoo-peak-load-clusters"] = {"workers_per_partition", "trace", "matching"}
         expected["google-reference-cluster"] = {"matching"}  # every variant on the same (doubled) cluster
         expected["yahoo-authors-peak-load"] = {"cluster", "trace", "matching"}  # the authors' variants in every one
+        expected["yahoo-authors-peak-load-halves"] = {"lm_order", "unsatisfiable", "answer_states", "inconsistent"}
+        expected["yahoo-authors-peak-load-halves"] |= {"unplaceable", "delta_states", "matching"}
+        expected["yahoo-authors-peak-load-placing"] = {"lm_order", "matching"}
         assert varied == expected[name], (name, varied)
 
 
