@@ -80,6 +80,8 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
     names = ("component-hops", "component-requests", "fairness-unplaceable", "masters-lm-time", "synthetic-answers")
     names += ("yahoo-matching-durations", "yahoo-matching-event-order", "yahoo-peak-load", "yahoo-pigeonc-masters")
     names += ("yahoo-peak-load-seeds", "yahoo-peak-load-clusters", "google-reference-cluster")
+    names += ("yahoo-authors-peak-load", "yahoo-authors-peak-load-halves", "yahoo-authors-peak-load-placing")
+    names += ("yahoo-first-fit-fewer-workers",)
     for name in names:
         variants = EXPERIMENTS[name].variants([0], tmp_path)
         configs = [asdict(config) for _, config in variants]
@@ -96,6 +98,11 @@ def test_each_experiment_changes_only_the_options_it_names(tmp_path: Path) -> No
         expected["yahoo-peak-load-seeds"] = {"cluster", "trace", "matching"}
         expected["yahoo-peak-load-clusters"] = {"workers_per_partition", "trace", "matching"}
         expected["google-reference-cluster"] = {"matching"}  # every variant on the same (doubled) cluster
+        expected["yahoo-authors-peak-load"] = {"cluster", "trace", "matching"}  # the authors' variants in every one
+        expected["yahoo-authors-peak-load-halves"] = {"lm_order", "unsatisfiable", "answer_states", "inconsistent"}
+        expected["yahoo-authors-peak-load-halves"] |= {"unplaceable", "delta_states", "matching"}
+        expected["yahoo-authors-peak-load-placing"] = {"lm_order", "matching"}
+        expected["yahoo-first-fit-fewer-workers"] = {"matching"}  # first-fit on 6,825 workers in every one
         assert varied == expected[name], (name, varied)
 
 
