@@ -756,11 +756,19 @@ lowest index) and of what a refused or parked task waits for, each half alone (t
 
 def yahoo_authors_peak_load_halves(seeds: Sequence[int], folder: Path) -> list[Variant]:
     """yahoo-authors-peak-load's set-up with arrivals compressed, under each half of `_AUTHORS_HALVES` alone."""
+    return _compressed_at_peak_load(seeds, folder, "authors' variants", _AUTHORS_HALVES)
+
+
+def _compressed_at_peak_load(
+    seeds: Sequence[int], folder: Path, column: str, options: dict[str, dict[str, tuple[str, ...]]]
+) -> list[Variant]:
+    """Yahoo at the paper's p99 load with arrivals compressed, under each of `options` (a label, shown in `column`,
+    then the options each of whose values is replayed)."""
     _, (cells, _, fields) = _raised_load(PAPER_YAHOO_P99_LOAD, folder)
     variants = []
-    for half, options in _AUTHORS_HALVES.items():
-        for authors, config in _megha("Yahoo", seeds, **options):
-            row = {"load raised by": cells["load raised by"], "authors' variants": half}
+    for label, chosen in options.items():
+        for authors, config in _megha("Yahoo", seeds, **chosen):
+            row = {"load raised by": cells["load raised by"], column: label}
             row |= {"matching": authors["matching"], "seed": authors["seed"]}
             variants.append((row, replace(config, **fields)))
     return variants
@@ -775,14 +783,7 @@ _PLACING: dict[str, dict[str, tuple[str, ...]]] = {
 
 def yahoo_authors_peak_load_placing(seeds: Sequence[int], folder: Path) -> list[Variant]:
     """yahoo-authors-peak-load-halves' set-up under the authors' LM order alone and their tie-break alone."""
-    _, (cells, _, fields) = _raised_load(PAPER_YAHOO_P99_LOAD, folder)
-    variants = []
-    for label, options in _PLACING.items():
-        for authors, config in _megha("Yahoo", seeds, **options):
-            row = {"load raised by": cells["load raised by"], "authors' variant": label}
-            row |= {"matching": authors["matching"], "seed": authors["seed"]}
-            variants.append((row, replace(config, **fields)))
-    return variants
+    return _compressed_at_peak_load(seeds, folder, "authors' variant", _PLACING)
 
 
 def yahoo_first_fit_fewer_workers(seeds: Sequence[int], folder: Path) -> list[Variant]:
