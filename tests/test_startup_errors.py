@@ -63,6 +63,9 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
         ("megha.services.lm", {"MEGHA_BROKER_TIMEOUT": "inf"}, "MEGHA_BROKER_TIMEOUT"),
         ("megha.services.gm", {"MEGHA_LM_TIMEOUT": "inf"}, "MEGHA_LM_TIMEOUT"),
         ("megha.loadgen.services", {"MEGHA_TIMEOUT": "inf"}, "MEGHA_TIMEOUT"),
+        ("megha.loadgen.services", {"MEGHA_GM_TIMEOUT": "inf"}, "MEGHA_GM_TIMEOUT"),
+        ("megha.loadgen.services", {"MEGHA_GM_TIMEOUT": "nan"}, "MEGHA_GM_TIMEOUT"),
+        ("megha.loadgen.services", {"MEGHA_GM_TIMEOUT": "0"}, "MEGHA_GM_TIMEOUT"),
         # An interval between repeated actions is at least MIN_INTERVAL: 1e-300 was a busy loop.
         ("megha.services.gm", {"MEGHA_DEPENDENCY_POLL": "1e-300"}, "MEGHA_DEPENDENCY_POLL"),
         ("megha.services.lm", {"MEGHA_DELTA_INTERVAL": "1e-300"}, "MEGHA_DELTA_INTERVAL"),
