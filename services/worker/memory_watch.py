@@ -56,8 +56,8 @@ class MemoryWatch:
                 enforcement.memory_usage, uids, sessions, self._max_files, disk, self._max_disk_files
             )
             # Not to a run whose uid the agent signalled meanwhile: the scan may have counted the signalling child,
-            # a copy of the agent, as the run's (the agent's memory and descriptors; a run that had just exited
-            # was once reported over its memory limit so).
+            # a copy of the agent, as the run's (the agent's memory and descriptors: a run that has just exited
+            # would be reported over its memory limit so).
             disturbed = isolation.signalled_since(marks)
             for key, usage in held.items():
                 seen = runs.get(key)
