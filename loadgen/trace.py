@@ -146,27 +146,13 @@ def resolve_trace(
     """
     _check_options(first_n, time_scale)
     if spec.startswith(SYNTHETIC_PREFIX):
-        parts = spec[len(SYNTHETIC_PREFIX) :].split(":")
-        expected = "expected syn:<tasks_per_job>:<num_jobs>, e.g. syn:250:200"
-        if len(parts) != 2:
-            raise TraceError(f"trace spec {spec!r}: {expected}")
-        for field, part in zip(("tasks_per_job", "num_jobs"), parts, strict=True):
-            if not _SYN_NUMBER.fullmatch(part):
-                raise TraceError(f"trace spec {spec!r}: {field} {part!r} is not a whole number (0-9); {expected}")
-        if int(parts[0]) < 1:
-            raise TraceError(f"trace spec {spec!r}: tasks_per_job must be at least 1; {expected}")
-        num_jobs = int(parts[1]) if first_n is None else min(int(parts[1]), first_n)
-        if int(parts[0]) * num_jobs > MAX_SYNTHETIC_TASKS:
-            raise TraceError(
-                f"trace spec {spec!r}: {int(parts[0]) * num_jobs:,} tasks is over the most a synthetic trace makes, "
-                f"{MAX_SYNTHETIC_TASKS:,} (about 1 KB of memory each in a replay)"
-            )
+        tasks_per_job, num_jobs = _synthetic_size(spec, first_n)
         if time_scale > MAX_SECONDS or max(num_jobs - 1, 0) * time_scale > MAX_SECONDS:
             raise TraceError(
                 f"trace spec {spec!r}: its tasks' durations or last arrival would be over {MAX_SECONDS:g} s at "
                 f"time scale {time_scale:g}"
             )
-        return synthetic_trace(int(parts[0]), num_jobs, task_duration=time_scale, interval=time_scale)
+        return synthetic_trace(tasks_per_job, num_jobs, task_duration=time_scale, interval=time_scale)
     try:
         mode = Path(spec).stat().st_mode
     except FileNotFoundError:
@@ -180,6 +166,39 @@ def resolve_trace(
     if not stat.S_ISREG(mode):
         raise TraceError(f"trace {spec}: not a regular file (a trace is read from a file)")
     return read_trace(spec, first_n, time_scale, whole_seconds=whole_seconds, dephase=dephase)
+
+
+def synthetic_tasks(spec: str, first_n: int | None = None) -> int | None:
+    """How many tasks the synthetic trace `spec` makes (after `first_n`), known before it is made; None for a
+    trace file (or a spec `resolve_trace` will refuse)."""
+    if not spec.startswith(SYNTHETIC_PREFIX):
+        return None
+    try:
+        tasks_per_job, num_jobs = _synthetic_size(spec, first_n)
+    except TraceError:
+        return None
+    return tasks_per_job * num_jobs
+
+
+def _synthetic_size(spec: str, first_n: int | None) -> tuple[int, int]:
+    """(tasks per job, jobs) of `syn:<tasks_per_job>:<num_jobs>` after `first_n`; TraceError naming what is wrong."""
+    parts = spec[len(SYNTHETIC_PREFIX) :].split(":")
+    expected = "expected syn:<tasks_per_job>:<num_jobs>, e.g. syn:250:200"
+    if len(parts) != 2:
+        raise TraceError(f"trace spec {spec!r}: {expected}")
+    for field, part in zip(("tasks_per_job", "num_jobs"), parts, strict=True):
+        if not _SYN_NUMBER.fullmatch(part):
+            raise TraceError(f"trace spec {spec!r}: {field} {part!r} is not a whole number (0-9); {expected}")
+    tasks_per_job = int(parts[0])
+    if tasks_per_job < 1:
+        raise TraceError(f"trace spec {spec!r}: tasks_per_job must be at least 1; {expected}")
+    num_jobs = int(parts[1]) if first_n is None else min(int(parts[1]), first_n)
+    if tasks_per_job * num_jobs > MAX_SYNTHETIC_TASKS:
+        raise TraceError(
+            f"trace spec {spec!r}: {tasks_per_job * num_jobs:,} tasks is over the most a synthetic trace makes, "
+            f"{MAX_SYNTHETIC_TASKS:,} (about 1 KB of memory each in a replay)"
+        )
+    return tasks_per_job, num_jobs
 
 
 def demo_trace_path() -> Path:

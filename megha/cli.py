@@ -728,10 +728,18 @@ def _local(args: SimpleNamespace) -> int:
 def _check_local(args: SimpleNamespace) -> None:
     """`megha local`'s inputs, checked before any service starts (each would otherwise fail, or wait a minute for
     the broker, with a traceback in its log): one usage line naming the option."""
+    from megha.common.memory_budget import SERVICE_PROCESS_BYTES, check_fits
     from megha.loadgen.services import check_submittable
     from megha.loadgen.trace import TraceError, demo_trace_path, resolve_trace
 
     check_out_folder(args.out, default=LOCAL_OUT)
+    processes = args.gms + args.lms * (1 + args.workers_per_lm)
+    check_fits(
+        processes * SERVICE_PROCESS_BYTES,
+        f"--gms {args.gms}, --lms {args.lms} and --workers-per-lm {args.workers_per_lm} ({processes:,} service "
+        "processes)",
+        "start fewer",
+    )
     if args.nodes_per_worker > 1 and args.execution != "simulated":
         raise click.UsageError(
             f"--nodes-per-worker {args.nodes_per_worker} needs --execution simulated (an agent that runs its tasks "

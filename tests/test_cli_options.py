@@ -112,11 +112,15 @@ def test_a_ca_file_that_is_not_pem_certificates_is_one_line_naming_the_option_an
     assert status == 2 and err.startswith(f"megha job submit: error: --ca: {named}: not a PEM bundle"), err
 
 
-def test_a_data_centre_too_large_for_memory_is_one_line_not_a_memory_error_traceback(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize("workers", ["99999999999", "100000000"])
+def test_a_data_centre_too_large_for_memory_is_one_line_before_it_is_built(
+    workers: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status, err = run_cli(["replay", "--workers-per-partition", "99999999999", "--trace", "syn:1:1"], capsys)
-    assert status == 2 and err.startswith("megha replay: error: input too large"), err
+    status, err = run_cli(["replay", "--workers-per-partition", workers, "--trace", "syn:1:1"], capsys)
+    nodes = 25 * int(workers)
+    assert status == 2, err
+    assert err.startswith(f"megha replay: error: this replay (1 tasks on {nodes:,} nodes, 6 copies"), err
+    assert "GB of memory, more than the" in err and err.endswith("or a smaller data centre"), err
 
 
 def test_the_operating_commands_and_chaos_are_in_the_same_group(capsys: pytest.CaptureFixture[str]) -> None:
