@@ -727,6 +727,14 @@ def _check_inputs(args: argparse.Namespace, faults: list[Any], out: Path) -> str
     return None
 
 
+def _quiet_after_interrupt() -> None:
+    """After an interrupted trial, the broker client's callbacks still pending when its event loop was closed would
+    each print a traceback as they are collected ("Task was destroyed but it is pending!"): the run is over and
+    they say nothing about it, so they are not reported."""
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     faults = BACKENDS[args.backend].faults
@@ -757,14 +765,19 @@ def main(argv: list[str] | None = None) -> int:
     # Round by round (trial k of every fault, then k + 1), so that a run cut short still covers every fault and a
     # busy spell of the machine does not fall on one fault's trials only.
     with (config.out / "trials.jsonl").open("a") as log:
-        for k in range(1, args.trials + 1):
-            for name in names:
-                say(f"{name}, trial {k}/{args.trials}")
-                trial = run_trial(config, name, k, say)
-                trials.append(trial)
-                log.write(json.dumps(asdict(trial)) + "\n")
-                log.flush()
-                say(f"  {trial}")
+        try:
+            for k in range(1, args.trials + 1):
+                for name in names:
+                    say(f"{name}, trial {k}/{args.trials}")
+                    trial = run_trial(config, name, k, say)
+                    trials.append(trial)
+                    log.write(json.dumps(asdict(trial)) + "\n")
+                    log.flush()
+                    say(f"  {trial}")
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the deployment raises it): its services were stopped
+            _quiet_after_interrupt()
+            say(f"interrupted: every service was stopped; {len(trials)} finished trials are in {log.name}")
+            return 130
     result = table(trials, config.recovery_target)
     (config.out / "matrix.md").write_text(result + "\n")
     print(result)

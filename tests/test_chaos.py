@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +41,8 @@ from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
 from megha.services.client import CallError, Reply
 from megha.services.gm.dispatch import GMDispatch
 from megha.services.retry import RetryPolicy
+
+from servicekit import needs_rabbitmq
 
 
 def test_a_fault_of_another_backend_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -272,3 +277,56 @@ def test_a_container_deployment_publishes_each_service_on_a_port_of_its_own_and_
     shown = containers._shown(("run", *lm.run))
     assert "--env=MEGHA_CREDENTIAL=***" in shown and "megha-credential1" not in shown
     assert deployment.broker_password not in shown and "--env=MEGHA_LM_ID=0" in shown
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below `pid` now (children, their children, ...)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@needs_rabbitmq
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_megha_chaos_mid_trial_stops_every_service_in_one_line(tmp_path: Path, signum: int) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "megha.cli", "chaos", "--faults", "gm-kill", "--trials", "1", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        seen.append(line)
+        if "injecting" in line:
+            break
+        assert time.monotonic() < deadline, "the trial did not start: " + "".join(seen)
+    services = _descendants(proc.pid)
+    assert len(services) >= 4, services  # the broker node, GMs, LMs and agents
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == 130
+    rest = proc.stdout.read()
+    assert "Traceback" not in rest, rest
+    assert rest.strip().splitlines()[-1].startswith("interrupted: every service was stopped; 0 finished trials"), rest
+    assert [pid for pid in services if _alive(pid)] == []
