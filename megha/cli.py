@@ -992,6 +992,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"megha {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what the command started is stopped on the way out (`finally` blocks)
+        print(f"megha {argv[0] if argv else ''}: interrupted".replace(" :", ":"), file=sys.stderr)
+        return 130
     except (RecursionError, OverflowError, MemoryError) as exc:  # input too deep or too large for the code
         print(f"megha {argv[0]}: error: input too large or too deeply nested: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ the settings model's field (megha/options.py), whose type, bounds, choices and d
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,16 @@ def test_the_command_line_starts_without_pydantic(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert done.stdout.strip() == "[]"
+
+
+def test_ctrl_c_during_a_replay_is_one_line_and_exit_status_130(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "megha.cli", "replay", "--trace", "syn:1000:400", "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()
+    assert first.startswith("replaying 400 jobs"), first  # the replay has begun
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert proc.stderr.read() == "megha replay: interrupted\n"
+    assert not out.exists()
