@@ -338,8 +338,8 @@ def check_memory(config: ReplayConfig, tasks: int, nodes: int, gms: int) -> None
     copies = gms + 1 if config.scheduler in ("megha", "centralized") else 1  # an LM table, and a view per GM
     check_fits(
         tasks * REPLAY_TASK_BYTES + nodes * copies * NODE_VIEW_BYTES,
-        f"this replay ({tasks:,} tasks on {nodes:,} nodes, {copies} cop{'ies' if copies > 1 else 'y'} of each node's "
-        "state)",
+        f"this replay ({tasks:,} task{'s' * (tasks != 1)} on {nodes:,} nodes, {copies} cop{'ies' if copies > 1 else 'y'}"
+        " of each node's state)",
         "replay fewer jobs (--first-jobs) or a smaller data centre",
     )
 

@@ -993,7 +993,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"megha {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: what the command started is stopped on the way out (`finally` blocks)
-        print(f"megha {argv[0] if argv else ''}: interrupted".replace(" :", ":"), file=sys.stderr)
+        print(f"megha {argv[0]}: interrupted" if argv else "megha: interrupted", file=sys.stderr)
         return 130
     except (RecursionError, OverflowError, MemoryError) as exc:  # input too deep or too large for the code
         print(f"megha {argv[0]}: error: input too large or too deeply nested: {exc}", file=sys.stderr)

@@ -120,7 +120,7 @@ def test_a_data_centre_too_large_for_memory_is_one_line_before_it_is_built(
     status, err = run_cli(["replay", "--workers-per-partition", workers, "--trace", "syn:1:1"], capsys)
     nodes = 25 * int(workers)
     assert status == 2, err
-    assert err.startswith(f"megha replay: error: this replay (1 tasks on {nodes:,} nodes, 6 copies"), err
+    assert err.startswith(f"megha replay: error: this replay (1 task on {nodes:,} nodes, 6 copies"), err
     assert "GB of memory, more than the" in err and err.endswith("or a smaller data centre"), err
 
 
