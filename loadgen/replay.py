@@ -336,10 +336,10 @@ def check_memory(config: ReplayConfig, tasks: int, nodes: int, gms: int) -> None
     """Refuse (MemoryBudgetError, a ValueError) a replay of `tasks` on `nodes` whose estimated memory is over what the
     machine has available: `megha replay --lms 100000` would build for minutes and then be killed."""
     copies = gms + 1 if config.scheduler in ("megha", "centralized") else 1  # an LM table, and a view per GM
+    held = f"{copies} copies" if copies > 1 else "1 copy"
     check_fits(
         tasks * REPLAY_TASK_BYTES + nodes * copies * NODE_VIEW_BYTES,
-        f"this replay ({tasks:,} task{'s' * (tasks != 1)} on {nodes:,} nodes, {copies} cop{'ies' if copies > 1 else 'y'}"
-        " of each node's state)",
+        f"this replay ({tasks:,} task{'s' * (tasks != 1)} on {nodes:,} nodes, {held} of each node's state)",
         "replay fewer jobs (--first-jobs) or a smaller data centre",
     )
 
