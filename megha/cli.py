@@ -23,7 +23,7 @@ import click
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
 from megha.common.core.node_table import DELTA_STATES
-from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABLE
+from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABLE, WAITING_ORDERS
 from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.common.machine_classes import MACHINE_DRAWS
@@ -275,6 +275,16 @@ def megha() -> None:
     group=SCHEDULER,
     help="a task an LM refused as inconsistent (its GM's view was stale): retry it at once on the states the LM "
     "answered with, or let it wait until a node it could use frees up in the view (the authors' simulator)",
+)
+@option(
+    "--waiting-order",
+    type=OneOf(sorted(WAITING_ORDERS)),
+    default=REPLAY.waiting_order,
+    group=SCHEDULER,
+    help="which of the tasks waiting for a freed node (parked, and refused ones that wait) gets a node that frees "
+    "up: by shape, each shape in the order it was first parked, or arrival: one queue as the authors' simulator, "
+    "refused tasks first (the newest first), then the rest in the order they were queued, the first that fits "
+    "(with the fifo queue order only)",
 )
 @option(
     "--answer-states",
@@ -843,6 +853,7 @@ def _replay(args: SimpleNamespace) -> int:
         unplaceable=args.unplaceable,
         unsatisfiable=args.unsatisfiable,
         inconsistent=args.inconsistent,
+        waiting_order=args.waiting_order,
         answer_states=args.answer_states,
         delta_states=args.delta_states,
         dependencies="" if args.dependencies == "none" else args.dependencies,
