@@ -32,15 +32,15 @@ GM_COUNTERS = ("repartitions", "inconsistencies", "reschedules", "preemption_att
 class EmbeddedConfig:
     """How the embedded system runs. `hop_delay` is the one-way network delay per message, in seconds;
     `fairness` turns on user queues, shares and preemption; `faults` crashes workers, LMs and GMs; `costs` is the
-    time GMs and LMs take to decide (None: none); `lm_order`, `queue_order`, `unplaceable`, `unsatisfiable` and
-    `inconsistent` name the GMs' policies (`megha.common.core.policies`), `answer_states` and `delta_states` the LMs'
-    (whether an answer to a launch batch carries node states, what a delta reports of a node changed twice);
-    `dependencies` lets jobs wait for other jobs (each job's end is then tracked and told to every GM,
-    docs/dependencies.md). `fail_fraction` of the
-    simulated runs fail with exit code `fail_exit_code` (drawn with the seed; docs/retry.md). `priority_classes`
-    turns on priority classes (the tasks' `priority` values order queues and may preempt lower ones). `event_order`
-    orders the events due at the same time (`megha.common.transport.inmemory.EVENT_ORDERS`; "seeded" draws with
-    `seed`). The LMs' deltas go out at `delta_offset` + k x `delta_interval`."""
+    time GMs and LMs take to decide (None: none); `lm_order`, `queue_order`, `unplaceable`, `unsatisfiable`,
+    `inconsistent` and `waiting_order` name the GMs' policies (`megha.common.core.policies`), `answer_states` and
+    `delta_states` the LMs' (whether an answer to a launch batch carries node states, what a delta reports of a
+    node changed twice); `dependencies` lets jobs wait for other jobs (each job's end is then tracked and told to
+    every GM, docs/dependencies.md). `fail_fraction` of the simulated runs fail with exit code `fail_exit_code`
+    (drawn with the seed; docs/retry.md). `priority_classes` turns on priority classes (the tasks' `priority` values
+    order queues and may preempt lower ones). `event_order` orders the events due at the same time
+    (`megha.common.transport.inmemory.EVENT_ORDERS`; "seeded" draws with `seed`). The LMs' deltas go out at
+    `delta_offset` + k x `delta_interval`."""
 
     matching: str = "random"
     hop_delay: float = 0.0005
@@ -65,6 +65,7 @@ class EmbeddedConfig:
     gang_reserve_after: float | None = None  # seconds a gang waits before its GM holds LMs for it (None: never)
     event_order: str = "fifo"  # the order of events due at the same time: an `inmemory.EVENT_ORDERS` name
     delta_offset: float = 0.0  # LMs' deltas go out at this offset + k x delta_interval (seconds)
+    waiting_order: str = "shape"  # who of the tasks waiting for a freed node gets it: a `WAITING_ORDERS` name
 
 
 class EmbeddedSystem(SimulatedSystem):
@@ -118,6 +119,7 @@ class EmbeddedSystem(SimulatedSystem):
             config.priority_classes,
             config.inconsistent,
             config.gang_reserve_after,
+            config.waiting_order,
         )
         return GlobalMaster(
             g,

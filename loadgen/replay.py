@@ -79,6 +79,7 @@ class ReplayConfig:
     unplaceable: str = "park"  # a task that fits nowhere now: a `megha.common.core.policies.UNPLACEABLE` name
     unsatisfiable: str = "reject"  # a task no node could ever run: a `megha.common.core.policies.UNSATISFIABLE` name
     inconsistent: str = "retry"  # a task refused as inconsistent: a `megha.common.core.policies.INCONSISTENT` name
+    waiting_order: str = "shape"  # who of the tasks waiting for a freed node gets it: a `policies.WAITING_ORDERS` name
     answer_states: str = "always"  # an LM's launch answer carries node states: a `policies.ANSWER_STATES` name
     delta_states: str = "latest"  # what an LM's delta reports of a node changed twice: a `node_table.DELTA_STATES` name
     machine_constraints: str = "per-node"  # generated cluster: a `megha.common.machine_classes.MACHINE_DRAWS` name
@@ -201,6 +202,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         ("unplaceable", config.unplaceable),
         ("unsatisfiable", config.unsatisfiable),
         ("inconsistent", config.inconsistent),
+        ("waiting-order", config.waiting_order),
     )
     for what, name in (*gm_policies, ("lm-order", config.lm_order), ("gang-reserve-after", config.gang_reserve_after)):
         if name != getattr(DEFAULTS, what.replace("-", "_")) and config.scheduler not in ("megha", "centralized"):
@@ -276,6 +278,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
             gang_reserve_after=config.gang_reserve_after,
             event_order=config.event_order,
             delta_offset=config.delta_offset,
+            waiting_order=config.waiting_order,
         ),
         recorder,
         pigeonc,

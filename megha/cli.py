@@ -13,6 +13,7 @@ import platform
 import stat
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,7 @@ import click
 from megha.common.core.costs import PRESETS
 from megha.common.core.fairness.config import parse_queues
 from megha.common.core.node_table import DELTA_STATES
-from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABLE
+from megha.common.core.policies import ANSWER_STATES, INCONSISTENT, UNSATISFIABLE, WAITING_ORDERS
 from megha.common.core.policies.priority import parse_priority_classes
 from megha.common.lifecycle import exit_quietly_if_stdout_closed
 from megha.common.machine_classes import MACHINE_DRAWS
@@ -109,6 +110,13 @@ def _workload(trace: str, first_jobs: int | None, time_scale: float, mode: str, 
 
 def _size(what: str, default: int, help: str) -> Decorator:
     return option(f"--{what}", type=positive(int), default=default, help=help, group=DATA_CENTRE)
+
+
+def _policy(flag: str, names: Iterable[str], help: str) -> Decorator:
+    """A scheduler option naming one of `names` (sorted in its usage), `megha replay`'s default as its default."""
+    return option(
+        flag, type=OneOf(sorted(names)), default=getattr(REPLAY, flag[2:].replace("-", "_")), group=SCHEDULER, help=help
+    )
 
 
 def _node(default_cpu: int, default_mem: int) -> Decorator:
@@ -260,28 +268,30 @@ def megha() -> None:
     help="each job's priority class, drawn per job with the seed, as class:fraction,... e.g. low:50%,high:25% "
     "(the rest of the jobs, here 25%, in the default class normal)",
 )
-@option(
+@_policy(
     "--unsatisfiable",
-    type=OneOf(sorted(UNSATISFIABLE)),
-    default=REPLAY.unsatisfiable,
-    group=SCHEDULER,
-    help="a task no node could ever run: reject its job at submission, or drop the task (it fails with the reason, "
+    UNSATISFIABLE,
+    "a task no node could ever run: reject its job at submission, or drop the task (it fails with the reason, "
     "the job's other tasks run; the authors' simulator)",
 )
-@option(
+@_policy(
     "--inconsistent",
-    type=OneOf(sorted(INCONSISTENT)),
-    default=REPLAY.inconsistent,
-    group=SCHEDULER,
-    help="a task an LM refused as inconsistent (its GM's view was stale): retry it at once on the states the LM "
+    INCONSISTENT,
+    "a task an LM refused as inconsistent (its GM's view was stale): retry it at once on the states the LM "
     "answered with, or let it wait until a node it could use frees up in the view (the authors' simulator)",
 )
-@option(
+@_policy(
+    "--waiting-order",
+    WAITING_ORDERS,
+    "which of the tasks waiting for a freed node (parked, and refused ones that wait) gets a node that frees "
+    "up: by shape, each shape in the order it was first parked, or arrival: one queue as the authors' simulator, "
+    "refused tasks first (the newest first), then the rest in the order they were queued, the first that fits "
+    "(with the fifo queue order only)",
+)
+@_policy(
     "--answer-states",
-    type=OneOf(sorted(ANSWER_STATES)),
-    default=REPLAY.answer_states,
-    group=SCHEDULER,
-    help="whether an LM's answer to a launch batch carries the state of the nodes it touched and the GM's pending "
+    ANSWER_STATES,
+    "whether an LM's answer to a launch batch carries the state of the nodes it touched and the GM's pending "
     "delta: always, or only when it refuses a placement (the authors' simulator: a GM then learns of nodes other "
     "GMs' tasks freed from heartbeats and refusals only)",
 )
@@ -851,6 +861,7 @@ def _replay(args: SimpleNamespace) -> int:
         unplaceable=args.unplaceable,
         unsatisfiable=args.unsatisfiable,
         inconsistent=args.inconsistent,
+        waiting_order=args.waiting_order,
         answer_states=args.answer_states,
         delta_states=args.delta_states,
         dependencies="" if args.dependencies == "none" else args.dependencies,

@@ -543,6 +543,7 @@ def test_a_gm_service_runs_the_unplaceable_policy_its_setting_names(tmp_path: Pa
         (["--unplaceable", "later"], "--unplaceable: invalid choice: 'later'"),
         (["--unsatisfiable", "ignore"], "--unsatisfiable: invalid choice: 'ignore'"),
         (["--inconsistent", "later"], "--inconsistent: invalid choice: 'later'"),
+        (["--waiting-order", "lifo"], "--waiting-order: invalid choice: 'lifo'"),
         (["--machine-constraints", "per-rack"], "--machine-constraints: invalid choice: 'per-rack'"),
         (["--seeds", "0"], "--seeds: must be at least 1, got 0"),
     ],
@@ -562,6 +563,7 @@ def test_bad_variant_options_are_usage_errors_naming_them(
         ["--unplaceable", "requeue-back"],
         ["--lm-order", "scarcity"],
         ["--inconsistent", "wait-for-free"],
+        ["--waiting-order", "arrival"],
     ],
 )
 def test_the_gm_policies_are_refused_for_a_baseline(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ that fit nowhere and preemption requests (Megha paper, section IV-B), over four 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NoReturn
@@ -105,10 +106,11 @@ class GlobalMaster:
         # serves users else "", driver) in the order shapes first failed; a shape is retried only when a node it
         # could use frees up in the view (or for a preemption when a delta arrives). Under `requeue-back` only
         # tasks whose preemption requests were all refused are parked.
-        self.parked = ParkedShapes()
+        self.parked = self.policies.waiting_order.parked_shapes()
         self.waiting = self.parked.tasks
         self.unplaceable = UNPLACEABLE[self.policies.unplaceable](self.parked)
-        # Tasks refused as inconsistent that wait for a freed node (`--inconsistent wait-for-free`; else None).
+        # Tasks refused as inconsistent that wait for a freed node (`--inconsistent wait-for-free`; else None). A
+        # freed node serves them and the parked tasks in the waiting order's order (`policies/waiting_order.py`).
         self.refused = self.policies.inconsistent.waiting
         self.preemptor = Preemptor(self)
         self.dependencies = DependencyGate()  # jobs waiting for their parents (`depends_on`) to finish
@@ -384,10 +386,8 @@ class GlobalMaster:
         batches: dict[int, list[Placement]] = {}
         if view.freed_nodes:
             freed = view.take_freed()
-            if waiting:
-                self._retry_waiting(freed, now, batches, self.parked)
-            if refused:
-                self._retry_waiting(freed, now, batches, refused)
+            if waiting or refused:
+                self.policies.waiting_order.retry(self, freed, now, batches)
         observer = self.observer
         by_user = self.policies.queue_order.shapes_by_user
         blocked = self.unplaceable.blocked
@@ -428,7 +428,7 @@ class GlobalMaster:
         self.unplaceable.end_pass(queue)
         return self._flush(batches, now)
 
-    def _retry_waiting(
+    def retry_waiting(
         self, freed: list[tuple[int, int]], now: float, batches: dict[int, list[Placement]], parked_shapes: ParkedShapes
     ) -> None:
         """For each node whose free resources grew, retry (in the queue order's service order) the shapes of
@@ -463,6 +463,18 @@ class GlobalMaster:
                 parked_shapes.unpark(shape)
             if not waiting:
                 return
+
+    def retry_head(
+        self, waiting: deque[TaskSpec], lm: int, node: int, now: float, batches: dict[int, list[Placement]]
+    ) -> bool:
+        """Retry the first task of `waiting` for node `node` of LM `lm`, which freed up: matched over the whole view,
+        or, when the unplaceable policy says so, placed on that node only. True (and the task taken out of `waiting`)
+        when it was placed."""
+        self.observer.attempt(waiting[0], now)
+        if not self._place(waiting[0], batches, (lm, node) if self.unplaceable.freed_node_only else None):
+            return False
+        waiting.popleft()
+        return True
 
     def _place(self, task: TaskSpec, batches: dict[int, list[Placement]], on: tuple[int, int] | None = None) -> bool:
         """Match `task` (on node `on`, an (LM, node) pair, only, if given); on success deduct it from the view and

@@ -53,12 +53,20 @@ class ParkedShapes:
 
     def park(self, shape: Shape, task: TaskSpec) -> None:
         """Park a new shape holding `task` (the caller appends further tasks to `tasks[shape]`)."""
-        self.tasks[shape] = deque((task,))
+        self.tasks[shape] = self._new_tasks(task)
         self._requests[shape[1]] = self._requests.get(shape[1], 0) + 1
         if len(self._shape_at) >= 64 and len(self._shape_at) >= 2 * len(self.tasks):
             self._renumber()
         else:
             self._index(shape)
+
+    def add(self, shape: Shape, task: TaskSpec) -> None:
+        """`task` joins the tasks of `shape`, behind them (parking the shape if none wait)."""
+        held = self.tasks.get(shape)
+        if held is None:
+            self.park(shape, task)
+        else:
+            held.append(task)
 
     def unpark(self, shape: Shape) -> None:
         """Forget `shape` (its task deque must be empty or already taken over)."""
@@ -81,7 +89,7 @@ class ParkedShapes:
         them."""
         removed: list[TaskSpec] = []
         for shape, parked in list(self.tasks.items()):
-            kept = deque(t for t in parked if not drop(t))
+            kept = self._without(parked, drop)
             if len(kept) == len(parked):
                 continue
             removed += [t for t in parked if drop(t)]
@@ -106,6 +114,14 @@ class ParkedShapes:
                 return iter(())
         shape_at = self._shape_at
         return (shape_at[bit] for bit in iter_bits(candidates))  # type: ignore[misc]
+
+    def _new_tasks(self, task: TaskSpec) -> deque[TaskSpec]:
+        """The task deque of a shape parked with `task`."""
+        return deque((task,))
+
+    def _without(self, parked: deque[TaskSpec], drop: Callable[[TaskSpec], bool]) -> deque[TaskSpec]:
+        """The tasks of `parked` that `drop` does not select, in order."""
+        return deque(t for t in parked if not drop(t))
 
     def _index(self, shape: Shape) -> None:
         """Give `shape` the next bit."""

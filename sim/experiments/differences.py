@@ -489,6 +489,24 @@ def synthetic_delta_offset_seeds(seeds: Sequence[int], folder: Path) -> list[Var
     return _authors_times(_at_periods(seeds, (10.0,), None, **options))
 
 
+_ARRIVAL = {"waiting_order": ("arrival",)}
+"""The authors' one queue: a freed node to the first waiting task that fits it, refused tasks first
+(`--waiting-order arrival`)."""
+_FREED_ARRIVAL = {**_AUTHORS_SYNTHETIC, "delta_states": ("freed-wins",), **_ARRIVAL, "matching": _MATCHINGS}
+"""`_FREED` with the authors' one queue."""
+
+
+def synthetic_arrival_clusters(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """synthetic-delta-offset-clusters with the authors' one queue."""
+    return _authors_times(_at_periods(seeds, (10.0,), None, "syn_1000@5x5x400", **_FREED_ARRIVAL))
+
+
+def synthetic_arrival_seeds(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """synthetic-delta-offset-seeds with the authors' one queue (Minimum-Constraints on the reference cluster)."""
+    options = {**_FREED_ARRIVAL, "matching": ("min-constraints",)}
+    return _authors_times(_at_periods(seeds, (10.0,), None, **options))
+
+
 def _authors_times(variants: list[Variant]) -> list[Variant]:
     """`variants` with deltas at the authors' heartbeat times only."""
     return [(cells, config) for cells, config in _with_delta_offsets(variants) if cells["deltas"] == "authors'"]
@@ -534,10 +552,10 @@ def yahoo_authors_reading(seeds: Sequence[int], folder: Path) -> list[Variant]:
     return _authors_reading("Yahoo", seeds)
 
 
-def _authors_reading(workload: str, seeds: Sequence[int]) -> list[Variant]:
+def _authors_reading(workload: str, seeds: Sequence[int], **options: Sequence[str]) -> list[Variant]:
     """`workload` with every variant of the authors' simulator `megha replay` offers, its reading of a trace
-    included, and events of equal time in a seeded order."""
-    variants = _megha(workload, seeds, **_ALL_AUTHORS, event_order=("seeded",))
+    included, and events of equal time in a seeded order (and `options`, as further columns)."""
+    variants = _megha(workload, seeds, **_ALL_AUTHORS, event_order=("seeded",), **options)
     read = {"durations": "whole seconds", "arrivals": "dephased"}
     whole = {"truncate_durations": True, "dephase_arrivals": True}
     return [
@@ -556,14 +574,25 @@ def google_authors_heartbeat(seeds: Sequence[int], folder: Path) -> list[Variant
     return _authors_heartbeat("GOOG", seeds)
 
 
-def _authors_heartbeat(workload: str, seeds: Sequence[int]) -> list[Variant]:
-    """`_authors_reading`'s replays with deltas at the authors' heartbeat times, as a `deltas` column."""
+def google_arrival_heartbeat(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """google-authors-heartbeat with the authors' one queue."""
+    return _authors_heartbeat("GOOG", seeds, **_ARRIVAL)
+
+
+def yahoo_arrival_heartbeat(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """yahoo-authors-heartbeat with the authors' one queue."""
+    return _authors_heartbeat("Yahoo", seeds, **_ARRIVAL)
+
+
+def _authors_heartbeat(workload: str, seeds: Sequence[int], **options: Sequence[str]) -> list[Variant]:
+    """`_authors_reading`'s replays (with `options`) with deltas at the authors' heartbeat times, as a `deltas`
+    column."""
     return [
         (
             {**{k: v for k, v in cells.items() if k != "seed"}, "deltas": "authors'", "seed": cells["seed"]},
             replace(config, delta_offset=authors_delta_offset(config)),
         )
-        for cells, config in _authors_reading(workload, seeds)
+        for cells, config in _authors_reading(workload, seeds, **options)
     ]
 
 
@@ -730,11 +759,23 @@ def yahoo_authors_peak_load(seeds: Sequence[int], folder: Path) -> list[Variant]
     """yahoo-authors-heartbeat's replays (everything of the authors' simulator `megha replay` can switch on) on
     yahoo-peak-load's two set-ups at the paper's p99 load: the load and the authors' handling of inconsistencies
     together, where each was tried alone."""
+    return _authors_at_peak_load(seeds, folder)
+
+
+def yahoo_arrival_peak_load(seeds: Sequence[int], folder: Path) -> list[Variant]:
+    """yahoo-authors-peak-load with the authors' one queue."""
+    return _authors_at_peak_load(seeds, folder, **_ARRIVAL)
+
+
+def _authors_at_peak_load(seeds: Sequence[int], folder: Path, **options: Sequence[str]) -> list[Variant]:
+    """yahoo-authors-heartbeat's replays (with `options`, as columns before the matching's) on yahoo-peak-load's two
+    set-ups at the paper's p99 load."""
     variants = []
     for cells, _, fields in _raised_load(PAPER_YAHOO_P99_LOAD, folder):
-        for authors, config in _authors_reading("Yahoo", seeds):
+        for authors, config in _authors_reading("Yahoo", seeds, **options):
             config = replace(config, **fields)
             row = {"load raised by": cells["load raised by"], "workers": cells["workers"], "deltas": "authors'"}
+            row |= {key.replace("_", " "): authors[key.replace("_", " ")] for key in options}
             row |= {"matching": authors["matching"], "seed": authors["seed"]}
             variants.append((row, replace(config, delta_offset=authors_delta_offset(config))))
     return variants
@@ -914,6 +955,14 @@ _JRT_FIGURES = {
     "inconsistencies": _count("inconsistencies"),
 }
 
+_DELAYED_FIGURES: dict[str, Cell] = {
+    **_JRT_FIGURES,
+    "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
+    "of them with a refused task": _delayed_refused(0.5),
+    "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
+}
+"""The syn_1000 heartbeat experiments' figures: the share of jobs a refusal delayed by a heartbeat or more."""
+
 _FAIRNESS_FIGURES: dict[str, Cell] = {
     "alloc p50": _alloc("median"),
     "alloc p99": _alloc("p99"),
@@ -995,12 +1044,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "either about 1 s or milliseconds, and the paper's means over three runs are 2/3 and 1/3 of a second "
         f"(the first {SYNTHETIC_ANSWERS_JOBS} jobs)",
         synthetic_answers,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-answers-authors": Experiment(
         "constraints-fig6",
@@ -1010,12 +1054,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         f"would give the paper's 1/3 and 2/3 of a second as means of three runs' medians (the first "
         f"{SYNTHETIC_ANSWERS_JOBS} jobs)",
         synthetic_answers_authors,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-answers-heartbeat": Experiment(
         "constraints-fig6",
@@ -1026,12 +1065,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "tasks borrow from other GMs, and more than half the jobs wait 1 s, the median of the paper's runs "
         f"(the first {SYNTHETIC_ANSWERS_JOBS} jobs)",
         synthetic_answers_heartbeat,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-answers-freed": Experiment(
         "constraints-fig6",
@@ -1040,24 +1074,14 @@ EXPERIMENTS: dict[str, Experiment] = {
         "busy nodes free, more tasks are refused, and more than half the syn_1000 jobs wait 1 s "
         f"(the first {SYNTHETIC_ANSWERS_JOBS} jobs, heartbeats of 1, 10 and 30 s)",
         synthetic_answers_freed,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-answers-freed-full": Experiment(
         "constraints-fig6",
         "over all of syn_1000, with all of the authors' simulator's variants and a 10 s or 30 s heartbeat, more "
         "than half the jobs wait 1 s",
         synthetic_answers_freed_full,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-delta-offset": Experiment(
         "constraints-fig6",
@@ -1066,24 +1090,14 @@ EXPERIMENTS: dict[str, Experiment] = {
         "as it arrives; with all of the authors' variants and their heartbeat times more than half the syn_1000 "
         f"jobs wait 1 s (the first {SYNTHETIC_ANSWERS_JOBS} jobs, heartbeats of 1, 10 and 30 s)",
         synthetic_delta_offset,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-delta-offset-full": Experiment(
         "constraints-fig6",
         "synthetic-delta-offset over all of syn_1000, at heartbeats of 10 s and 30 s, with the authors' heartbeat "
         "times only (synthetic-answers-freed-full has ours)",
         synthetic_delta_offset_full,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-delta-offset-clusters": Experiment(
         "constraints-fig6",
@@ -1091,12 +1105,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "each of the paper's runs had a configuration of its own), one of three Minimum-Constraints runs has more "
         "than half the syn_1000 jobs wait 1 s (the paper's 0.33 s)",
         synthetic_delta_offset_clusters,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
     ),
     "synthetic-delta-offset-seeds": Experiment(
         "constraints-fig6",
@@ -1106,12 +1115,25 @@ EXPERIMENTS: dict[str, Experiment] = {
         "have more than half the jobs wait 1 s, their median about 1 s (the paper's 0.33 s as a mean of three "
         "medians)",
         synthetic_delta_offset_seeds,
-        {
-            **_JRT_FIGURES,
-            "jobs delayed >= 0.5 s": _jobs_delayed(0.5),
-            "of them with a refused task": _delayed_refused(0.5),
-            "jobs": lambda r: f"{r.metrics.jobs - r.metrics.jobs_rejected:,}",
-        },
+        _DELAYED_FIGURES,
+    ),
+    "synthetic-arrival-clusters": Experiment(
+        "constraints-fig6",
+        "the authors' GM keeps its waiting tasks in one queue, a refused task at its front, and gives a freed node to "
+        "the first task in it that fits, where ours serves a freed node the parked shapes in the order each shape was "
+        "first parked and the refused tasks after them: with that queue on synthetic-delta-offset-clusters' "
+        "set-up, one of three Minimum-Constraints runs has more than half the syn_1000 jobs wait 1 s (the paper's "
+        "0.33 s)",
+        synthetic_arrival_clusters,
+        _DELAYED_FIGURES,
+    ),
+    "synthetic-arrival-seeds": Experiment(
+        "constraints-fig6",
+        "with the authors' one queue on synthetic-delta-offset-seeds' set-up (the reference cluster, "
+        "Minimum-Constraints, a draw of the task constraints per seed), some runs have more than half the syn_1000 "
+        "jobs wait 1 s",
+        synthetic_arrival_seeds,
+        _DELAYED_FIGURES,
     ),
     "size-tail": Experiment(
         "fair-fig8",
@@ -1417,6 +1439,21 @@ EXPERIMENTS: dict[str, Experiment] = {
         yahoo_authors_peak_load,
         {**_JRT_FIGURES, "repartitions": _count("repartitions")},
     ),
+    "yahoo-arrival-peak-load": Experiment(
+        "constraints-fig7",
+        "with the authors' one queue (a freed node to the first waiting task that fits, refused tasks first) on "
+        "yahoo-authors-peak-load's set-up, Random gives Megha a p99 about 30% lower than Minimum-Constraints' on some "
+        "seed (the paper's Yahoo run)",
+        yahoo_arrival_peak_load,
+        {**_JRT_FIGURES, "repartitions": _count("repartitions")},
+    ),
+    "yahoo-arrival-heartbeat": Experiment(
+        "constraints-fig7",
+        "with the authors' one queue on yahoo-authors-heartbeat's set-up (the sub-trace's own load), Random gives "
+        "Megha a lower p99 than Minimum-Constraints' on some seed",
+        yahoo_arrival_heartbeat,
+        _JRT_FIGURES,
+    ),
     "yahoo-authors-peak-load-halves": Experiment(
         "constraints-fig7",
         "with the Yahoo arrivals compressed to the paper's p99 load, yahoo-authors-peak-load's variants bring the two "
@@ -1450,6 +1487,13 @@ EXPERIMENTS: dict[str, Experiment] = {
         "with google-authors-reading's variants and the authors' heartbeat times (0.05 s before each whole second) "
         "Megha's two matchings' p99 on Google come within a few per cent",
         google_authors_heartbeat,
+        _JRT_FIGURES,
+    ),
+    "google-arrival-heartbeat": Experiment(
+        "constraints-fig8",
+        "with the authors' one queue (a freed node to the first waiting task that fits, refused tasks first) on "
+        "google-authors-heartbeat's set-up, Megha's two matchings' p99 on Google come within a few per cent",
+        google_arrival_heartbeat,
         _JRT_FIGURES,
     ),
     "google-authors": Experiment(

@@ -11,6 +11,7 @@
 | unplaceable task (rescheduling) | `park` | `park-freed-node`, `requeue-back` | `unplaceable` |
 | unsatisfiable task (admission) | `reject` | `drop` | `unsatisfiable` |
 | task refused as inconsistent | `retry` | `wait-for-free` | `inconsistent` |
+| waiting order (who gets a freed node) | `shape` | `arrival` (the authors' one queue) | `waiting_order` |
 | node states in an LM's launch answer (the LM's) | `always` | `on-refusal` | `answer_states` |
 | gang reservation (anti-starvation) | none | LMs held for a gang that waited `gang_reserve_after` s | `reservation` |
 
@@ -48,6 +49,7 @@ from megha.common.core.policies.queue_order import FifoOrder, QueueOrder
 from megha.common.core.policies.unplaceable import ParkByShape, ParkForFreedNode, RequeueBack, UnplaceablePolicy
 from megha.common.core.policies.unsatisfiable import DropTasks, RejectJob, UnsatisfiablePolicy
 from megha.common.core.policies.usage import NoAccounting, UsageAccounting
+from megha.common.core.policies.waiting_order import ArrivalOrder, ShapeOrder, WaitingOrder
 from megha.common.core.view import PartitionView
 
 QUEUE_ORDERS: dict[str, Callable[[], QueueOrder]] = {
@@ -78,11 +80,19 @@ UNSATISFIABLE: dict[str, Callable[[], UnsatisfiablePolicy]] = {
 }
 """What a GM does at submission with a task no node could ever run, by name (`megha replay --unsatisfiable`)."""
 
-INCONSISTENT: dict[str, Callable[[], InconsistentPolicy]] = {
+INCONSISTENT: dict[str, Callable[[ParkedShapes], InconsistentPolicy]] = {
     RetryAtOnce.name: RetryAtOnce,
     WaitForFree.name: WaitForFree,
 }
-"""What a GM does with a task an LM refused as inconsistent, by name (`megha replay --inconsistent`)."""
+"""What a GM does with a task an LM refused as inconsistent, by name (`megha replay --inconsistent`); built over
+the shapes a held task waits in (the waiting order's)."""
+
+WAITING_ORDERS: dict[str, Callable[[], WaitingOrder]] = {
+    ShapeOrder.name: ShapeOrder,
+    ArrivalOrder.name: ArrivalOrder,
+}
+"""The orders in which a node that frees up serves the tasks waiting for one, by name (`megha replay
+--waiting-order`)."""
 
 ANSWER_STATES: dict[str, Callable[[], AnswerStates]] = {
     Always.name: Always,
@@ -105,6 +115,7 @@ class GmPolicies:
     class_reports: ClassReports = field(default_factory=NoClassReports)
     inconsistent: InconsistentPolicy = field(default_factory=RetryAtOnce)
     gang_reserve_after: float | None = None  # seconds a gang waits before LMs are held for it (None: never)
+    waiting_order: WaitingOrder = field(default_factory=ShapeOrder)  # who of the waiting tasks gets a freed node
 
 
 def gm_policies(
@@ -119,12 +130,14 @@ def gm_policies(
     priority_classes: bool = False,
     inconsistent: str = "retry",
     gang_reserve_after: float | None = None,
+    waiting_order: str = "shape",
 ) -> GmPolicies:
     """GM `gm`'s policies: with `fairness`, its user queues, fair share preemption and share book (the queue order
     is then `fair`); without, the named queue order and no preemption. LM order, unplaceable, unsatisfiable and
     inconsistent tasks as named. With `priority_classes`, higher classes are served first over that order and may
     preempt lower ones before any other preemption is tried (`policies/priority.py`). A gang that waited
-    `gang_reserve_after` seconds has LMs held for it (`policies.reservation.GangReservation`; None: never)."""
+    `gang_reserve_after` seconds has LMs held for it (`policies.reservation.GangReservation`; None: never). A node
+    that frees up serves the waiting tasks in the named waiting order (`arrival` with the FIFO queue order only)."""
     if gang_reserve_after is not None and not gang_reserve_after > 0:
         raise ValueError(f"gang reservation after {gang_reserve_after} s: give a number of seconds above 0")
     for kind, name, known in (
@@ -132,17 +145,25 @@ def gm_policies(
         ("unplaceable policy", unplaceable, UNPLACEABLE),
         ("unsatisfiable policy", unsatisfiable, UNSATISFIABLE),
         ("inconsistent policy", inconsistent, INCONSISTENT),
+        ("waiting order", waiting_order, WAITING_ORDERS),
     ):
         if name not in known:
             raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(known)}")
+    order = WAITING_ORDERS[waiting_order]()
+    if order.one_queue and (fairness is not None or queue_order != "fifo" or priority_classes):
+        raise ValueError(
+            f"waiting order {waiting_order!r} serves one queue in arrival order: it applies with the fifo queue "
+            "order only, without fair scheduling or priority classes"
+        )
     chosen = choice or RandomChoice()
     plain = GmPolicies(
         choice=chosen,
         lm_order=lm_order,
         unplaceable=unplaceable,
         unsatisfiable=UNSATISFIABLE[unsatisfiable](),
-        inconsistent=INCONSISTENT[inconsistent](),
+        inconsistent=INCONSISTENT[inconsistent](order.refused_shapes()),
         gang_reserve_after=gang_reserve_after,
+        waiting_order=order,
     )
     if fairness is None:
         if queue_order not in QUEUE_ORDERS:

@@ -34,6 +34,9 @@ class RetryAtOnce:
     name = "retry"
     waiting: ParkedShapes | None = None
 
+    def __init__(self, waiting: ParkedShapes | None = None) -> None:
+        """`waiting` is not used: no task waits."""
+
     def hold(self, shape: Shape, task: TaskSpec) -> bool:
         return False
 
@@ -43,13 +46,10 @@ class WaitForFree:
 
     name = "wait-for-free"
 
-    def __init__(self) -> None:
-        self.waiting: ParkedShapes = ParkedShapes()
+    def __init__(self, waiting: ParkedShapes | None = None) -> None:
+        """The refused tasks wait in `waiting` (the GM's waiting order's; by default plain shapes)."""
+        self.waiting: ParkedShapes = ParkedShapes() if waiting is None else waiting
 
     def hold(self, shape: Shape, task: TaskSpec) -> bool:
-        held = self.waiting.tasks.get(shape)
-        if held is None:
-            self.waiting.park(shape, task)
-        else:
-            held.append(task)
+        self.waiting.add(shape, task)
         return True
