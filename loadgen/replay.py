@@ -328,11 +328,14 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
 
 
 REPLAY_TASK_BYTES = 1_300
-"""The memory a replay holds per task: its spec, events and record (1.36 KB measured, 400,000 tasks of
-syn_1000 in a 595 MB process on 10,000 nodes, 2026-11-30)."""
+"""The memory a replay holds per task: its spec, events and record (1.36 KB measured on 10,000 nodes, 2026-11-30:
+`/usr/bin/time -f %M megha replay --quiet --trace syn:1000:400` peaked at 595 MB and `syn:1000:100` at 188 MB,
+407 MB for the 300,000 tasks more)."""
 NODE_VIEW_BYTES = 130
 """The memory a replay holds per node for each copy of its state, its LM's and each GM's view (130-139 B
-measured: 500,000 nodes and 10 GMs in 782 MB, 1,000,000 nodes and 5 GMs in 910 MB, 2026-11-30)."""
+measured: 500,000 nodes and 10 GMs in 782 MB, 1,000,000 nodes and 5 GMs in 910 MB, less the 76 MB of 625 nodes,
+2026-11-30: `/usr/bin/time -f %M megha replay --quiet --trace syn:10:2 --lms 50 --gms 10 --workers-per-partition
+1000`, and `--lms 100 --gms 5 --workers-per-partition 2000`, against `--lms 5 --gms 5 --workers-per-partition 10`)."""
 
 
 def check_memory(config: ReplayConfig, tasks: int, nodes: int, gms: int) -> None:
