@@ -436,7 +436,6 @@ class GlobalMaster:
         matched over the whole view, or, when the unplaceable policy says so, placed on that node only."""
         waiting = parked_shapes.tasks
         service_order = self.policies.queue_order.service_order
-        freed_node_only = self.unplaceable.freed_node_only
         for lm, node in freed:
             view, i = self.view.locate[lm][node]
             if not parked_shapes.any_request_fits(view.free[i]):
@@ -449,11 +448,7 @@ class GlobalMaster:
                     continue
                 parked = waiting[shape]
                 placed = False
-                while parked:
-                    self.observer.attempt(parked[0], now)
-                    if not self._place(parked[0], batches, (lm, node) if freed_node_only else None):
-                        break
-                    parked.popleft()
+                while parked and self.retry_head(parked, lm, node, now, batches):
                     placed = True
                 if not parked:
                     emptied.append(shape)
