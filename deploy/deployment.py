@@ -11,10 +11,22 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 
 
+def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """A signal handled as SIGINT is, by the handler SIGINT has now. Inside `asyncio.run` that is the runner's: it
+    cancels the main task, whose cancellation unwinds every `finally` and `async with`, then raises KeyboardInterrupt
+    from `asyncio.run`. Raising KeyboardInterrupt here instead would raise it in whichever task happened to be
+    running, which then ends with it and is reported as an unhandled error while the loop shuts down."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:  # SIGINT ignored or left to the system (a process started in the background): still stop
+        raise KeyboardInterrupt
+
+
 @dataclass
 class Deployment(ABC):
-    """A deployment's shape, and its `with` block. While the block runs, SIGTERM raises KeyboardInterrupt, so a
-    terminated run removes what it started too; the handler before is put back after."""
+    """A deployment's shape, and its `with` block. While the block runs, SIGTERM is handled as Ctrl-C is
+    (`as_ctrl_c`), so a terminated run removes what it started too; the handler before is put back after."""
 
     gms: int = 2
     lms: int = 2
@@ -35,11 +47,7 @@ class Deployment(ABC):
 
     def __enter__(self) -> Self:
         previous = signal.getsignal(signal.SIGTERM)
-
-        def on_term(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGTERM, as_ctrl_c)
         self._previous_sigterm = previous
         try:
             self.bring_up()

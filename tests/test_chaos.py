@@ -6,7 +6,10 @@ interval) of the fault clearing. The container backend's trials are in test_chao
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +37,7 @@ from megha.deploy.chaos import (
     main,
     run_trial,
 )
+from megha.deploy.deployment import Deployment, as_ctrl_c
 from megha.loadgen.records import JobRecord, TaskColumns, TaskRecord
 from megha.loadgen.services import ServicesRun, submission
 from megha.loadgen.trace import resolve_trace
@@ -307,7 +311,7 @@ def _alive(pid: int) -> bool:
 
 @needs_rabbitmq
 def test_interrupting_megha_chaos_mid_trial_stops_every_service_in_one_line(tmp_path: Path) -> None:
-    """SIGTERM, which the deployment turns into the KeyboardInterrupt Ctrl-C raises (one path for both; a trial
+    """SIGTERM, which the deployment handles as Ctrl-C (one path for both; a trial
     takes half a minute, so only one is run)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "megha.cli", "chaos", "--faults", "gm-kill", "--trials", "1", "--out", str(tmp_path)],
@@ -331,3 +335,44 @@ def test_interrupting_megha_chaos_mid_trial_stops_every_service_in_one_line(tmp_
     assert "Traceback" not in rest, rest
     assert rest.strip().splitlines()[-1].startswith("interrupted: every service was stopped; 0 finished trials"), rest
     assert [pid for pid in services if _alive(pid)] == []
+
+
+@dataclass
+class _NothingDeployed(Deployment):
+    def bring_up(self) -> None:
+        pass
+
+    def tear_down(self) -> None:
+        pass
+
+
+def test_sigterm_inside_a_deployment_cancels_the_event_loop_as_ctrl_c_does(caplog: pytest.LogCaptureFixture) -> None:
+    """The signal arrives while a task other than the main one runs (here blocked in a call that does not yield):
+    every task is cancelled through its `finally`, `asyncio.run` raises KeyboardInterrupt, and no task ends with an
+    error the loop reports (it did when the handler raised KeyboardInterrupt in the running task's frame)."""
+    unwound: list[str] = []
+
+    async def busy() -> None:
+        try:
+            time.sleep(1.0)  # the signal comes during this call
+            await asyncio.sleep(30)
+        finally:
+            unwound.append("busy")
+
+    async def main() -> None:
+        task = asyncio.create_task(busy())
+        try:
+            await asyncio.sleep(30)
+        finally:
+            unwound.append("main")
+            assert not task.done()  # left to asyncio.run, which cancels it on its way out
+
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    with caplog.at_level(logging.DEBUG, logger="asyncio"), pytest.raises(KeyboardInterrupt), _NothingDeployed():
+        timer.start()
+        asyncio.run(main())
+    timer.join()
+    gc.collect()  # a task that ended with an exception nobody retrieved is reported when it is collected
+    assert sorted(unwound) == ["busy", "main"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert signal.getsignal(signal.SIGTERM) is not as_ctrl_c  # the handler before is put back
