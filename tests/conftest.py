@@ -6,9 +6,9 @@ the published reference cluster); they are marked `shared` and skip, naming the 
 Tests marked `docker` need a Docker engine. They run by default and fail (in set-up, saying why) when the engine
 does not answer; MEGHA_SKIP_DOCKER=1 skips them instead, for a machine without Docker.
 
-Two pytest-xdist workers run the tests (`-n 2 --dist loadgroup` in pyproject.toml; `-n 0` runs them in this
+Three pytest-xdist workers run the tests (`-n 3 --dist loadgroup` in pyproject.toml; `-n 0` runs them in this
 process). Each worker runs whole modules (a module's fixtures are made once, on one worker), the Docker tests all on
-one worker in turn, and the modules of `ALONE` alone: while one runs, the other worker starts no test (`_Turns`).
+one worker in turn, and the modules of `ALONE` alone: while one runs, no other worker starts a test (`_Turns`).
 """
 
 from __future__ import annotations
@@ -169,10 +169,10 @@ def _module(item: pytest.Item) -> str:
 
 
 class _Turns:
-    """The two workers' turns at the machine, as a readers-writer lock on two files of the test run (flock): a test
+    """The workers' turns at the machine, as a readers-writer lock on two files of the test run (flock): a test
     of a module of `ALONE` holds the machine alone from its module's first test to its last; any other test holds
-    it shared for its own run. A worker waiting for its turn alone holds the gate, so that the other finishes its
-    test and starts no new one; a worker's set-up and tear-down of module fixtures are in its turn too."""
+    it shared for its own run. A worker waiting for its turn alone holds the gate, so that the others finish their
+    tests and start no new one; a worker's set-up and tear-down of module fixtures are in its turn too."""
 
     def __init__(self, folder: Path) -> None:
         self._gate: IO[str] = open(folder / "gate", "a")  # noqa: SIM115 (open for the whole run)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from megha.common.core.constraints import constraint_ids
 from megha.common.core.resources import Resources, describe
 from megha.common.core.task import TaskSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,8 @@ def explain_on_arrays(
 ) -> str | None:
     """`explain` over a data centre given as arrays (the baselines): each node's constraint mask, and `fitting`,
     the nodes whose capacity covers a request. Every node offers burn, the only driver the baselines run."""
+    import numpy as np  # the baselines' arrays: not imported by a GM or LM, which never call this
+
     nodes: dict[Filter, Callable[[], np.ndarray]] = {
         CONSTRAINTS: lambda: (masks & task.constraints) == task.constraints,
         CAPACITY: lambda: fitting(task.request),
