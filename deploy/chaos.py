@@ -774,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
                     log.write(json.dumps(asdict(trial)) + "\n")
                     log.flush()
                     say(f"  {trial}")
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the deployment handles it as Ctrl-C): its services were stopped
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (handled as Ctrl-C by the deployment): its services stopped
             _quiet_after_interrupt()
             say(f"interrupted: every service was stopped; {len(trials)} finished trials are in {log.name}")
             return 130

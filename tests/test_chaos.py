@@ -311,8 +311,8 @@ def _alive(pid: int) -> bool:
 
 @needs_rabbitmq
 def test_interrupting_megha_chaos_mid_trial_stops_every_service_in_one_line(tmp_path: Path) -> None:
-    """SIGTERM, which the deployment handles as Ctrl-C (one path for both; a trial
-    takes half a minute, so only one is run)."""
+    """SIGTERM, which the deployment handles as Ctrl-C (one path for both; a trial takes half a minute, so only one
+    is run)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "megha.cli", "chaos", "--faults", "gm-kill", "--trials", "1", "--out", str(tmp_path)],
         stdout=subprocess.PIPE,
