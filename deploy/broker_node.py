@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -63,10 +64,11 @@ class BrokerNode(ABC):
     poll = 0.2  # seconds between two looks at a starting node
 
     def __init__(self, port: int) -> None:
-        # In the system's temporary folder, open to all: the node runs as the rabbitmq user (Debian's wrapper switches
-        # to it; the image runs as it), who must reach what is written here.
+        # In the system's temporary folder, 0700 (mkdtemp's mode): the node's data holds the messages (a task's
+        # stderr tail among them) and its users' password hashes, and the pid file `kill` trusts. A ServerNode gives
+        # the folder to the user the node runs as; a ContainerNode's TLS folder is bound into its container, which
+        # reads it there whoever owns this one.
         self.base = Path(tempfile.mkdtemp(prefix="megha-rabbitmq-"))
-        self.base.chmod(0o777)
         self.port = port
         self.tls_port: int | None = None  # set by a subclass given `tls`
         self.config: Path | None = None  # the TLS listener's configuration file, given `tls`
@@ -188,6 +190,10 @@ class ServerNode(BrokerNode):
     def __init__(self, tls: tuple[Path, Path, Path] | None = None, port: int | None = None) -> None:
         """`port`: the AMQP port (default: a free one)."""
         super().__init__(port or free_port())
+        if os.geteuid() == 0:  # Debian's wrapper runs the node as the rabbitmq user, who writes its data here
+            with contextlib.suppress(KeyError):
+                owner = pwd.getpwnam("rabbitmq")
+                os.chown(self.base, owner.pw_uid, owner.pw_gid)
         self.name = f"megha-{uuid.uuid4().hex[:8]}@localhost"
         # Erlang distribution, and the CLI tools' own ports at dist_port + 10000..10010 (RabbitMQ's default), kept
         # above the range services take their ports from (free_port), so neither can take a restarted one's port.
@@ -252,12 +258,29 @@ class ServerNode(BrokerNode):
         self._wait_closed()
 
     def kill(self) -> None:
-        """SIGKILL the node's Erlang VM."""
-        pid = self._pid()
-        if pid is not None:
+        """SIGKILL the node's Erlang VM, found by its node name (not by its pid file, which names whatever was written
+        there last)."""
+        for pid in self._vm_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self._wait_closed()
+
+    def _vm_pids(self) -> list[int]:
+        """The Erlang VMs (beam.smp) started with this node's RABBITMQ_NODENAME: the node's own, whatever its pid
+        file says (epmd, which the VM starts with the same environment, serves every node of the host: left be)."""
+        name = f"RABBITMQ_NODENAME={self.name}".encode()
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if Path(entry.path, "comm").read_bytes().strip() != b"beam.smp":
+                    continue
+                if name in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:  # ended meanwhile, or another user's
+                continue
+        return found
 
     def _wait_closed(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -176,6 +176,7 @@ class LocalDeployment(Deployment):
     def _spawn(self, name: str, module: str, port: int, **values: object) -> str:
         url = f"{self.scheme}://127.0.0.1:{port}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.chmod(0o700)  # the operators': the LMs' and agents' logs quote failed tasks' stderr tails
         log = self.log_dir / f"{name}.log"
         role = module.rsplit(".", 1)[-1]
         amqp_url = self.amqp_urls.get(role, self.amqp_url)  # the role's user, if it has one
@@ -367,13 +368,19 @@ def _bindable(port: int) -> bool:
 
 
 def _popen(command: list[str], env: dict[str, str], log: Path, append: bool = False) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        command,
-        env=env,
-        stdout=log.open("ab" if append else "wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: stopping it also stops its task processes
-    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(log, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a log an earlier run of this folder made under a wider umask too
+        return subprocess.Popen(
+            command,
+            env=env,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopping it also stops its task processes
+        )
+    finally:
+        os.close(fd)
 
 
 def _signal_group(pgid: int, signum: int) -> None:

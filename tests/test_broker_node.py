@@ -6,6 +6,10 @@ installed; run them with it off PATH (README, Development) and they take the con
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
+import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -71,6 +75,30 @@ def test_with_neither_the_error_is_one_line_naming_both_ways(
     said = str(raised.value)
     assert "\n" not in said and missing in said, said
     assert "apt-get install -y rabbitmq-server" in said and "deploy/images/build.sh" in said, said
+
+
+@pytest.mark.skipif(shutil.which("rabbitmq-server") is None, reason="needs Debian's rabbitmq-server (CI installs it)")
+def test_a_server_node_s_folder_is_closed_to_others_and_a_forged_pid_file_makes_it_kill_nothing_else() -> None:
+    """The node's data (its messages, its users' password hashes) is in a folder only the node's user enters; and
+    `kill` finds the node's VM by its node name, so a pid file naming another process (what a task that could
+    write there would plant, for the deployment, root, to kill that process) kills the node and nothing else."""
+    decoy = subprocess.Popen(["sleep", "120"])
+    node = ServerNode()
+    try:
+        folder = node.base.stat()
+        assert stat.S_IMODE(folder.st_mode) == 0o700, oct(folder.st_mode)
+        if os.geteuid() == 0:
+            assert folder.st_uid == pwd.getpwnam("rabbitmq").pw_uid
+        node.start()
+        (node.base / "pid").write_text(f"{decoy.pid}\n")
+        node.kill()
+        assert not module.port_open(node.port) and node._vm_pids() == []
+        assert decoy.poll() is None, "the process the forged pid file named was killed"
+    finally:
+        node.destroy()
+        decoy.kill()
+        decoy.wait()
+    assert not node.base.exists()
 
 
 async def _publish(url: str, bodies: list[bytes]) -> None:

@@ -12,10 +12,12 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -117,8 +119,9 @@ async def test_a_shell_command_finishes_and_its_output_is_kept(tmp_path: Path) -
 
 @pytest.mark.asyncio
 async def test_a_python_script_gets_its_environment_and_working_directory_only(tmp_path: Path) -> None:
-    workdir = tmp_path / "work"
-    workdir.mkdir()
+    """The working folder is outside the shared temporary folders: a run that has its own (an agent as root) sees
+    its own tmpfs over /tmp, where the test's tmp_path is not (tests/test_task_isolation.py, workdir)."""
+    workdir = Path(tempfile.mkdtemp(prefix="megha-workdir-", dir="/run" if os.geteuid() == 0 else None))
     workdir.chmod(0o777)
     script = "import os, sys; print(os.getcwd()); print(sorted(os.environ)); print(os.environ['GREETING'])"
     os.environ["MEGHA_DRIVER_TEST_SECRET"] = "agent-only"  # the agent's environment never reaches a task
@@ -128,6 +131,7 @@ async def test_a_python_script_gets_its_environment_and_working_directory_only(t
             result = await run_to_end(executor, "py.0", spec)
     finally:
         del os.environ["MEGHA_DRIVER_TEST_SECRET"]
+        shutil.rmtree(workdir, ignore_errors=True)
     assert result.succeeded, result
     cwd, names, greeting = logs.read("py.0", 1, "stdout").decode().splitlines()
     assert cwd == str(workdir) and greeting == "hello"

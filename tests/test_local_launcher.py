@@ -1,9 +1,11 @@
-"""`megha local` starts separate processes and leaves none behind, also when interrupted."""
+"""`megha local` starts separate processes, keeps their logs from other users, and leaves none behind, also when
+interrupted."""
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -70,6 +72,11 @@ def test_interrupting_megha_local_stops_every_service(tmp_path: Path, signum: in
             break
         assert time.monotonic() < deadline, "the deployment did not start"
     assert len(_processes_of(run_id)) == 3  # GM, LM, worker agent
+    # The services' logs are the operator's alone: an LM's and an agent's quote failed tasks' stderr tails.
+    logs = tmp_path / "logs"
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+    modes = {log.name: stat.S_IMODE(log.stat().st_mode) for log in logs.iterdir()}
+    assert len(modes) == 3 and set(modes.values()) == {0o600}, modes
     proc.send_signal(signum)
     assert proc.wait(timeout=30) == 130
     assert "every service was stopped" in proc.stdout.read()

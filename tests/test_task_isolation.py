@@ -30,6 +30,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,47 @@ async def test_a_task_sees_neither_the_other_tasks_processes_nor_their_command_l
     assert key not in dump and "victim-job" not in dump, dump
     listed = dump.partition("== processes")[2].partition("==")[0].split()
     assert pid not in listed and "1" not in listed and len([p for p in listed if p.isdigit()]) <= 4, listed
+
+
+WORKDIR_SNOOP = r"""
+echo "== here"; pwd
+echo "== listed"; ls -a . 2>&1
+echo "== victim's command line"; tr '\0' ' ' < "./$VICTIM/cmdline" 2>&1; echo
+echo "== end"
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_workdir_is_entered_as_the_run_inside_its_own_view_so_it_leads_nowhere_else(logs_root: Path) -> None:
+    """The agent does not enter a task's `workdir` for it on the host: the run enters it as its own uid inside its own
+    /proc and temporary folders. So `workdir: /proc` is the run's own /proc (no victim pid, no command line), the
+    victim's `/proc/<pid>/root/tmp` (another run's own /tmp) cannot be entered and the start says so, and
+    `workdir: /tmp` is the run's own tmpfs, where a file of the host's /tmp is not."""
+    key = secrets.token_hex(16)
+    victim = python(f"import os, time; KEY = '{key}'; print(os.getpid(), flush=True); time.sleep(60)")
+    planted = Path(tempfile.gettempdir(), f"megha-host-{key}")
+    planted.write_text("the host's\n")
+    planted.chmod(0o644)
+    try:
+        async with agent(logs_root) as (executor, logs):
+            (pid,) = await started(executor, logs, "victim-job.0", victim, 1)
+            in_proc = await run_to_end(executor, "proc.0", replace(sh(WORKDIR_SNOOP, VICTIM=pid), workdir="/proc"))
+            seen_in_proc = logs.read("proc.0", 1, "stdout").decode() + logs.read("proc.0", 1, "stderr").decode()
+            with pytest.raises(OSError, match="cannot enter its workdir") as refused:
+                await executor.start("root.0", 500, 256, 0.0, replace(sh("ls -a ."), workdir=f"/proc/{pid}/root/tmp"))
+            in_tmp = await run_to_end(executor, "tmp.0", replace(sh(WORKDIR_SNOOP, VICTIM=pid), workdir="/tmp"))
+            seen_in_tmp = logs.read("tmp.0", 1, "stdout").decode()
+            await executor.kill("victim-job.0")
+    finally:
+        planted.unlink()
+    assert in_proc.succeeded and "== end" in seen_in_proc, seen_in_proc
+    assert key not in seen_in_proc and "victim-job" not in seen_in_proc, seen_in_proc
+    listed = seen_in_proc.partition("== listed")[2].partition("==")[0].split()
+    assert pid not in listed and "1" not in listed and len([p for p in listed if p.isdigit()]) <= 4, listed
+    assert refused.value.errno in (errno.ENOENT, errno.EACCES), refused.value
+    assert b"cannot enter its workdir" in logs.read("root.0", 1, "stderr")
+    assert in_tmp.succeeded and "== here\n/tmp\n" in seen_in_tmp, seen_in_tmp
+    assert planted.name not in seen_in_tmp and key not in seen_in_tmp, seen_in_tmp
 
 
 # ----------------------------------------------------------------------------------------- processes and memory

@@ -289,19 +289,16 @@ class OwnFolders:
     (`held_bytes`) whatever the run's processes do to their mounts, and frees it (`close`) when the run is over.
     Needs CAP_SYS_ADMIN and Linux 5.2 or later."""
 
-    def __init__(self, fd: int, binds: list[tuple[bytes, bytes]], scratch: bytes | None, enter: bool) -> None:
+    def __init__(self, fd: int, binds: list[tuple[bytes, bytes]], scratch: bytes | None) -> None:
         self._fd = fd  # the detached tmpfs (fsmount), mounted over binds[0]'s target by `mount`
         self._binds = binds  # (source, target): each subfolder over its folder, the first folder's last
         self._scratch = scratch  # the run's scratch folder when it lies in one of the folders: bound at its path again
-        self._enter = enter  # the run starts in its scratch folder: entered again once bound
 
     @classmethod
-    def create(
-        cls, folders: tuple[str, ...], size: int, scratch: Path | None = None, enter: bool = False
-    ) -> OwnFolders:
+    def create(cls, folders: tuple[str, ...], size: int, scratch: Path | None = None) -> OwnFolders:
         """A detached tmpfs of at most `size` bytes (nosuid, nodev) with a subfolder for each of `folders` (none a
         link, none in another), and, when the run's `scratch` folder lies in one of them, a folder at its place for
-        the process to bind it on (`enter`: the run starts in it). Raises OSError (ENOSYS: a kernel before 5.2;
+        the process to bind it on. Raises OSError (ENOSYS: a kernel before 5.2;
         EPERM: no CAP_SYS_ADMIN)."""
         fs = _syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC)
         try:
@@ -338,7 +335,7 @@ class OwnFolders:
                             os.chmod(at, 0o711, dir_fd=fd)
                         place = os.fsencode(real)
                         break
-            return cls(fd, binds, place, enter and place is not None)
+            return cls(fd, binds, place)
         except BaseException:
             os.close(fd)
             raise
@@ -359,8 +356,6 @@ class OwnFolders:
                 _syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, self._scratch, _MOVE_MOUNT_F_EMPTY_PATH)
             finally:
                 os.close(tree)
-            if self._enter:
-                os.chdir(self._scratch)
 
     def device(self) -> int:
         """The tmpfs's device (`st_dev` of its files)."""
@@ -499,6 +494,8 @@ def child_setup(
     seccomp: SeccompFilter | None = None,
     max_files: int | None = None,
     max_file_bytes: int | None = None,
+    workdir: bytes | None = None,
+    workdir_failure_fd: int = -1,
 ) -> None:
     """Run in the task's process between fork and exec (subprocess's preexec_fn): join its cgroup (as the agent's
     user still), with `own_proc` a /proc that hides other users' processes (`private_proc`) and with `own_folders`
@@ -507,8 +504,14 @@ def child_setup(
     it), the size of each file it writes (`max_file_bytes`, soft and hard: beyond, the kernel sends SIGXFSZ, or the
     write fails with EFBIG where the program ignores that signal) and its uid's processes, lower its priority, no
     new privileges from set-user-ID programs or file capabilities, then become `uid` and `gid` with no other group,
-    and install the `seccomp` filter (`task_syscall_filter`, built by the agent before the fork). Uses only modules
-    imported already and no locks, as code between fork and exec must."""
+    enter `workdir` and install the `seccomp` filter (`task_syscall_filter`, built by the agent before the fork).
+
+    The working folder is entered last, as the run's uid and in the run's own view of the file system: subprocess
+    enters its `cwd` before this runs, as the agent, in the host's mount namespace, and a run left there would keep
+    a folder outside what it may reach (the host's /proc, another run's /proc/<pid>/root, the host's /tmp). When
+    the run cannot enter it, the error number is written to `workdir_failure_fd` (if given) before the error is
+    raised, so that the agent can say why. Uses only modules imported already and no locks, as code between fork
+    and exec must."""
     if cgroup_procs is not None:
         fd = os.open(cgroup_procs, os.O_WRONLY)
         try:
@@ -536,6 +539,13 @@ def child_setup(
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+    if workdir is not None:
+        try:
+            os.chdir(workdir)
+        except OSError as exc:
+            if workdir_failure_fd >= 0:
+                os.write(workdir_failure_fd, b"%d" % (exc.errno or 0))
+            raise
     if seccomp is not None:  # last: allowed by no new privileges whoever the process is now, root or not
         seccomp.install()
 

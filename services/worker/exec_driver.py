@@ -221,9 +221,7 @@ class ExecDriver(Driver):
                 cgroup = held.cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
             folders = None
             if lease is not None and self._own_proc and self._own_folders:
-                folders = held.folders = OwnFolders.create(
-                    self._own_folders, limits.memory_mb * MIB, scratch, enter=spec.workdir is None
-                )
+                folders = held.folders = OwnFolders.create(self._own_folders, limits.memory_mb * MIB, scratch)
             setup = functools.partial(
                 enforcement.child_setup,
                 None if cgroup is None else str(cgroup / "cgroup.procs"),
@@ -237,20 +235,11 @@ class ExecDriver(Driver):
                 self._seccomp,
                 _files_per_process(self._max_files),
                 self._disk.max_mb * MIB,
+                os.fsencode(cwd),
             )
             # preexec_fn, not user=: the process joins its cgroup before it gives up the agent's privileges. It
             # calls only os, resource and libc functions, so the agent's other threads cannot deadlock it.
-            process = subprocess.Popen(
-                list(spec.command),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                umask=TASK_UMASK,
-                start_new_session=True,
-                preexec_fn=setup,
-            )
+            process = _popen_entering(list(spec.command), cwd, env, setup)
         except BaseException:
             # Popen may fail after its child became the uid: the uid is killed before it is given back.
             await asyncio.to_thread(held.give_back, kill=True)
@@ -507,6 +496,46 @@ class _Held:
                 isolation.purge_uid(self.lease.uid)
             finally:
                 self.uids.release(self.lease)
+
+
+def _popen_entering(
+    command: list[str], cwd: str, env: dict[str, str], setup: functools.partial[None]
+) -> subprocess.Popen[bytes]:
+    """Start the run's process in `cwd`. subprocess enters `cwd` first, as the agent: a folder that does not exist
+    fails there, with its own error. `setup` (`enforcement.child_setup`) then enters it again as the run's uid, in
+    the run's own mount namespace; when that fails (a folder the run may not enter, or one its own /proc and
+    temporary folders do not show it), the error says so rather than subprocess's "Exception occurred in
+    preexec_fn"."""
+    failure_read, failure_write = os.pipe2(os.O_CLOEXEC)
+    try:
+        try:
+            return subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                umask=TASK_UMASK,
+                start_new_session=True,
+                preexec_fn=functools.partial(setup, workdir_failure_fd=failure_write),
+            )
+        except subprocess.SubprocessError:
+            os.close(failure_write)
+            failure_write = -1
+            errno_text = os.read(failure_read, 16)
+            if not errno_text:
+                raise
+            number = int(errno_text)
+            raise OSError(
+                number,
+                f"the run's user cannot enter its workdir {cwd} ({os.strerror(number)}; the run sees its own "
+                "/proc and temporary folders)",
+            ) from None
+    finally:
+        os.close(failure_read)
+        if failure_write >= 0:
+            os.close(failure_write)
 
 
 def _files_per_process(max_files: int) -> int:
