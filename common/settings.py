@@ -5,9 +5,12 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import ipaddress
 import json
 import os
+import re
 import ssl
 import sys
 from collections.abc import Callable
@@ -31,7 +34,7 @@ from megha.common.core.policies.priority import (
     parse_priority_classes,
 )
 from megha.common.core.task import DRIVERS
-from megha.common.limits import MIN_INTERVAL
+from megha.common.limits import MAX_GMS, MAX_WAIT_SECONDS, MIN_INTERVAL
 
 if TYPE_CHECKING:
     from megha.common.transport.rabbit import Broker
@@ -110,7 +113,15 @@ class ServiceSettings(BaseSettings):
         "guest account on this machine, is for a development run only: a deployment gives each role its own user "
         "(docs/security.md); MEGHA_AMQP_URL_FILE names a file holding it instead (a Docker secret)",
     )
-    host: str = Field("127.0.0.1", min_length=1, description="address the HTTP server binds")
+    host: str = Field(
+        "127.0.0.1", min_length=1, description="address the HTTP server binds (an IP address or a host name)"
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _check_host(cls, value: str) -> str:
+        return check_host(value)
+
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     public_url: str = Field("", description="URL other services use to reach this one (default http://host:port)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
@@ -127,7 +138,10 @@ class ServiceSettings(BaseSettings):
     )
 
     broker_timeout: float = Field(
-        60.0, gt=0, description="seconds to keep retrying RabbitMQ at start-up before exiting with an error"
+        60.0,
+        gt=0,
+        le=MAX_WAIT_SECONDS,
+        description="seconds to keep retrying RabbitMQ at start-up before exiting with an error (at most a day)",
     )
     outbox_bytes: int = Field(
         64 * 1024 * 1024,
@@ -443,10 +457,11 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         return value
 
     seed: int = Field(0, description="seed of the GM's random choices")
-    http_timeout: float = Field(10.0, gt=0, description="seconds for one LM call")
+    http_timeout: float = Field(10.0, gt=0, le=MAX_WAIT_SECONDS, description="seconds for one LM call")
     lm_timeout: float = Field(
         60.0,
         gt=0,
+        le=MAX_WAIT_SECONDS,
         description="seconds to wait for an unreachable or restarting LM: at start-up, and for a launch in flight "
         "before its tasks are failed",
     )
@@ -456,6 +471,14 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         "jobs are on disk before the 201, and a restarted GM recovers them; empty: no journal (a GM crash then "
         "loses its queued jobs)",
     )
+
+    @field_validator("journal_dir")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if value and not value.strip():
+            raise ValueError("is only blanks: name a folder, or leave it empty for no journal")
+        return value
+
     max_attempts: int = Field(
         3, ge=1, description="executions of a task whose worker is lost before it is failed with the reason"
     )
@@ -479,6 +502,7 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     dependency_poll: float = Field(
         5.0,
         ge=MIN_INTERVAL,
+        le=MAX_WAIT_SECONDS,
         description="seconds between this GM's checks of the parents its waiting jobs wait for at other GMs "
         "(depends_on; docs/dependencies.md): how late, at most, a child learns a remote parent ended (at "
         f"least {MIN_INTERVAL:g})",
@@ -486,6 +510,7 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     takeover_after: float = Field(
         45.0,
         ge=0,
+        le=MAX_WAIT_SECONDS,
         description="seconds the previous GM must stay unreachable before this GM stands in for it (serves its "
         "queue and jobs until it returns); 0: never",
     )
@@ -542,17 +567,23 @@ class LMSettings(FairSettings, PrioritySettings, UserTokens):
 
     port: int = Field(8100, ge=1, le=65535)
     lm_id: int = Field(0, ge=0, description="this LM's id, 0..L-1")
-    num_gms: int = Field(1, ge=1, description="GMs in the deployment: the LM's cluster has one partition per GM")
+    num_gms: int = Field(
+        1, ge=1, le=MAX_GMS, description="GMs in the deployment: the LM's cluster has one partition per GM"
+    )
     expected_nodes: int = Field(
         1, ge=1, le=MAX_LM_NODES, description="nodes worker agents must register before launches are served"
     )
     delta_interval: float = Field(
-        1.0, ge=MIN_INTERVAL, description=f"seconds between delta updates to each GM (at least {MIN_INTERVAL:g})"
+        1.0,
+        ge=MIN_INTERVAL,
+        le=MAX_WAIT_SECONDS,
+        description=f"seconds between delta updates to each GM (at least {MIN_INTERVAL:g})",
     )
-    http_timeout: float = Field(10.0, gt=0, description="seconds for one worker-agent call")
+    http_timeout: float = Field(10.0, gt=0, le=MAX_WAIT_SECONDS, description="seconds for one worker-agent call")
     worker_timeout: float = Field(
         30.0,
         ge=MIN_INTERVAL,
+        le=MAX_WAIT_SECONDS,
         description="seconds without a heartbeat after which an agent that fails its health check loses its nodes "
         f"and its tasks are reported failed (checked every quarter of it, at most 5 s; at least {MIN_INTERVAL:g})",
     )
@@ -603,6 +634,14 @@ class WorkerSettings(UserTokens):
     nodes: int = Field(
         1, ge=1, le=MAX_LM_NODES, description="nodes this agent stands for (more than one needs simulated execution)"
     )
+
+    @field_validator("nodes")
+    @classmethod
+    def _one_real_node(cls, value: int, info: ValidationInfo) -> int:
+        if value != 1 and info.data.get("execution") == "real":
+            raise ValueError(f"{value} nodes need MEGHA_EXECUTION=simulated: a real agent is one node")
+        return value
+
     node_cpu_millicores: int = Field(
         2000, gt=0, le=MAX_NODE_CAPACITY, description="CPU of each node, millicores (at most 2**40)"
     )
@@ -611,7 +650,10 @@ class WorkerSettings(UserTokens):
         default_factory=list, description="machine constraint ids of this agent's nodes"
     )
     heartbeat_interval: float = Field(
-        5.0, ge=MIN_INTERVAL, description=f"seconds between heartbeats to the LM (at least {MIN_INTERVAL:g})"
+        5.0,
+        ge=MIN_INTERVAL,
+        le=MAX_WAIT_SECONDS,
+        description=f"seconds between heartbeats to the LM (at least {MIN_INTERVAL:g})",
     )
     constraint_seed: int | None = Field(
         None, description="draw each node's constraints with the published machine fractions instead"
@@ -758,7 +800,12 @@ class LoadgenSettings(FairSettings):
     cpu_scale: int = Field(400, ge=1, description="scaled mode: divide the drawn CPU request by this")
     mem_scale: int = Field(50, ge=1, description="scaled mode: divide the drawn memory request by this")
     out: str = Field("out/services", description="directory for the report files")
-    timeout: float = Field(600.0, gt=0, description="seconds to wait for every task to finish after the last submit")
+    timeout: float = Field(
+        600.0,
+        gt=0,
+        le=365 * MAX_WAIT_SECONDS,
+        description="seconds to wait for every task to finish after the last submit (at most a year)",
+    )
     gm_timeout: float = Field(
         60.0,
         gt=0,
@@ -833,6 +880,21 @@ def check_amqp_url(url: str) -> str:
     except ValueError:
         raise ValueError("the URL's port is not a number from 0 to 65535") from None
     return url
+
+
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
+
+
+def check_host(host: str) -> str:
+    """`host` if it is an IP address or a host name (RFC 1123 labels; not all digits and dots, which would be a bad
+    IPv4 address); otherwise ValueError saying so."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return host
+    if len(host) <= 253 and _HOST_NAME.fullmatch(host) and not re.fullmatch(r"[0-9.]+", host):
+        return host
+    raise ValueError(f"{host!r} is not an IP address or a host name")
 
 
 def check_http_urls(urls: list[str]) -> list[str]:

@@ -357,6 +357,9 @@ def main(command: str = "python -m megha.loadgen.services") -> int:
         for folder in made:
             with contextlib.suppress(OSError):  # a folder something else wrote in meanwhile is kept
                 folder.rmdir()
+        if isinstance(exc, TraceError):  # the file MEGHA_TRACE names, or what MEGHA_TIME_SCALE makes of it
+            print(f"{command}: bad settings: MEGHA_TRACE: {exc}", file=sys.stderr)
+            return 2
         if not isinstance(exc, StartupError):
             raise
         print(f"{command}: error: {exc}", file=sys.stderr)  # the broker or every GM unreachable

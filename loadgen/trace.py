@@ -81,7 +81,7 @@ def read_trace(
     next arrival time when more than 1 / `DEPHASE_STEP` jobs share one).
     """
     _check_options(first_n, time_scale)
-    numbered = list(itertools.islice(_parse_lines(Path(path)), first_n))
+    numbered = list(itertools.islice(_parse_lines(Path(path)), None if first_n is None else min(first_n, sys.maxsize)))
     if not numbered:
         return []
     jobs = [job for _, job in numbered]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import TypeVar
 
@@ -37,6 +39,11 @@ class _Server(uvicorn.Server):
         stop_requested.set()
         super().handle_exit(sig, frame)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:  # uvicorn says where it listens only for the sockets it binds
+            self._log_started_message(sockets)
+
 
 def _load(model: type[S], command: str) -> S:
     """The service's settings; its log lines take their format from them before its app is created."""
@@ -49,11 +56,13 @@ def _load(model: type[S], command: str) -> S:
     return settings
 
 
-def _serve(app: object, settings: ServiceSettings) -> None:
+def _serve(create_app: Callable[[S], object], settings: S, command: str) -> None:
     """Serve `app`. uvicorn gets no logging configuration of its own (`log_config=None`): its loggers' lines go to
     the handler `configure_logging` put on the root logger, in the service's format. Its access log (a line per
     request, on the path of every launch) is on at log level debug only. With MEGHA_TLS_CERT and MEGHA_TLS_KEY it
-    serves HTTPS only."""
+    serves HTTPS only. Its socket is bound before the app is made (`_listening`)."""
+    sock = _listening(settings, command)
+    app = create_app(settings)
     if settings.holds_root():  # said once its app configured the log format
         logging.getLogger("megha").warning(
             "this service holds the deployment's root secret (MEGHA_CLUSTER_SECRET without MEGHA_CREDENTIAL): "
@@ -70,7 +79,32 @@ def _serve(app: object, settings: ServiceSettings) -> None:
         ssl_certfile=settings.tls_cert or None,
         ssl_keyfile=settings.tls_key or None,
     )
-    _Server(config).run()
+    _Server(config).run(sockets=[sock])
+
+
+def _listening(settings: ServiceSettings, command: str) -> socket.socket:
+    """A socket bound to MEGHA_HOST and MEGHA_PORT for uvicorn, bound before the service starts (uvicorn binds
+    only after its start-up, a GM's discovery of its LMs included); one line and exit status 2 when it cannot be
+    (the port taken, a host name that does not resolve or is not this machine's)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            sock.bind(address)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        print(
+            f"{command}: bad settings: MEGHA_HOST={settings.host}, MEGHA_PORT={settings.port}: cannot listen there: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return sock
 
 
 def serve_gm(command: str = "python -m megha.services.gm") -> None:
@@ -80,7 +114,7 @@ def serve_gm(command: str = "python -m megha.services.gm") -> None:
     from megha.services.gm.app import create_app
 
     settings = _load(GMSettings, command)
-    _serve(create_app(settings), settings)
+    _serve(create_app, settings, command)
 
 
 def serve_lm(command: str = "python -m megha.services.lm") -> None:
@@ -90,7 +124,7 @@ def serve_lm(command: str = "python -m megha.services.lm") -> None:
     from megha.services.lm.app import create_app
 
     settings = _load(LMSettings, command)
-    _serve(create_app(settings), settings)
+    _serve(create_app, settings, command)
 
 
 def serve_worker(command: str = "python -m megha.services.worker") -> None:
@@ -100,4 +134,4 @@ def serve_worker(command: str = "python -m megha.services.worker") -> None:
     from megha.services.worker.app import create_app
 
     settings = _load(WorkerSettings, command)
-    _serve(create_app(settings), settings)
+    _serve(create_app, settings, command)

@@ -136,6 +136,10 @@ def test_only_the_gm_itself_may_prepare_commit_or_abort_a_gang_at_an_lm(two_lms:
     term = httpx.get(f"{lm}/v1/gms/0/state", headers=gm0, timeout=5).json()["term"]
     r = httpx.post(f"{lm}/v1/gangs/abort?term={term}", json=calls[2][1], headers=gm0, timeout=5)
     assert r.status_code == 200 and r.json() == {"gang": "f"}, r.text  # an abort of nothing is nothing
+    # A lease is at most a day: one of 2**63 s held the gang's resources for ever.
+    endless = calls[0][1] | {"lease_s": 2.0**63}
+    r = httpx.post(f"{lm}/v1/gangs/prepare?term={term}", json=endless, headers=gm0, timeout=5)
+    assert r.status_code == 422 and [d["field"] for d in r.json()["detail"]] == ["lease_s"], r.text
 
 
 @needs_rabbitmq

@@ -17,6 +17,7 @@ from megha.common.core import messages
 from megha.common.core.constraints import ALL_CONSTRAINTS_MASK, constraint_mask
 from megha.common.core.resources import CPU, MEMORY, Resources
 from megha.common.core.task import RunSpec, TaskSpec
+from megha.common.limits import MAX_WAIT_SECONDS
 from megha.common.models import (
     MAX_BODY_BYTES,
     BrokerMessage,
@@ -72,6 +73,7 @@ BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "runs": st.lists(st.tuples(ids, st.integers(1, 5)), max_size=4),  # StopRequest: (task id, attempt)
     "lost": st.just(False),  # FinishedTask: the LM sets it, never the wire
     "exit_code": st.none() | st.integers(0, 255),  # FinishedTask, Completion: a process's exit code
+    "lease_s": st.floats(min_value=0, max_value=MAX_WAIT_SECONDS),  # GangPrepare: at most a day
 }
 """Strategies of the fields whose values the wire bounds more than their core type does, by field name."""
 BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {

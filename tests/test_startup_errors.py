@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ import pytest
 
 from megha.deploy.local import free_port
 
-from servicekit import wait_until
+from servicekit import needs_rabbitmq, wait_until
 
 
 def _start(module: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -80,6 +81,21 @@ def test_no_broker_at_the_configured_url_is_one_clear_line(module: str) -> None:
         ("megha.loadgen.services", {"MEGHA_QUEUES": "q1:50%:0,q2:50%:3"}, "MEGHA_QUEUES"),
         ("megha.services.lm", {"MEGHA_EXPECTED_NODES": "1000000000000"}, "MEGHA_EXPECTED_NODES"),
         ("megha.services.worker", {"MEGHA_NODES": "1000000000000"}, "MEGHA_NODES"),
+        ("megha.services.worker", {"MEGHA_NODES": "3"}, "MEGHA_NODES"),  # a real agent is one node
+        ("megha.services.lm", {"MEGHA_NUM_GMS": str(10**30)}, "MEGHA_NUM_GMS"),  # was an OverflowError
+        # Finite but endless: 1e30 s waited for ever, as inf did.
+        ("megha.services.lm", {"MEGHA_BROKER_TIMEOUT": "1e30"}, "MEGHA_BROKER_TIMEOUT"),
+        ("megha.services.gm", {"MEGHA_HTTP_TIMEOUT": "1e308"}, "MEGHA_HTTP_TIMEOUT"),
+        ("megha.services.worker", {"MEGHA_HEARTBEAT_INTERVAL": "1e308"}, "MEGHA_HEARTBEAT_INTERVAL"),
+        ("megha.loadgen.services", {"MEGHA_TIMEOUT": "1e308"}, "MEGHA_TIMEOUT"),
+        # A host to bind that is no address nor host name, and a blank journal folder (made as a folder " ").
+        ("megha.services.gm", {"MEGHA_HOST": "999.1.1.1"}, "MEGHA_HOST"),
+        ("megha.services.lm", {"MEGHA_HOST": " "}, "MEGHA_HOST"),
+        ("megha.services.gm", {"MEGHA_JOURNAL_DIR": " "}, "MEGHA_JOURNAL_DIR"),
+        # The load generator's trace: these were tracebacks.
+        ("megha.loadgen.services", {"MEGHA_TRACE": "/no/such/trace.tr"}, "MEGHA_TRACE"),
+        ("megha.loadgen.services", {"MEGHA_TRACE": "syn:a:b"}, "MEGHA_TRACE"),
+        ("megha.loadgen.services", {"MEGHA_TIME_SCALE": "1e308"}, "MEGHA_TRACE"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[str, str], named: str) -> None:
@@ -88,6 +104,57 @@ def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[st
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
     assert "bad settings" in output and named in output, output
+
+
+@pytest.mark.parametrize("module", ["megha.services.gm", "megha.services.lm", "megha.services.worker"])
+def test_a_port_already_taken_is_one_line_before_the_service_starts(module: str) -> None:
+    """uvicorn binds only after the service's start-up (a GM's wait for its LMs included), and then said so in
+    several lines that named no setting; the service now binds first."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = _start(module, MEGHA_AUTH="off", MEGHA_PORT=str(port), MEGHA_LM_URLS="http://127.0.0.1:9")
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert len(output.strip().splitlines()) == 1 and "Traceback" not in output, output
+    assert f"MEGHA_HOST=127.0.0.1, MEGHA_PORT={port}: cannot listen there: Address already in use" in output, output
+
+
+@needs_rabbitmq
+def test_a_gm_id_beyond_the_lms_partitions_is_one_line_naming_both_settings() -> None:
+    """A GM whose MEGHA_GM_ID the LMs have no partition for (their MEGHA_NUM_GMS) was a traceback from uvicorn's
+    start-up ("GM id 5 outside 0..0")."""
+    lm_port, agent_port = free_port(), free_port()
+    base = dict(os.environ) | {"MEGHA_AUTH": "off", "MEGHA_RUN_ID": f"gmid{lm_port}"}
+    lm_url = f"http://127.0.0.1:{lm_port}"
+    lm = subprocess.Popen(
+        [sys.executable, "-m", "megha.services.lm"],
+        env=base | {"MEGHA_PORT": str(lm_port), "MEGHA_NUM_GMS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "megha.services.worker"],
+        env=base | {"MEGHA_PORT": str(agent_port), "MEGHA_LM_URL": lm_url, "MEGHA_EXECUTION": "simulated"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        done = _start(
+            "megha.services.gm",
+            **base,
+            MEGHA_LM_URLS=lm_url,
+            MEGHA_GM_ID="5",
+            MEGHA_JOURNAL_DIR="",
+            MEGHA_LM_TIMEOUT="30",
+        )
+    finally:
+        for proc in (agent, lm):
+            proc.terminate()
+            proc.wait(timeout=30)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "MEGHA_GM_ID=5" in errors[0] and "MEGHA_NUM_GMS=1" in errors[0], output
 
 
 def test_the_wait_for_the_broker_gives_its_seconds_readably(caplog: pytest.LogCaptureFixture) -> None:

@@ -22,6 +22,7 @@ from pydantic_core import to_json
 
 from megha.common.core import messages
 from megha.common.core.task import RunSpec, TaskSpec
+from megha.common.limits import MAX_WAIT_SECONDS
 from megha.common.wire.fields import (
     MAX_BODY_BYTES,
     Amounts,
@@ -212,7 +213,10 @@ class StopRequestModel(CoreMirror, core=messages.StopRequest):
 
 class GangPrepareModel(CoreMirror, core=messages.GangPrepare):
     """Mirror of `GangPrepare` (GM -> LM, `POST /v1/gangs/prepare`): validate a gang's placements all-or-nothing,
-    then reserve them under a lease (or, with `commit`, launch them); `lease_s` > 0 unless `commit`."""
+    then reserve them under a lease (or, with `commit`, launch them); `lease_s` > 0 unless `commit`, and at most a
+    day (a lease of 9e18 s held the gang's resources for ever)."""
+
+    lease_s: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)]
 
 
 class GangPreparedModel(CoreMirror, core=messages.GangPrepared):

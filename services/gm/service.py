@@ -139,6 +139,11 @@ class GMService:
                 )
             )
         cluster = ClusterSpec(tuple(rows), names)
+        if self.settings.gm_id >= cluster.num_gms:
+            raise StartupError(
+                f"MEGHA_GM_ID={self.settings.gm_id}, but the LMs have a partition for GMs 0..{cluster.num_gms - 1} "
+                f"only (their MEGHA_NUM_GMS={cluster.num_gms})"
+            )
         try:
             self.settings.check_queue_gms(cluster.num_gms, "the LMs have a partition per GM")
         except ValueError as exc:
