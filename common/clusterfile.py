@@ -30,6 +30,7 @@ from megha.common.constraint_stats import ConstraintStats, load_constraint_stats
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import NUM_CONSTRAINTS, constraint_ids, constraint_mask
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
+from megha.common.jsonkeys import KeyTwiceError, unique_keys
 from megha.common.machine_classes import MACHINE_DRAWS
 
 MAX_NODE_CAPACITY = 2**40
@@ -186,20 +187,12 @@ def _read_json(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ClusterFileError(f"cluster file {path}: not UTF-8 text") from None
 
-    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        obj = dict(pairs)
-        if len(obj) != len(pairs):
-            keys = [key for key, _ in pairs]
-            twice = next(key for key in keys if keys.count(key) > 1)
-            raise ClusterFileError(f"cluster file {path}: key {twice[:40]!r} appears twice in one object")
-        return obj
-
     try:
         doc = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise ClusterFileError(f"cluster file {path}: not valid JSON: {exc}") from exc
-    except ClusterFileError:
-        raise
+    except KeyTwiceError as exc:
+        raise ClusterFileError(f"cluster file {path}: {exc}") from None
     except ValueError:  # an integer of more digits than Python reads
         raise ClusterFileError(f"cluster file {path}: holds a number too long to read (over 4,300 digits)") from None
     except RecursionError:

@@ -207,7 +207,7 @@ def test_a_cluster_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     ],
 )
 def test_a_key_given_twice_is_refused(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(ClusterFileError, match=f"{message} appears twice in one object"):
+    with pytest.raises(ClusterFileError, match=f"{message} given twice in one object"):
         load_cluster(_write(tmp_path, text, "c.json"))
 
 

@@ -23,6 +23,7 @@ from megha.client.plans import (
     Done,
     JobEvent,
     Plans,
+    check_token,
     gm_urls,
     token_from_env,
 )
@@ -65,7 +66,7 @@ class _Base:
         `transport`: httpx's (tests give an `httpx.MockTransport`)."""
         self.urls = gm_urls(gm)
         self.plans = Plans(self.urls, retry, random.Random(seed))
-        token = token or token_from_env()
+        token = check_token(token, "token") if token else token_from_env()
         self._http_options: dict[str, Any] = {
             "timeout": timeout,
             "headers": {"Authorization": f"Bearer {token}"} if token else {},

@@ -39,6 +39,7 @@ from megha.common.models import (
     QueueList,
     TaskTransition,
 )
+from megha.common.settings import check_http_urls
 
 DEFAULT_GM_URL = "http://127.0.0.1:8000"
 """Where docker-compose.yml publishes its first GM (gm-0) on this host."""
@@ -62,30 +63,44 @@ class Done:
     value: object
 
 
+def check_token(token: str, source: str) -> str:
+    """`token` if it is visible ASCII only (what an HTTP `Authorization: Bearer` header can carry); otherwise
+    ValueError naming `source` (the option or variable it came from), never the token."""
+    if not all("!" <= c <= "~" for c in token):
+        raise ValueError(f"{source}: an API token holds visible ASCII characters only (no spaces, new lines, accents)")
+    return token
+
+
 def token_from_env() -> str | None:
     """The API token the CLI and `Client` use: MEGHA_API_TOKEN, or the file MEGHA_API_TOKEN_FILE names (a Docker
     secret). ValueError when both are set (which one is meant? as the services' settings refuse a secret given both
-    ways, docs/security.md), or the file cannot be read."""
+    ways, docs/security.md), the file cannot be read, or the token is not visible ASCII (`check_token`)."""
     token, path = os.environ.get("MEGHA_API_TOKEN"), os.environ.get("MEGHA_API_TOKEN_FILE")
     if token and path:
         raise ValueError("MEGHA_API_TOKEN and MEGHA_API_TOKEN_FILE are both set: set one")
     if token:
-        return token
+        return check_token(token, "MEGHA_API_TOKEN")
     if not path:
         return None
     try:
-        return Path(path).read_text().strip() or None
+        text = Path(path).read_bytes().decode("utf-8", "replace").strip()  # undecodable bytes fail `check_token`
     except OSError as exc:
         raise ValueError(f"MEGHA_API_TOKEN_FILE: cannot read {path}: {exc.strerror}") from None
+    return check_token(text, "MEGHA_API_TOKEN_FILE") or None
 
 
 def gm_urls(gm: str | list[str] | tuple[str, ...]) -> list[str]:
-    """The GMs' URLs of a URL, comma-separated URLs or a list of them; ValueError for one that is not http(s)."""
+    """The GMs' URLs of a URL, comma-separated URLs or a list of them; ValueError naming the first that is not an
+    http(s) URL with a host and a port from 0 to 65535 (`check_http_urls`, as the settings check theirs) that httpx
+    can send to."""
     texts = [gm] if isinstance(gm, str) else list(gm)
     urls = [u.strip().rstrip("/") for text in texts for u in text.split(",") if u.strip()]
     for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        try:
+            check_http_urls([url])
+            httpx.URL(url)  # what urlsplit lets through and httpx refuses: a control character, say
+        except (ValueError, httpx.InvalidURL) as exc:  # urlsplit's own errors (an IPv6 host not closed) omit the URL
+            raise ValueError(str(exc) if repr(url) in str(exc) else f"{url!r} is not a URL: {exc}") from None
     if not urls:
         raise ValueError("no GM URL given")
     return list(dict.fromkeys(urls))

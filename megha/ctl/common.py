@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from megha.client import DEFAULT_GM_URL, Client, MeghaError
-from megha.client.plans import gm_urls
+from megha.client.plans import check_token, gm_urls
 from megha.common.core.resources import CPU, MEMORY
 from megha.options import Bounded
 
@@ -86,15 +86,33 @@ def dump(model: BaseModel) -> Any:
     return model.model_dump(mode="json")
 
 
-def _urls(given: Sequence[str], variables: Sequence[str], default: str | None) -> list[str]:
-    """URLs from the option (repeatable, or comma-separated), else from the first variable set, else `default`."""
-    texts = list(given) or next(([os.environ[v]] for v in variables if os.environ.get(v, "").strip()), [])
+def _urls(option: str, given: Sequence[str], variables: Sequence[str], default: str | None) -> list[str]:
+    """URLs from `option` (repeatable, or comma-separated), else from the first variable set, else `default`; a bad
+    one is a usage error naming where it came from."""
+    variable = next((v for v in variables if os.environ.get(v, "").strip()), None)
+    texts = list(given) or ([os.environ[variable]] if variable else [])
     if not texts and default is None:
         return []
+    where = option if given else variable or option
     try:
         return gm_urls(texts or [default or ""])
     except ValueError as exc:
-        raise CtlError(str(exc), USAGE) from None
+        raise CtlError(f"{where}: {exc}", USAGE) from None
+
+
+def _from_env(ctx: click.Context, param: click.Parameter, variable: str) -> str:
+    """` (VARIABLE)` when the option's value came from that variable, to name it in an error; else nothing."""
+    return f" ({variable})" if ctx.get_parameter_source(param.name or "") is ParameterSource.ENVIRONMENT else ""
+
+
+def _token(ctx: click.Context, param: click.Parameter, token: str | None) -> str | None:
+    """`--token` (or MEGHA_API_TOKEN): refused before any call unless visible ASCII, without printing it."""
+    if token:
+        try:
+            check_token(token, f"--token{_from_env(ctx, param, 'MEGHA_API_TOKEN')}")
+        except ValueError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+    return token
 
 
 def _ca_bundle(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
@@ -103,9 +121,7 @@ def _ca_bundle(ctx: click.Context, param: click.Parameter, path: str | None) -> 
         try:
             ssl.create_default_context(cafile=path)
         except OSError as exc:  # ssl.SSLError (not PEM certificates) or the file cannot be read
-            given = (
-                " (MEGHA_TLS_CA)" if ctx.get_parameter_source(param.name or "") is ParameterSource.ENVIRONMENT else ""
-            )
+            given = _from_env(ctx, param, "MEGHA_TLS_CA")
             if isinstance(exc, ssl.SSLError):
                 reason = f"not a PEM bundle of certificates ({exc.reason or exc})"
             else:
@@ -129,12 +145,12 @@ def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., 
             ca: str | None = None,
             **kw: Any,
         ) -> None:
-            gms = _urls(gm, ("MEGHA_GM_URL", "MEGHA_GM_URLS"), DEFAULT_GM_URL)
+            gms = _urls("--gm", gm, ("MEGHA_GM_URL", "MEGHA_GM_URLS"), DEFAULT_GM_URL)
             try:
                 client = Client(gms, token=token, ca=ca, timeout=timeout)
             except ValueError as exc:  # MEGHA_API_TOKEN_FILE cannot be read, or both token variables are set
                 raise CtlError(str(exc), USAGE) from None
-            ctl = Ctl(gms, _urls(lm, ("MEGHA_LM_URLS",), None), client, as_json)
+            ctl = Ctl(gms, _urls("--lm", lm, ("MEGHA_LM_URLS",), None), client, as_json)
             try:
                 command(ctl, **kw)
             except MeghaError as exc:
@@ -155,6 +171,7 @@ def options(lms: bool = False) -> Callable[[Callable[..., None]], Callable[..., 
                 "--token",
                 envvar="MEGHA_API_TOKEN",
                 metavar="TOKEN",
+                callback=_token,
                 help="your API token (default: $MEGHA_API_TOKEN, or the file $MEGHA_API_TOKEN_FILE names; not both); "
                 "none is sent without one (a deployment with MEGHA_AUTH=off)",
             ),
