@@ -6,15 +6,16 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import ipaddress
 import json
 import os
 import re
 import ssl
+import stat
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
@@ -49,6 +50,16 @@ class SecretFileError(ValueError):
     """A MEGHA_<NAME>_FILE that cannot be used."""
 
 
+def read_secret_file(path: str) -> str:
+    """The text of the file at `path` without surrounding white space; OSError for one that is not a regular file
+    (a FIFO or a device, whose read could wait for ever) or cannot be read, UnicodeDecodeError for one not UTF-8."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open would wait for a writer
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return file.read().decode().strip()
+
+
 class FileSecrets(PydanticBaseSettingsSource):
     """MEGHA_<NAME>_FILE for each of `SECRET_SETTINGS`: the file's content, without surrounding white space."""
 
@@ -67,7 +78,7 @@ class FileSecrets(PydanticBaseSettingsSource):
             if os.environ.get(variable):
                 raise SecretFileError(f"{variable} and {variable}_FILE are both set: set one")
             try:
-                values[name] = Path(path).read_text().strip()
+                values[name] = read_secret_file(path)
             except (OSError, UnicodeDecodeError) as exc:
                 raise SecretFileError(f"{variable}_FILE: cannot read {path}: {exc}") from None
         return values
@@ -900,7 +911,10 @@ def check_host(host: str) -> str:
 def check_http_urls(urls: list[str]) -> list[str]:
     """`urls` if each is an http:// or https:// URL with a host; otherwise ValueError naming the first that is not."""
     for url in urls:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:  # an IPv6 host not closed ("http://[::1")
+            raise ValueError(f"{url!r} is not a URL: {exc}") from None
         try:
             parts.port  # noqa: B018 (a port that is not a number raises ValueError)
         except ValueError:

@@ -91,6 +91,17 @@ def test_a_visible_ascii_token_from_a_file_is_sent(
     assert status == 3 and "cannot be reached" in err, err  # accepted: the call was made
 
 
+def test_a_token_file_that_is_a_fifo_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reading a FIFO would wait for a writer for ever (a service's MEGHA_*_FILE: tests/test_startup_errors.py)."""
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("MEGHA_API_TOKEN_FILE", str(fifo))
+    status, err = run_cli(["job", "list", "--gm", NOWHERE], capsys)
+    assert status == 2 and "MEGHA_API_TOKEN_FILE: cannot read" in err and "not a regular file" in err, err
+
+
 def test_a_job_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
     fifo = tmp_path / "job.yaml"
     os.mkfifo(fifo)

@@ -157,6 +157,16 @@ def test_a_gm_id_beyond_the_lms_partitions_is_one_line_naming_both_settings() ->
     assert len(errors) == 1 and "MEGHA_GM_ID=5" in errors[0] and "MEGHA_NUM_GMS=1" in errors[0], output
 
 
+def test_a_secret_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    """MEGHA_<NAME>_FILE naming a FIFO: its read waited for a writer for ever."""
+    fifo = tmp_path / "credential"
+    os.mkfifo(fifo)
+    done = _start("megha.services.lm", MEGHA_AUTH="off", MEGHA_CREDENTIAL_FILE=str(fifo))
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and len(output.strip().splitlines()) == 1, output
+    assert "MEGHA_CREDENTIAL_FILE: cannot read" in output and "not a regular file" in output, output
+
+
 def test_the_wait_for_the_broker_gives_its_seconds_readably(caplog: pytest.LogCaptureFixture) -> None:
     """MEGHA_BROKER_TIMEOUT=1e308 was logged as a number of 309 digits, and 0.5 as 0."""
     from megha.common.transport.rabbit import Broker, BrokerUnavailable

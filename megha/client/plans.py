@@ -9,7 +9,6 @@ import os
 import random
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -39,7 +38,7 @@ from megha.common.models import (
     QueueList,
     TaskTransition,
 )
-from megha.common.settings import check_http_urls
+from megha.common.settings import check_http_urls, read_secret_file
 
 DEFAULT_GM_URL = "http://127.0.0.1:8000"
 """Where docker-compose.yml publishes its first GM (gm-0) on this host."""
@@ -83,9 +82,11 @@ def token_from_env() -> str | None:
     if not path:
         return None
     try:
-        text = Path(path).read_bytes().decode("utf-8", "replace").strip()  # undecodable bytes fail `check_token`
+        text = read_secret_file(path)
     except OSError as exc:
         raise ValueError(f"MEGHA_API_TOKEN_FILE: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError("MEGHA_API_TOKEN_FILE: an API token holds visible ASCII characters only") from None
     return check_token(text, "MEGHA_API_TOKEN_FILE") or None
 
 
