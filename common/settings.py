@@ -5,15 +5,10 @@ The same names are used by docker-compose.yml, the local launcher (`megha local`
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hmac
-import ipaddress
 import json
 import os
-import re
 import ssl
-import stat
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self, TypeVar
@@ -24,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from megha.common.auth import MIN_SECRET_CHARS, Credential, Signer, Verifier, parse_api_tokens, root_public
+from megha.common.checks import check_host, check_http_urls, read_secret_file
 from megha.common.clusterfile import MAX_LM_NODES, MAX_NODE_CAPACITY
 from megha.common.core.constraints import NUM_CONSTRAINTS
 from megha.common.core.fairness.config import FairnessConfig, parse_queues
@@ -48,16 +44,6 @@ secret is in no environment listing."""
 
 class SecretFileError(ValueError):
     """A MEGHA_<NAME>_FILE that cannot be used."""
-
-
-def read_secret_file(path: str) -> str:
-    """The text of the file at `path` without surrounding white space; OSError for one that is not a regular file
-    (a FIFO or a device, whose read could wait for ever) or cannot be read, UnicodeDecodeError for one not UTF-8."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open would wait for a writer
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        return file.read().decode().strip()
 
 
 class FileSecrets(PydanticBaseSettingsSource):
@@ -891,37 +877,6 @@ def check_amqp_url(url: str) -> str:
     except ValueError:
         raise ValueError("the URL's port is not a number from 0 to 65535") from None
     return url
-
-
-_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
-
-
-def check_host(host: str) -> str:
-    """`host` if it is an IP address or a host name (RFC 1123 labels; not all digits and dots, which would be a bad
-    IPv4 address); otherwise ValueError saying so."""
-    with contextlib.suppress(ValueError):
-        ipaddress.ip_address(host)
-        return host
-    if len(host) <= 253 and _HOST_NAME.fullmatch(host) and not re.fullmatch(r"[0-9.]+", host):
-        return host
-    raise ValueError(f"{host!r} is not an IP address or a host name")
-
-
-def check_http_urls(urls: list[str]) -> list[str]:
-    """`urls` if each is an http:// or https:// URL with a host; otherwise ValueError naming the first that is not."""
-    for url in urls:
-        try:
-            parts = urlsplit(url)
-        except ValueError as exc:  # an IPv6 host not closed ("http://[::1")
-            raise ValueError(f"{url!r} is not a URL: {exc}") from None
-        try:
-            parts.port  # noqa: B018 (a port that is not a number raises ValueError)
-        except ValueError:
-            raise ValueError(f"{url!r} has a bad port") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not an http:// or https:// URL")
-    return urls
 
 
 S = TypeVar("S", bound=BaseSettings)

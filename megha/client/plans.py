@@ -27,6 +27,7 @@ from megha.client.retry import (
     Step,
     exchange,
 )
+from megha.common.checks import check_http_urls, read_secret_file
 from megha.common.models import (
     ErrorBody,
     JobAccepted,
@@ -38,7 +39,6 @@ from megha.common.models import (
     QueueList,
     TaskTransition,
 )
-from megha.common.settings import check_http_urls, read_secret_file
 
 DEFAULT_GM_URL = "http://127.0.0.1:8000"
 """Where docker-compose.yml publishes its first GM (gm-0) on this host."""
