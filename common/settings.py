@@ -386,8 +386,9 @@ class ClassUserSettings(PrioritySettings):
     priority_class_users: str = Field(
         "",
         description="with authentication on, the users who may name each class above the default one, as "
-        "class:user+user,... (e.g. high:alice+bob); a class above the default that is not listed is for operators "
-        "only, and every user may name the default class and those below it",
+        "class:user+user,... (e.g. high:alice+bob; a user listed twice for one class is refused, one listed for two "
+        "classes may name each); a class above the default that is not listed is for operators only, and every user "
+        "may name the default class and those below it",
     )
 
     @model_validator(mode="after")
@@ -396,10 +397,27 @@ class ClassUserSettings(PrioritySettings):
             parse_class_users(self.priority_class_users, self.classes())
         except ValueError as exc:
             raise ValueError(f"MEGHA_PRIORITY_CLASS_USERS: {exc}") from None
+        if (twice := _class_user_twice(self.priority_class_users)) is not None:
+            name, user = twice
+            raise ValueError(f"MEGHA_PRIORITY_CLASS_USERS: user {user!r} listed twice for class {name!r}; list it once")
         return self
 
     def class_users(self) -> dict[str, frozenset[str]]:
         return parse_class_users(self.priority_class_users, self.classes())
+
+
+def _class_user_twice(text: str) -> tuple[str, str] | None:
+    """The first (class, user) that MEGHA_PRIORITY_CLASS_USERS (`class:user+user,...`, checked by
+    `parse_class_users`) lists twice, in one item or in two items of that class; None when none is. One user listed
+    for two classes is no repeat: it may name each (a class allows only the users listed for it)."""
+    seen: set[tuple[str, str]] = set()
+    for item in text.split(","):
+        name, _, listed = item.partition(":")
+        for user in (u.strip() for u in listed.split("+") if u.strip()):
+            if (pair := (name.strip(), user)) in seen:
+                return pair
+            seen.add(pair)
+    return None
 
 
 class GMSettings(FairSettings, ClassUserSettings, UserTokens):
@@ -644,7 +662,7 @@ class WorkerSettings(UserTokens):
     )
     node_memory_mb: int = Field(4096, gt=0, le=MAX_NODE_CAPACITY, description="memory of each node, MB (at most 2**40)")
     constraints: Annotated[list[int], NoDecode] = Field(
-        default_factory=list, description="machine constraint ids of this agent's nodes"
+        default_factory=list, description="machine constraint ids of this agent's nodes, each once"
     )
     heartbeat_interval: float = Field(
         5.0,
@@ -762,6 +780,8 @@ class WorkerSettings(UserTokens):
         bad = [c for c in value if not 0 <= c < NUM_CONSTRAINTS]
         if bad:
             raise ValueError(f"constraint ids {bad} outside 0..{NUM_CONSTRAINTS - 1}")
+        if twice := sorted({c for c in value if value.count(c) > 1}):
+            raise ValueError(f"constraint ids {twice} listed twice: a node has a constraint or not; list each once")
         return value
 
 

@@ -23,9 +23,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from megha.common.jsonkeys import key_twice
 from megha.common.models import MAX_BODY_BYTES, ROOT_FIELD, ErrorBody, FieldError, validation_error_body
 
 M = TypeVar("M", bound=BaseModel)
@@ -33,10 +35,20 @@ M = TypeVar("M", bound=BaseModel)
 SCHEMAS = "#/components/schemas/{model}"
 
 
-async def read_body(request: Request, model: type[M]) -> M:
+async def read_body(request: Request, model: type[M], *, keys_once: bool = False) -> M:
     """The request's JSON body validated as `model`; a `ValidationError` (malformed JSON included, about the
-    body as a whole) becomes a 422 naming each field through `install_error_handlers`."""
-    return model.model_validate_json(await request.body())
+    body as a whole) becomes a 422 naming each field through `install_error_handlers`.
+
+    `keys_once`, for the routes users call: a body with an object that gives a key twice is refused too, a 422
+    naming that key's path, since readers disagree on which value counts (pydantic's, the last; a proxy's or an
+    audit log's, perhaps the first). That check parses a valid body a second time; peers' routes, the launch
+    batches' above all, do not pay for it."""
+    body = await request.body()
+    valid = model.model_validate_json(body)
+    if keys_once and (path := key_twice(body)) is not None:
+        twice = PydanticCustomError("key_twice", "key given twice in one object (readers disagree on which counts)")
+        raise ValidationError.from_exception_data(model.__name__, [InitErrorDetails(type=twice, loc=path, input=body)])
+    return valid
 
 
 def json_response(body: BaseModel | bytes, status: int = 200) -> Response:

@@ -28,6 +28,7 @@ from megha.common.models import (
     ErrorBody,
     JobAccepted,
     JobStatus,
+    JobSubmission,
     LaunchResponseModel,
     TaskEvents,
     WorkerHeartbeat,
@@ -365,6 +366,29 @@ async def test_gm_names_every_bad_field(untouched_gm: httpx.AsyncClient) -> None
     r = await untouched_gm.post("/v1/jobs", json=job(task(cpu_millicores=-1, memory_mb=0), task(duration=-1)))
     assert r.status_code == 422
     assert set(fields(r)) == {"tasks.0.cpu_millicores", "tasks.0.memory_mb", "tasks.1.duration"}
+
+
+RAW_TASK = '"duration": 5.0, "cpu_millicores": 500, "memory_mb": 256'
+RAW_EXEC = '"driver": "exec", "command": ["true"]'
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (f'{{"user": "alice", "user": "bob", "tasks": [{{{RAW_TASK}}}]}}', "user"),
+        (f'{{"user": "alice", "tasks": [{{{RAW_TASK}}}], "user": "alice"}}', "user"),  # the same value twice too
+        (f'{{"tasks": [{{{RAW_TASK}}}, {{{RAW_TASK}, "memory_mb": 512}}]}}', "tasks.1.memory_mb"),
+        (f'{{"tasks": [{{{RAW_TASK}, {RAW_EXEC}, "env": {{"A": "1", "B": "2", "A": "3"}}}}]}}', "tasks.0.env.A"),
+    ],
+    ids=["user", "user-same-value", "second-task-field", "env-name"],
+)
+async def test_gm_refuses_a_job_with_a_key_given_twice(untouched_gm: httpx.AsyncClient, raw: str, field: str) -> None:
+    """Readers disagree on which of a key's two values counts (Python's and pydantic's, the last): a proxy or an
+    audit log that reads the first would see another user, another size or another environment than the GM."""
+    JobSubmission.model_validate_json(raw)  # valid but for the key given twice: pydantic keeps the last value
+    r = await post_raw(untouched_gm, "/v1/jobs", raw.encode())
+    err = assert_error(r, 422, field)
+    assert fields(r) == [field] and "given twice" in err.detail[0].message, r.text
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from megha.common.settings import GMSettings
 from megha.deploy.local import free_port
 
 from servicekit import needs_rabbitmq, wait_until
@@ -104,6 +105,43 @@ def test_a_bad_setting_is_one_line_naming_the_variable(module: str, env: dict[st
     assert done.returncode == 2, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
     assert "bad settings" in output and named in output, output
+
+
+@pytest.mark.parametrize(
+    ("module", "env", "said"),
+    [
+        ("megha.services.worker", {"MEGHA_CONSTRAINTS": "1,1"}, "MEGHA_CONSTRAINTS: constraint ids [1] listed twice"),
+        ("megha.services.worker", {"MEGHA_CONSTRAINTS": "3,1,3,2"}, "MEGHA_CONSTRAINTS: constraint ids [3] listed"),
+        (
+            "megha.services.gm",
+            {"MEGHA_PRIORITY_CLASS_USERS": "high:alice+bob+alice"},
+            "MEGHA_PRIORITY_CLASS_USERS: user 'alice' listed twice for class 'high'",
+        ),
+        (
+            "megha.services.gm",
+            {"MEGHA_PRIORITY_CLASS_USERS": "high:alice+bob,high:bob"},
+            "MEGHA_PRIORITY_CLASS_USERS: user 'bob' listed twice for class 'high'",
+        ),
+    ],
+    ids=["constraint", "constraint-apart", "class-user", "class-user-in-two-items"],
+)
+def test_a_setting_that_lists_a_value_twice_is_one_line_naming_it(module: str, env: dict[str, str], said: str) -> None:
+    """A repeat means nothing (a node has a constraint or not; a user may name a class or not) and may hide a typo
+    in the other copy, so the service does not start."""
+    done = _start(module, MEGHA_AUTH="off", **env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+    assert "bad settings" in output and said in output, output
+
+
+def test_one_user_may_be_listed_for_two_classes() -> None:
+    """Not a repeat: a class allows only the users listed for it, so a user who may name two classes is listed
+    for each."""
+    settings = GMSettings(
+        auth="off", priority_classes="low:0,normal:100,high:1000,urgent:2000", priority_class_users="high:a,urgent:a"
+    )
+    assert settings.class_users() == {"high": frozenset({"a"}), "urgent": frozenset({"a"})}
 
 
 @pytest.mark.parametrize("module", ["megha.services.gm", "megha.services.lm", "megha.services.worker"])

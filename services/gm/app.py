@@ -131,7 +131,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         ),
     ) -> Response:
         arrived = time.time()  # allocation time counts from here: parsing the job is part of it
-        sub = await read_body(request, JobSubmission)
+        sub = await read_body(request, JobSubmission, keys_once=True)  # a user's body: no key twice
         who = principal(request)
         for field, user in sub.named_users():
             if not who.may_act_for(user):  # a user submits as itself only, for the job and each of its tasks
