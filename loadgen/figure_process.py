@@ -50,7 +50,7 @@ class FigureProcess:
         return cls(pid, to_child, from_child)
 
     def draw(self, data: FigureData, path: Path) -> None:
-        """Have the child draw `data` into `path` (a PNG, as `cdf_figure(...).savefig(path, dpi=100)` writes)."""
+        """Have the child draw `data` into `path` (a PNG, whatever its name ends in)."""
         pickle.dump((data, path), self._jobs, protocol=pickle.HIGHEST_PROTOCOL)
         self._jobs.flush()
         self._drawing += 1
@@ -90,7 +90,7 @@ def _draw_figures(jobs_fd: int, answers_fd: int) -> None:
                 except EOFError:
                     break
                 try:
-                    draw_figure(data).savefig(path, dpi=100)
+                    draw_figure(data).savefig(path, dpi=100, format="png")  # the name need not end in .png
                     failure = None
                 except Exception:
                     failure = traceback.format_exc()

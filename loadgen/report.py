@@ -5,10 +5,12 @@ docs/report.md says what every line of the table and every column of the files h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from operator import attrgetter
@@ -182,20 +184,46 @@ def _reasons(reasons: tuple[tuple[str, int], ...], unit: str, files: bool | None
 def report_dir(out: Path | None, default_root: Path, overwrite: bool) -> Path:
     """The folder a run's report goes to. `out` is refused (ValueError, one line) when it already holds a report,
     unless `overwrite`; without `out`, a new folder under `default_root` named after the time, e.g.
-    20261123-142501 (a second run within the same second gets 20261123-142501-2)."""
+    20261123-142501 (a second run within the same second gets 20261123-142501-2), made here: runs started
+    together each make one of their own (`forget_report_dir` removes it again, and the folders made above it,
+    when the run ends before writing its report)."""
     if out is None:
+        made = [folder for folder in (default_root, *default_root.parents) if not folder.exists()]
+        default_root.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         folder, n = default_root / stamp, 1
-        while folder.exists():
-            n += 1
-            folder = default_root / f"{stamp}-{n}"
-        return folder
+        while True:
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                n += 1
+                folder = default_root / f"{stamp}-{n}"
+                continue
+            except FileNotFoundError:  # a run beside this one, ended before its report, removed the empty root
+                default_root.mkdir(parents=True, exist_ok=True)
+                continue
+            _MADE[folder] = [folder, *made]
+            return folder
     held = [name for name in REPORT_FILES if (out / name).exists()]
     if held and not overwrite:
         raise ValueError(
             f"{out} already holds a report ({', '.join(held)}): pass --overwrite to replace it, or another --out"
         )
     return out
+
+
+_MADE: dict[Path, list[Path]] = {}
+"""The folders `report_dir` made for a report folder of its own naming: that folder, then those above it."""
+
+
+def forget_report_dir(folder: Path | None) -> None:
+    """Remove a folder `report_dir` made, and the folders it made above it, as far as they are still empty (a run
+    that ended before writing its report leaves no empty folder behind; one that wrote it keeps its folder)."""
+    for made in _MADE.pop(folder, []) if folder is not None else []:
+        try:
+            made.rmdir()
+        except OSError:  # not empty (a report, or another run's folder), or gone
+            return
 
 
 def write_outputs(
@@ -214,20 +242,34 @@ def write_outputs(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / name for name in REPORT_FILES}
-    tasks = TaskColumns.of(tasks)
-    figure = FigureData.of(metrics, tasks, jobs, title)
-    if drawer is not None:
-        drawer.draw(figure, paths["cdf.png"])
-    _write_tasks(tasks, paths["tasks.csv"], metrics.utilization.resource_names)
-    _write_jobs(jobs, paths["jobs.csv"])
-    paths["summary.json"].write_text(
-        json.dumps(_json_safe(_summary_document(metrics, title, extra or {})), indent=2, allow_nan=False)
-    )
-    _write_utilization(metrics.utilization, paths["utilization.csv"])
-    if drawer is None:
-        draw_figure(figure).savefig(paths["cdf.png"], dpi=100)
-    else:
-        drawer.wait()
+    # Each file is written under a name of its own first and renamed into place once all are written, so that a
+    # run stopped meanwhile (Ctrl-C) leaves the folder as it was: no partial report, and with --overwrite no mix of
+    # the old report's files and the new one's.
+    partial = {name: out_dir / f".{name}.partial-{os.getpid()}" for name in REPORT_FILES}
+    try:
+        tasks = TaskColumns.of(tasks)
+        figure = FigureData.of(metrics, tasks, jobs, title)
+        if drawer is not None:
+            drawer.draw(figure, partial["cdf.png"])
+        _write_tasks(tasks, partial["tasks.csv"], metrics.utilization.resource_names)
+        _write_jobs(jobs, partial["jobs.csv"])
+        partial["summary.json"].write_text(
+            json.dumps(_json_safe(_summary_document(metrics, title, extra or {})), indent=2, allow_nan=False)
+        )
+        _write_utilization(metrics.utilization, partial["utilization.csv"])
+        if drawer is None:
+            draw_figure(figure).savefig(partial["cdf.png"], dpi=100, format="png")
+        else:
+            drawer.wait()
+        for name in REPORT_FILES:
+            partial[name].replace(paths[name])
+    except BaseException:
+        if drawer is not None:
+            with contextlib.suppress(Exception):
+                drawer.wait()  # the child is done with its file (or gone) before that file is removed
+        for path in partial.values():
+            path.unlink(missing_ok=True)
+        raise
     return paths
 
 

@@ -633,6 +633,8 @@ def check_out_folder(out: Path | None, option: str = "--out", default: Path | No
                 raise click.BadParameter(f"{_out_name(out, named)} {what}", param_hint=option)
             break
         missing.append(folder)
+    if named is None:
+        return  # the run's own folder is made in it, and probed, by `_report_folder`
     made: list[Path] = []
     try:
         for folder in reversed(missing):
@@ -648,6 +650,27 @@ def check_out_folder(out: Path | None, option: str = "--out", default: Path | No
             folder.rmdir()
 
 
+def _report_folder(out: Path | None, default: Path, overwrite: bool) -> Path:
+    """The folder of a run's report (`report.report_dir`): without `out`, a new one of the run's own under `default`,
+    made now and probed (runs started together never share one, and none removes another's folder)."""
+    from megha.loadgen.report import forget_report_dir, report_dir
+
+    if out is not None:
+        return report_dir(out, default, overwrite)
+    folder = None
+    try:
+        folder = report_dir(None, default, overwrite)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        forget_report_dir(folder)
+        what = "cannot be made" if folder is None else "cannot be written to"
+        raise click.BadParameter(
+            f"{_out_name(default, None)} {what}: {exc.strerror or exc}", param_hint="--out"
+        ) from None
+    return folder
+
+
 def _out_name(out: Path, named: Path | None) -> str:
     return str(out) if named is not None else f"{out}, the report folder when --out is not given,"
 
@@ -658,13 +681,24 @@ def _warn(command: str, warnings: list[str]) -> None:
 
 
 def _local(args: SimpleNamespace) -> int:
+    from megha.loadgen.report import forget_report_dir
+
+    _check_local(args)
+    out = _report_folder(args.out, LOCAL_OUT, args.overwrite)
+    try:
+        return _local_into(args, out)
+    except BaseException:
+        forget_report_dir(out)  # the folder made for this run's report, when nothing was written in it
+        raise
+
+
+def _local_into(args: SimpleNamespace, out: Path) -> int:
+    """`_local`'s deployment and run, its report and service logs in `out`."""
     from megha.common.settings import LoadgenSettings
     from megha.deploy.local import BrokerUnreachable, LocalDeployment, guest_risk, run_local
     from megha.loadgen.progress import Progress
-    from megha.loadgen.report import format_table, report_dir, run_warnings, write_outputs
+    from megha.loadgen.report import format_table, run_warnings, write_outputs
 
-    _check_local(args)
-    out = report_dir(args.out, LOCAL_OUT, args.overwrite)
     # Real tasks run on this machine, where RabbitMQ lets guest in: unless told a broker, a node of the run's own.
     named_broker = click.get_current_context().get_parameter_source("amqp_url") not in (
         None,
@@ -820,10 +854,7 @@ def _replay(args: SimpleNamespace) -> int:
     """`megha replay`: one replay per seed (`--seeds`), each reported as a single replay is; with several, their
     headline figures side by side, and the worst exit status."""
     _refuse_unused(args)
-    from megha.loadgen.figure_process import FigureProcess
-    from megha.loadgen.report import report_dir
-    from megha.loadgen.seeds import SeedFigures
-    from megha.loadgen.trace import demo_trace_path
+    from megha.loadgen.report import forget_report_dir
 
     if not args.no_files:
         check_out_folder(args.out, default=REPLAY_OUT)
@@ -831,7 +862,21 @@ def _replay(args: SimpleNamespace) -> int:
         check_input_file(args.trace, "--trace")
     if args.cluster not in ("generate", "reference"):
         check_input_file(args.cluster, "--cluster")
-    out = None if args.no_files else report_dir(args.out, REPLAY_OUT, args.overwrite)
+    out = None if args.no_files else _report_folder(args.out, REPLAY_OUT, args.overwrite)
+    try:
+        return _replay_into(args, out)
+    except BaseException:
+        forget_report_dir(out)  # the folder made for this run's report, when it ended before writing it
+        raise
+
+
+def _replay_into(args: SimpleNamespace, out: Path | None) -> int:
+    """`_replay`'s runs, their reports in `out` (None: --no-files)."""
+    from megha.loadgen.figure_process import FigureProcess
+    from megha.loadgen.report import report_dir
+    from megha.loadgen.seeds import SeedFigures
+    from megha.loadgen.trace import demo_trace_path
+
     seeds = range(args.seed, args.seed + args.seeds)
     # Several seeds: each seed's report in a folder of its own, checked before anything runs.
     outs = {
@@ -1009,6 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RecursionError, OverflowError, MemoryError) as exc:  # input too deep or too large for the code
         print(f"megha {argv[0]}: error: input too large or too deeply nested: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # whoever reads standard output stopped (`| head`): `exit_quietly_if_stdout_closed`
+        raise
     except OSError as exc:  # a path of the command line that cannot be read or written
         where = f": {exc.filename}" if exc.filename else ""
         print(f"megha {argv[0]}: error: {exc.strerror or exc}{where}", file=sys.stderr)

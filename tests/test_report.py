@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import io
 import json
 import math
+import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from megha.loadgen import report
 from megha.loadgen.figure_process import FigureProcess
 from megha.loadgen.metrics import RunMetrics, compute_metrics
 from megha.loadgen.records import JobRecord, TaskRecord
 from megha.loadgen.report import (
     FigureData,
     cdf_figure,
+    forget_report_dir,
     format_counters,
     format_seconds,
     format_table,
@@ -394,10 +399,82 @@ def test_a_report_folder_is_never_overwritten_silently(tmp_path: Path) -> None:
 def test_without_a_folder_each_report_gets_a_new_one(tmp_path: Path) -> None:
     root = tmp_path / "out" / "replay"
     first = report_dir(None, root, overwrite=False)
-    assert first.parent == root and re.fullmatch(r"\d{8}-\d{6}", first.name)
-    first.mkdir(parents=True)
+    assert first.parent == root and re.fullmatch(r"\d{8}-\d{6}", first.name) and first.is_dir()
     second = report_dir(None, root, overwrite=False)
-    assert second != first and second.parent == root
+    assert second != first and second.parent == root and second.is_dir()
+    # A run that ends before writing its report leaves no empty folder behind, nor the folders made above it.
+    forget_report_dir(second)
+    assert not second.exists() and first.is_dir()
+    forget_report_dir(first)
+    assert not (tmp_path / "out").exists()
+
+
+def test_runs_started_together_without_a_folder_each_get_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs that pick their folder at the same time (the same second) never share one: each makes its own."""
+    monkeypatch.setattr(report.time, "strftime", lambda _: "20261201-000000")
+    root = tmp_path / "out" / "replay"
+    start = threading.Barrier(8)
+
+    def claim() -> Path:
+        start.wait()
+        return report_dir(None, root, overwrite=False)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        folders = list(pool.map(lambda _: claim(), range(8)))
+    assert len(set(folders)) == 8 and all(f.is_dir() for f in folders)
+
+
+@pytest.mark.parametrize("drawn_by", ["this process", "a child"])
+def test_a_report_stopped_while_written_leaves_the_folder_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, drawn_by: str
+) -> None:
+    """Ctrl-C while the files are written: the old report stays whole (no mix of old and new files) and no
+    partial file is left."""
+    out = tmp_path / "out"
+    tasks, jobs, metrics = run()
+    write_outputs(metrics, tasks, jobs, out, "first")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "_write_utilization", interrupted)  # after tasks.csv, jobs.csv and summary.json
+    drawer = None
+    if drawn_by == "a child":
+        if sys.platform != "linux":
+            pytest.skip("the figure process is forked on Linux only")
+        _as_if_no_other_threads(monkeypatch)
+        drawer = FigureProcess.start()
+        assert drawer is not None
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_outputs(metrics, tasks[:1], jobs[:1], out, "second", drawer=drawer)
+    finally:
+        if drawer is not None:
+            drawer.close()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+TINY_REPLAY = ("--trace", "syn:3:3", "--lms", "1", "--gms", "1", "--workers-per-partition", "4", "--no-constraints")
+
+
+def test_a_replay_piped_into_a_reader_that_stops_exits_quietly(tmp_path: Path) -> None:
+    """`megha replay | head`: the reader going away is no usage error (status 2) and prints no error line."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "megha.cli", "replay", *TINY_REPLAY, "--quiet", "--out", str(tmp_path / "out")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1 and "error" not in done.stderr, done.stderr
 
 
 def _spread_run(allocations: list[float], request: tuple[int, int]) -> tuple[list[TaskRecord], list[JobRecord]]:
