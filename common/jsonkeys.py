@@ -16,8 +16,8 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """`json.loads`' `object_pairs_hook`: the object's dict, or KeyTwiceError naming a key given twice in it."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
-        keys = [key for key, _ in pairs]
-        twice = next(key for key in keys if keys.count(key) > 1)
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # one pass: a body may hold 10**6 keys
         raise KeyTwiceError(f"key {twice[:40]!r} given twice in one object")
     return obj
 

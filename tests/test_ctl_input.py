@@ -162,3 +162,15 @@ def test_a_job_file_from_stdin_and_a_merge_key_are_still_read(monkeypatch: pytes
     monkeypatch.setattr(sys, "stdin", io.StringIO("user: alice\nuser: bob\n"))
     with pytest.raises(JobFileError, match="-: key 'user' given twice"):
         read_job_file("-")
+
+
+def test_a_key_given_twice_is_found_in_one_pass_over_a_large_object() -> None:
+    """A user's 4 MB body of one object with many distinct keys, then one key half a million times: the repeat and
+    its path are found (by sets, in one pass: counting each key's repeats took seconds on the GM's event loop)."""
+    from megha.common.jsonkeys import KeyTwiceError, key_twice, unique_keys
+
+    env = ",".join([f'"A{i}":"x"' for i in range(127)] + ['"B":"x"'] * 500_000)
+    body = '{"tasks":[{"command":["true"],"env":{' + env + "}}]}"
+    assert key_twice(body.encode()) == ("tasks", 0, "env", "B")
+    with pytest.raises(KeyTwiceError, match="'B' given twice"):
+        unique_keys([(f"A{i}", 1) for i in range(127)] + [("B", 1)] * 500_000)

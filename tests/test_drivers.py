@@ -123,7 +123,8 @@ async def test_a_python_script_gets_its_environment_and_working_directory_only(t
     its own tmpfs over /tmp, where the test's tmp_path is not (tests/test_task_isolation.py, workdir)."""
     workdir = Path(tempfile.mkdtemp(prefix="megha-workdir-", dir="/run" if os.geteuid() == 0 else None))
     workdir.chmod(0o777)
-    script = "import os, sys; print(os.getcwd()); print(sorted(os.environ)); print(os.environ['GREETING'])"
+    script = "import os; print(os.getcwd()); print(sorted(os.environ)); print(os.environ['GREETING'])"
+    script += "; print(os.environ['HOME'] == os.environ['TMPDIR'] != os.getcwd())"
     os.environ["MEGHA_DRIVER_TEST_SECRET"] = "agent-only"  # the agent's environment never reaches a task
     try:
         async with executing(tmp_path, "exec") as (executor, logs):
@@ -133,8 +134,10 @@ async def test_a_python_script_gets_its_environment_and_working_directory_only(t
         del os.environ["MEGHA_DRIVER_TEST_SECRET"]
         shutil.rmtree(workdir, ignore_errors=True)
     assert result.succeeded, result
-    cwd, names, greeting = logs.read("py.0", 1, "stdout").decode().splitlines()
+    cwd, names, greeting, home_is_scratch = logs.read("py.0", 1, "stdout").decode().splitlines()
     assert cwd == str(workdir) and greeting == "hello"
+    # HOME is the run's scratch folder, not the workdir other users' runs share (dotfiles planted there would run)
+    assert home_is_scratch == "True"
     assert set(eval(names)) == {"PATH", "HOME", "LANG", "TMPDIR", "GREETING"}, names  # nothing of the agent's
     assert result.cpu_seconds > 0  # the interpreter's start-up, reaped by the agent with its rusage
 

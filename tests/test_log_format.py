@@ -201,3 +201,23 @@ def test_text_lines_keep_the_format_and_add_extra_ids() -> None:
     assert " loadgen ERROR loadgen: step failed" in lines[1] and lines[2] == "second line", lines
     assert any(line.startswith("Traceback") for line in lines), lines
     assert re.match(r"^\S+ \S+ loadgen INFO uvicorn.error: Started$", lines[-1]), lines
+
+
+def test_a_text_line_quoting_what_a_user_wrote_stays_one_line_without_terminal_controls() -> None:
+    """A task's stderr tail quoted as its failure reason (or a job's name) cannot forge a log line of its own, nor
+    send an escape sequence to the terminal of whoever reads the log; a traceback still follows its line."""
+    import logging
+
+    from megha.services.logs import TextFormatter
+
+    forged = "boom\n2026-12-01 04:00:00,000 lm-0 WARNING megha.lm: forged\r\x1b]52;c;cGF5bG9hZA==\x07\u2028tab\tkept"
+    record = logging.makeLogRecord({"name": "megha.lm", "levelno": 30, "levelname": "WARNING", "msg": forged})
+    record.__dict__["user"] = "alice\nforged"
+    try:
+        raise RuntimeError("the traceback")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    first, *traceback = TextFormatter("lm-0").format(record).splitlines()
+    assert "\\n2026-12-01 04:00:00,000 lm-0 WARNING megha.lm: forged\\r\\x1b]52;" in first, first
+    assert "\\x07\\u2028tab\tkept user=alice\\nforged" in first, first
+    assert traceback[0] == "Traceback (most recent call last):" and traceback[-1] == "RuntimeError: the traceback"

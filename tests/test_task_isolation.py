@@ -918,6 +918,9 @@ print("clone3", said(libc.syscall(ctypes.c_long(435), None, ctypes.c_long(0)))) 
 print("io_uring_setup", said(libc.syscall(ctypes.c_long(425), ctypes.c_long(1), None)))
 print("io_uring_enter", said(libc.syscall(ctypes.c_long(426), ctypes.c_long(-1), 0, 0, 0, None, 0)))
 print("io_uring_register", said(libc.syscall(ctypes.c_long(427), ctypes.c_long(-1), 0, None, 0)))
+# keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 1): allowed, the id of this uid's keyring (made if need be)
+keyctl = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+print("keyctl", said(libc.syscall(ctypes.c_long(keyctl), ctypes.c_long(0), ctypes.c_long(-4), ctypes.c_long(1))))
 if platform.machine() == "x86_64":  # unshare(CLONE_NEWUSER) through the i386 table (int 0x80), from this process
     code = bytes.fromhex("53" "b836010000" "bb00000010" "cd80" "5b" "c3")  # push rbx; eax=310; ebx=flags; int 0x80
     page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
@@ -948,6 +951,7 @@ async def test_a_task_makes_no_user_namespace_nor_io_uring_but_still_starts_thre
         said.pop("i386 unshare")
     expected = {"clone": "EPERM", "clone3": "ENOSYS", "unshare": "EPERM"}
     expected |= {"io_uring_setup": "ENOSYS", "io_uring_enter": "ENOSYS", "io_uring_register": "ENOSYS"}
+    expected["keyctl"] = "ENOSYS"  # a uid's keyrings outlive its run: the next run of that uid may be another user's
     if os.uname().machine == "x86_64":
         expected["i386 unshare"] = "EPERM"
     assert said == expected
@@ -985,6 +989,8 @@ def test_the_filter_refuses_user_namespaces_and_io_uring_for_the_native_and_the_
         0xC00000B7: (220, 97, 435),
         0x40000028: (120, 337, 435),
     }
+    keys = {0xC000003E: (248, 249, 250), 0x40000003: (286, 287, 288), 0xC00000B7: (217, 218, 219)}
+    keys[0x40000028] = (309, 310, 311)  # add_key, request_key, keyctl
     for machine, arches in {"x86_64": (0xC000003E, 0x40000003), "aarch64": (0xC00000B7, 0x40000028)}.items():
         seccomp = enforcement.task_syscall_filter(machine)
         assert seccomp is not None
@@ -1003,12 +1009,14 @@ def test_the_filter_refuses_user_namespaces_and_io_uring_for_the_native_and_the_
                 (424, 0, None),  # pidfd_send_signal and io_uring's other neighbour: allowed
                 (428, 0, None),
                 (57, 0x10000000, None),  # any other call, whatever its arguments
+                *((nr, 0, errno.ENOSYS) for nr in keys[arch]),  # the kernel's keyrings
             ]:
                 assert run_filter(seccomp.program, nr, arch, flags) == refused, (machine, hex(arch), nr, hex(flags))
         assert run_filter(seccomp.program, 272, 0xC000003F, 0x10000000) is None  # an architecture it knows not
     x86 = enforcement.task_syscall_filter("x86_64")
     assert x86 is not None and run_filter(x86.program, 0x40000000 | 272, 0xC000003E, 0x10000000) == errno.EPERM  # x32
     assert run_filter(x86.program, 0x40000000 | 425, 0xC000003E, 1) == errno.ENOSYS  # x32's io_uring_setup
+    assert run_filter(x86.program, 0x40000000 | 250, 0xC000003E, 0) == errno.ENOSYS  # x32's keyctl
     assert enforcement.task_syscall_filter("riscv64") is None
 
 

@@ -396,25 +396,28 @@ _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 _NR, _ARCH, _ARG0_LOW = 0, 4, 16
 _X32 = 0x40000000  # x86-64's x32 ABI: its system calls have this bit set in their numbers, under AUDIT_ARCH_X86_64
 _IO_URING = (425, 426, 427)  # io_uring_setup, io_uring_enter, io_uring_register: the same numbers on every table
+# add_key, request_key, keyctl: the kernel's keyrings, per table. A uid's keyrings outlive its runs (the persistent
+# one by days), and task uids are leased to one run after another, of any user.
+_KEYS_X86_64, _KEYS_I386, _KEYS_AARCH64, _KEYS_ARM = (248, 249, 250), (286, 287, 288), (217, 218, 219), (309, 310, 311)
 _FILTERED_CALLS: dict[str, dict[int, tuple[tuple[int, ...], ...]]] = {
     # The host's machine (os.uname): each architecture its processes may call the kernel as (the native one, and
     # the 32-bit one it runs programs of: int 0x80 from any x86-64 process reaches the i386 table), with the
     # numbers of clone, unshare, clone3 and the io_uring calls there.
     "x86_64": {
         0xC000003E: (
-            (56, 272, 435, *_IO_URING),
-            (_X32 | 56, _X32 | 272, _X32 | 435, *(_X32 | nr for nr in _IO_URING)),
+            (56, 272, 435, *_IO_URING, *_KEYS_X86_64),
+            (_X32 | 56, _X32 | 272, _X32 | 435, *(_X32 | nr for nr in (*_IO_URING, *_KEYS_X86_64))),
         ),  # AUDIT_ARCH_X86_64 (and x32)
-        0x40000003: ((120, 310, 435, *_IO_URING),),  # AUDIT_ARCH_I386
+        0x40000003: ((120, 310, 435, *_IO_URING, *_KEYS_I386),),  # AUDIT_ARCH_I386
     },
     "aarch64": {
-        0xC00000B7: ((220, 97, 435, *_IO_URING),),  # AUDIT_ARCH_AARCH64
-        0x40000028: ((120, 337, 435, *_IO_URING),),  # AUDIT_ARCH_ARM (EABI)
+        0xC00000B7: ((220, 97, 435, *_IO_URING, *_KEYS_AARCH64),),  # AUDIT_ARCH_AARCH64
+        0x40000028: ((120, 337, 435, *_IO_URING, *_KEYS_ARM),),  # AUDIT_ARCH_ARM (EABI)
     },
 }
 """The system calls the task filter looks at, per host machine and architecture: clone and unshare (refused with
 CLONE_NEWUSER), then those refused whatever their arguments (clone3, io_uring_setup, io_uring_enter,
-io_uring_register)."""
+io_uring_register, add_key, request_key, keyctl)."""
 
 
 class SeccompFilter:
@@ -443,8 +446,11 @@ def task_syscall_filter(machine: str | None = None) -> SeccompFilter | None:
     (its flags are in memory a filter cannot read; glibc falls back to clone, as under Docker's default profile).
     And from io_uring, as Docker's default profile does: `io_uring_setup`, `io_uring_enter` and `io_uring_register`
     fail with ENOSYS, as on a kernel without it (programs fall back to plain reads and writes); a ring is kernel
-    attack surface, and a file registered with one is held by no descriptor the memory watch can see. Every other
-    call is allowed. None on a machine it does not know the system calls of."""
+    attack surface, and a file registered with one is held by no descriptor the memory watch can see. And from the
+    kernel's keyrings, as Docker's default profile does: `add_key`, `request_key` and `keyctl` fail with ENOSYS, as
+    on a kernel without keys (Kerberos and the like fall back to files): a uid's keyrings outlive its run, and the
+    next run given that uid may be another user's. Every other call is allowed. None on a machine it does not know
+    the system calls of."""
     arches = _FILTERED_CALLS.get(os.uname().machine if machine is None else machine)
     if arches is None:
         return None

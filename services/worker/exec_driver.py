@@ -215,7 +215,10 @@ class ExecDriver(Driver):
             if lease is not None:
                 os.chown(scratch, lease.uid, lease.gid)
             cwd = spec.workdir or str(scratch)
-            env = {"PATH": BASE_PATH, "HOME": cwd, "LANG": "C.UTF-8", "TMPDIR": str(scratch)} | dict(spec.env)
+            # HOME is the run's scratch folder, not its workdir: a workdir is shared by the runs of every user, and
+            # another user's dotfiles planted there (a usercustomize.py, a .gitconfig) would run as this one.
+            home = str(scratch)
+            env = {"PATH": BASE_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": str(scratch)} | dict(spec.env)
             cgroup = None
             if isinstance(how, Cgroups):
                 cgroup = held.cgroup = how.create(f"{folder_name(task_id)}.{attempt}", limits)
