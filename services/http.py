@@ -15,6 +15,7 @@ policy of each such call), `logs` (log lines), `background` (background steps, t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -132,6 +133,15 @@ def error(status: int, message: str, field: str = ROOT_FIELD) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=status)
 
 
+JOURNAL_COPY_BYTES = 8 * MAX_BODY_BYTES
+"""The body limit of a GM's journal copy to its peer (`POST /v1/peers/{gm}/journal`): one journal line holds a
+whole job (its body up to MAX_BODY_BYTES, and the job's ids), and a batch carries its lines as JSON strings, which
+may double them (every quote escaped); `Replicator` sends batches of at most MAX_BODY_BYTES of lines. Only a GM's
+credential reaches the route (the authentication middleware runs before this one reads a body)."""
+
+_JOURNAL_COPY = re.compile(r"/v1/peers/[0-9]+/journal")
+
+
 class BodyLimit:
     """413 for bodies over MAX_BODY_BYTES, before they are parsed; a chunked body is read only up to the limit.
 
@@ -145,10 +155,11 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        too_big = error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        limit = JOURNAL_COPY_BYTES if _JOURNAL_COPY.fullmatch(scope["path"]) else MAX_BODY_BYTES
+        too_big = error(413, f"body larger than {limit} bytes")
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None:
-            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+            if not length.isdigit() or int(length) > limit:
                 await too_big(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
@@ -161,7 +172,7 @@ class BodyLimit:
                 return  # the client went away
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > MAX_BODY_BYTES:
+            if size > limit:
                 await too_big(scope, receive, send)
                 return
             chunks.append(chunk)

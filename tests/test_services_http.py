@@ -39,6 +39,7 @@ from megha.common.models import (
 from megha.common.settings import GMSettings, LMSettings, WorkerSettings
 from megha.services.client import CallError, Reply, ServiceClient
 from megha.services.gm.app import create_app as create_gm
+from megha.services.http import JOURNAL_COPY_BYTES
 from megha.services.lm.app import create_app as create_lm
 from megha.services.lm.service import LMService
 from megha.services.worker.app import create_app as create_worker
@@ -314,6 +315,41 @@ async def test_body_over_the_limit_is_413(edge: tuple[httpx.AsyncClient, str]) -
 
     r = await c.post(path, content=b"{}", headers={"content-type": "application/json", "content-length": "x"})
     assert r.status_code in (400, 413), r.text
+
+
+async def test_a_journal_copy_may_be_larger_than_a_job_body(untouched_gm: httpx.AsyncClient) -> None:
+    """A GM's journal copy to its peer carries whole jobs (up to the body limit each) as JSON strings, which may
+    double them: its route takes up to JOURNAL_COPY_BYTES, every other route MAX_BODY_BYTES. (It was refused with
+    413 once a journal outgrew 4 MiB, and the copy never caught up: jobs lost when the GM then failed.)"""
+    line = json.dumps({"job": "x" * (MAX_BODY_BYTES // 2), "quotes": '"' * (MAX_BODY_BYTES // 4)})
+    body = json.dumps({"reset": False, "lines": [line]}).encode()
+    assert MAX_BODY_BYTES < len(body) < JOURNAL_COPY_BYTES
+    r = await post_raw(untouched_gm, "/v1/peers/0/journal", body)
+    assert r.status_code != 413, r.text  # whatever the GM says of a copy of its own journal, the body was read
+    assert_error(await post_raw(untouched_gm, "/v1/jobs", body), 413, ROOT_FIELD)
+    over = b'{"lines": ["' + b"a" * JOURNAL_COPY_BYTES + b'"]}'
+    assert_error(await post_raw(untouched_gm, "/v1/peers/0/journal", over), 413, ROOT_FIELD)
+
+
+async def test_a_journal_copy_goes_in_batches_within_the_body_limit() -> None:
+    """A whole journal (a reset) larger than a body goes as several batches, the first replacing the copy, the
+    others appended, each of at most MAX_BODY_BYTES of lines; a line longer than that goes alone."""
+    from megha.services.gm.peers import Replicator
+
+    lines = [json.dumps({"n": i, "job": "x" * (MAX_BODY_BYTES // 3)}) for i in range(7)] + ["y" * MAX_BODY_BYTES]
+    sent: list[dict[str, Any]] = []
+
+    class Peer:
+        async def post(self, url: str, body: bytes) -> Reply:
+            sent.append(json.loads(body))
+            return Reply(200, b"{}")
+
+    replicator = Replicator("http://peer", 0, journal=None, timeout=1.0, on_refused=print)  # type: ignore[arg-type]
+    replicator._client = Peer()  # type: ignore[assignment]
+    assert await replicator._post(True, lines) is None
+    assert [batch["reset"] for batch in sent] == [True, False, False, False, False]  # 2 + 2 + 2 + 1 lines, then y
+    assert [line for batch in sent for line in batch["lines"]] == lines  # all, in order
+    assert all(sum(map(len, batch["lines"])) <= MAX_BODY_BYTES for batch in sent)
 
 
 # ----------------------------------------------------------------------------------------------- GM /v1/jobs

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic_core import to_json
 
+from megha.common.models import MAX_BODY_BYTES
 from megha.services.background import wait_event
 from megha.services.client import CallError, ServiceClient
 from megha.services.gm.journal import journal_lines, open_private
@@ -102,16 +103,19 @@ class Replicator:
             pause = min(2 * pause, RETRY_PAUSE)
 
     async def _post(self, reset: bool, lines: list[str]) -> str | None:
-        """None once the peer holds `lines`, else why not."""
-        try:
-            r = await self._client.post(self.url, to_json({"reset": reset, "lines": lines}))
-        except CallError as exc:
-            return str(exc)
-        if r.status == 200:
-            return None
-        if r.status == 409:
-            self.on_refused(r.text[:300])
-        return f"{r.status}: {r.text[:300]}"
+        """None once the peer holds `lines`, else why not. In batches of at most MAX_BODY_BYTES of lines, the first
+        one replacing the copy when `reset` (a journal grows past any one body's limit; a line alone may reach it)."""
+        for batch in _batches(lines, MAX_BODY_BYTES):
+            try:
+                r = await self._client.post(self.url, to_json({"reset": reset, "lines": batch}))
+            except CallError as exc:
+                return str(exc)
+            if r.status == 409:
+                self.on_refused(r.text[:300])
+            if r.status != 200:
+                return f"{r.status}: {r.text[:300]}"
+            reset = False
+        return None
 
     async def close(self) -> None:
         if self._sender is not None:
@@ -122,6 +126,20 @@ class Replicator:
             if not done.done():
                 done.set_result(None)
         await self._client.aclose()
+
+
+def _batches(lines: list[str], size: int) -> list[list[str]]:
+    """`lines` in order, in batches of at most `size` characters each (a longer line in a batch of its own); one
+    empty batch for no lines (a keep-alive, or a reset to an empty journal)."""
+    batches: list[list[str]] = [[]]
+    held = 0
+    for line in lines:
+        if batches[-1] and held + len(line) > size:
+            batches.append([])
+            held = 0
+        batches[-1].append(line)
+        held += len(line)
+    return batches
 
 
 class ReplicaStore:
