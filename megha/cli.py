@@ -13,7 +13,7 @@ import platform
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -838,6 +838,25 @@ neither baseline has LM deltas; only PigeonC has masters. Named on the command l
 refused, not ignored."""
 
 
+def _generated(args: SimpleNamespace) -> bool:
+    return bool(args.cluster == "generate")
+
+
+NEEDS: dict[str, tuple[Callable[[SimpleNamespace], bool], str]] = {
+    "lms": (_generated, "sizes a generated data centre (--cluster generate); a cluster file has its own LMs"),
+    "gms": (_generated, "sizes a generated data centre (--cluster generate); a cluster file has its own GMs"),
+    "workers_per_partition": (_generated, "sizes a generated data centre (--cluster generate), not a cluster file"),
+    "out": (lambda args: not args.no_files, "names the report's folder, and --no-files writes none"),
+    "overwrite": (lambda args: not args.no_files, "replaces a report, and --no-files writes none"),
+    "gang_reserve_after": (lambda args: args.gangs > 0, "is for gangs: give --gangs too"),
+    "share_policy": (lambda args: bool(args.queues), "divides the --queues' shares: give --queues too"),
+    "fail_detect": (lambda args: bool(args.fail), "is for workers crashed by --fail: give --fail too"),
+    "fail_repair": (lambda args: bool(args.fail), "is for crashes by --fail: give --fail too"),
+}
+"""`megha replay` options that do something only with another: named on the command line without it, refused (as
+those of `UNUSED_BY`), not ignored in silence."""
+
+
 def _refuse_unused(args: SimpleNamespace) -> None:
     """A usage error for an option of `UNUSED_BY` that the command line names with a scheduler it plays no part in."""
     context = click.get_current_context()
@@ -848,6 +867,14 @@ def _refuse_unused(args: SimpleNamespace) -> None:
         ):
             option = "--" + name.replace("_", "-")
             raise click.UsageError(f"{option} plays no part in --scheduler {args.scheduler}: leave it out")
+
+
+def _refuse_unneeded(args: SimpleNamespace) -> None:
+    """A usage error for an option of `NEEDS` that the command line names without what it needs."""
+    context = click.get_current_context()
+    for name, (needed, why) in NEEDS.items():
+        if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE and not needed(args):
+            raise click.UsageError(f"--{name.replace('_', '-')} {why}")
 
 
 def _replay(args: SimpleNamespace) -> int:
@@ -862,6 +889,7 @@ def _replay(args: SimpleNamespace) -> int:
         check_input_file(args.trace, "--trace")
     if args.cluster not in ("generate", "reference"):
         check_input_file(args.cluster, "--cluster")
+    _refuse_unneeded(args)  # after the files named: a cluster file that cannot be read is the first thing to say
     out = None if args.no_files else _report_folder(args.out, REPLAY_OUT, args.overwrite)
     try:
         return _replay_into(args, out)

@@ -592,6 +592,27 @@ def test_an_option_a_baseline_has_no_use_for_is_refused_not_ignored(
     assert f"{named} plays no part in --scheduler {scheduler}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--cluster", "reference", "--gms", "2"], "--gms sizes a generated data centre (--cluster generate)"),
+        (["--cluster", "reference", "--workers-per-partition", "3"], "--workers-per-partition sizes a generated"),
+        (["--no-files", "--out", "somewhere"], "--out names the report's folder, and --no-files writes none"),
+        (["--no-files", "--gang-reserve-after", "5"], "--gang-reserve-after is for gangs: give --gangs too"),
+        (["--no-files", "--share-policy", "drf"], "--share-policy divides the --queues' shares: give --queues too"),
+        (["--no-files", "--fail-detect", "5"], "--fail-detect is for workers crashed by --fail: give --fail too"),
+        (["--no-files", "--fail-repair", "5"], "--fail-repair is for crashes by --fail: give --fail too"),
+    ],
+)
+def test_an_option_that_needs_another_is_refused_without_it_not_ignored(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["replay", "--trace", "syn:2:2", "--quiet", *args])
+    assert exc.value.code == 2
+    assert said in capsys.readouterr().err
+
+
 def test_a_delta_offset_of_a_whole_interval_or_more_is_refused_naming_both_options(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
