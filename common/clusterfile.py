@@ -296,6 +296,10 @@ def _parse_megha_cluster(path: str | Path, doc: dict[str, Any]) -> ClusterSpec:
 def _node(where: str, field: str, node: Any, names: list[str]) -> tuple[Resources, int]:
     if not isinstance(node, dict):
         raise ClusterFileError(f"{where}: field {field} must be an object with capacity and constraints")
+    if unknown := sorted(set(node) - {"capacity", "constraints"}):  # a misspelt field would be ignored
+        shown = ", ".join(repr(key[:40]) for key in unknown[:5])
+        message = f"field {field} has fields a node has not: {shown} (a node has capacity and constraints)"
+        raise ClusterFileError(f"{where}: {message}")
     capacity = node.get("capacity")
     if not isinstance(capacity, dict) or set(capacity) != set(names):
         got = sorted(capacity) if isinstance(capacity, dict) else capacity
@@ -309,6 +313,9 @@ def _node(where: str, field: str, node: Any, names: list[str]) -> tuple[Resource
     ids = node.get("constraints")
     if not isinstance(ids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in ids):
         raise ClusterFileError(f"{where}: field {field}.constraints must be a list of constraint ids, got {ids!r}")
+    if len(set(ids)) != len(ids):
+        twice = sorted({c for c in ids if ids.count(c) > 1})
+        raise ClusterFileError(f"{where}: field {field}.constraints lists {twice} more than once: list each once")
     try:
         mask = constraint_mask(ids)
     except ValueError as exc:

@@ -140,6 +140,8 @@ def bad_node(**fields: object) -> dict[str, object]:
         (bad_node(constraints=[21]), r"lms\[1\]\[1\]\[1\]\.constraints: constraint id 21"),
         (bad_node(constraints="0,1"), r"lms\[1\]\[1\]\[1\]\.constraints must be a list"),
         (bad_node(constraints=[True]), r"\.constraints must be a list"),
+        (bad_node(constraints=[3, 5, 3]), r"lms\[1\]\[1\]\[1\]\.constraints lists \[3\] more than once"),
+        (bad_node(color="red"), r"lms\[1\]\[1\]\[1\] has fields a node has not: 'color'"),
         ({"about": "neither"}, "neither Megha's format"),
         ([1, 2], "expected a JSON object"),
     ],
