@@ -215,6 +215,10 @@ class ServerNode(BrokerNode):
                 "RABBITMQ_PID_FILE": str(self.base / "pid"),
                 "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "plugins"),
                 "RABBITMQ_ENABLED_PLUGINS": "",
+                # Erlang distribution on the loopback interface only, as AMQP: a node reachable from other hosts
+                # would be guarded by its cookie alone (and a new epmd, should this node start it, there too).
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+                "ERL_EPMD_ADDRESS": "127.0.0.1",
             }
         )
         if self.config is not None:

@@ -9,6 +9,7 @@ import asyncio
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -90,6 +91,8 @@ def test_a_server_node_s_folder_is_closed_to_others_and_a_forged_pid_file_makes_
         if os.geteuid() == 0:
             assert folder.st_uid == pwd.getpwnam("rabbitmq").pw_uid
         node.start()
+        # Its Erlang distribution listens on the loopback interface only, as its AMQP port does.
+        assert _listening_on(node.dist_port) == {"127.0.0.1"}, _listening_on(node.dist_port)
         (node.base / "pid").write_text(f"{decoy.pid}\n")
         node.kill()
         assert not module.port_open(node.port) and node._vm_pids() == []
@@ -99,6 +102,17 @@ def test_a_server_node_s_folder_is_closed_to_others_and_a_forged_pid_file_makes_
         decoy.kill()
         decoy.wait()
     assert not node.base.exists()
+
+
+def _listening_on(port: int) -> set[str]:
+    """The IPv4 addresses a socket of this host listens on `port` at (/proc/net/tcp; "0.0.0.0": every interface)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # TCP_LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
 
 
 async def _publish(url: str, bodies: list[bytes]) -> None:
