@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from megha.common.core.messages import PreemptRequest, PreemptResponse
+from megha.common.printable import printable
 
 LogFormat = Literal["text", "json"]
 
@@ -51,25 +52,16 @@ def ids(
     return {k: v for k, v in fields.items() if v is not None}
 
 
-_CONTROLS = str.maketrans(
-    {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c != 0x09}
-    | {0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}
-)
-"""Line breaks and terminal controls, as escapes: a message quotes what users wrote (a task's stderr tail as its
-failure reason, a job's name), which must not start a forged line of its own in the log, nor reach an operator's
-terminal as an escape sequence."""
-
-
 class TextFormatter(logging.Formatter):
     """`<time> <service> <LEVEL> <logger>: <message>`, then each field given with `extra=` as ` key=value`; one
-    line each (line breaks and control characters in them escaped: `_CONTROLS`), a traceback below it."""
+    line each (line breaks and control characters in them escaped: `common/printable.py`), a traceback below it."""
 
     def __init__(self, service: str) -> None:
         super().__init__(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record) + "".join(f" {k}={v}" for k, v in _extra(record).items())
-        return line.translate(_CONTROLS)
+        return printable(line)
 
 
 class JsonFormatter(logging.Formatter):

@@ -25,7 +25,7 @@ from megha.client.answers import submission
 from megha.common.core.lm import LocalMaster
 from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, parse_class_users, parse_priority_classes
 from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
-from megha.common.models import JobStatus, JobSubmission
+from megha.common.models import JobStatus, JobSubmission, TaskStatus
 from megha.ctl.common import Ctl
 from megha.ctl.jobs import _show_job
 from megha.deploy.local import LocalDeployment
@@ -155,3 +155,15 @@ def test_the_class_users_setting_names_known_classes_above_the_default_only() ->
     ):
         with pytest.raises(ValueError, match=re.escape(words)):
             parse_class_users(text, classes)
+
+
+def test_megha_job_status_shows_a_failure_reason_s_terminal_controls_as_escapes() -> None:
+    """A task's stderr tail, its failure reason, may hold escape sequences (a window title, OSC 52's clipboard
+    write): `megha job status` prints them as escapes, never to the terminal."""
+    reason = "exit code 3: \x1b]0;PWNED\x07\x1b[2J\x1b]52;c;ZWNobw==\x07visible\nnext"
+    task = TaskStatus(task_id="j.0", state="failed", failed_reason=reason)
+    status = JobStatus(job_id="j", user="alice", gm=0, state="failed", tasks=[task])
+    ctl = Ctl([], [], None, False, Console(file=io.StringIO(), width=400))  # type: ignore[arg-type]
+    _show_job(ctl, status, SimpleNamespace(urls=["http://gm"]))  # type: ignore[arg-type]
+    shown = ctl.console.file.getvalue()  # type: ignore[attr-defined]
+    assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]0;PWNED\\x07" in shown, repr(shown)

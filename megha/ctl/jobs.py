@@ -21,6 +21,7 @@ from megha.common.models import (
     TaskTransition,
     validation_error_body,
 )
+from megha.common.printable import printable
 from megha.ctl.common import REFUSED, UNFINISHED, USAGE, Ctl, CtlError, counts, dump, options, seconds, table, when
 from megha.options import Bounded
 
@@ -142,7 +143,7 @@ def _show_job(ctl: Ctl, status: JobStatus, holder: Client) -> None:
             str(t.attempts),
             seconds(t.arrival, t.launched_at),
             seconds(t.started_at, t.finished_at),
-            t.failed_reason or "",
+            printable(t.failed_reason or ""),  # a task's stderr tail: no escape sequence reaches the terminal
         )
     ctl.print(shown)
 
@@ -302,7 +303,7 @@ def _event_line(event: JobStatus | TaskTransition | JobEnd) -> str:
     if isinstance(event, JobEnd):
         return f"{when(event.at)}  job {event.job_id} ended {event.state}"
     where = "" if event.lm is None else f"  LM {event.lm}" + ("" if event.node is None else f" node {event.node}")
-    why = f"  ({event.reason})" if event.reason else ""
+    why = f"  ({printable(event.reason)})" if event.reason else ""
     return f"{when(event.at)}  task {event.task_id} {event.kind}{where}  attempt {event.attempt}{why}"
 
 
