@@ -82,6 +82,7 @@ from megha.common.wire.errors import (
 from megha.common.wire.fields import (
     JOB_SCOPE,
     MAX_ARG_CHARS,
+    MAX_ARRAY_RUN_CHARS,
     MAX_BODY_BYTES,
     MAX_RUN_CHARS,
     MAX_TASKS_PER_JOB,
@@ -126,6 +127,7 @@ __all__ = [
     "JOB_EVENT_NAMES",
     "JOB_SCOPE",
     "MAX_ARG_CHARS",
+    "MAX_ARRAY_RUN_CHARS",
     "MAX_BODY_BYTES",
     "MAX_RUN_CHARS",
     "MAX_TASKS_PER_JOB",

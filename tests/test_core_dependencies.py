@@ -17,7 +17,7 @@ from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import LaunchBatch, Output, Send
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec, TaskSpec
-from megha.common.models import MAX_RUN_CHARS, MAX_TASKS_PER_JOB, JobSubmission
+from megha.common.models import MAX_ARRAY_RUN_CHARS, MAX_RUN_CHARS, MAX_TASKS_PER_JOB, JobSubmission
 from megha.common.wire.fields import MAX_ENV
 from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
 from megha.loadgen.dependencies import Chains, parse_dependencies
@@ -239,6 +239,17 @@ def test_an_array_whose_template_leaves_no_room_for_the_index_is_refused_naming_
     body["tasks"][0]["env"] = {f"V{i}": "x" * (room // 4 + (i < room % 4)) for i in range(4)}  # type: ignore[index]
     JobSubmission.model_validate(body | {"array": None})
     assert _error_field(body) == "array"
+
+
+def test_an_array_that_would_expand_past_its_runs_bound_is_refused_naming_array() -> None:
+    """A small request must not make every service hold hundreds of MB: 2,000 copies of a 64 KB template (sent in
+    64 KB) are refused, naming `array`; as many copies of a small one are not."""
+    body = _body(array=2_000)
+    body["tasks"][0]["env"] = {f"X{i}": "A" * 16_000 for i in range(4)}  # type: ignore[index]
+    assert _error_field(body) == "array"
+    JobSubmission.model_validate(body | {"array": MAX_ARRAY_RUN_CHARS // 70_000})
+    body["tasks"][0]["env"] = {"X": "A" * 100}  # type: ignore[index]
+    JobSubmission.model_validate(body | {"array": 10_000})
 
 
 def test_an_array_of_two_templates_is_refused_naming_array() -> None:

@@ -72,6 +72,10 @@ MAX_DEPENDENCIES = 100
 """The most parents a job may name in `depends_on`."""
 ARRAY_INDEX = "MEGHA_ARRAY_INDEX"
 """The environment variable holding an array job's task index (0, 1, ...)."""
+MAX_ARRAY_RUN_CHARS = 4 * MAX_BODY_BYTES
+"""The most characters of runs (commands, env, images, workdirs) an array job may expand to, all tasks together:
+each task holds its own copy in the GM, the LM and the agent, so an array of 2,000 tasks of a 64 KB template,
+sent in 64 KB, would hold hundreds of MB of every service's memory (a job sent whole is held to MAX_BODY_BYTES)."""
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Timestamp = Annotated[float, Field(allow_inf_nan=False)]
 ConstraintId = Annotated[int, Field(ge=0, le=NUM_CONSTRAINTS - 1)]

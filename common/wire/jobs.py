@@ -21,6 +21,7 @@ from megha.common.core.task import JobSpec, RunSpec, TaskSpec
 from megha.common.wire.fields import (
     ARRAY_INDEX,
     JOB_SCOPE,
+    MAX_ARRAY_RUN_CHARS,
     MAX_DEPENDENCIES,
     MAX_ENV,
     MAX_TASKS_PER_JOB,
@@ -225,6 +226,15 @@ class JobSubmission(WireModel):
                 check_run(template.driver, template.command, template.image, env, template.workdir)
             except ValidationError:
                 raise field_error("array", self.array, f"the template's run leaves no room for {ARRAY_INDEX}") from None
+            run_chars = sum(map(len, template.command)) + len(template.image) + len(template.workdir)
+            run_chars += sum(len(k) + len(v) for k, v in env.items())
+            if self.array * run_chars > MAX_ARRAY_RUN_CHARS:
+                raise field_error(
+                    "array",
+                    self.array,
+                    f"{self.array} runs of a template of {run_chars:,} characters (command, env, image, workdir) are "
+                    f"over {MAX_ARRAY_RUN_CHARS:,} in all: a small request must not hold every service's memory",
+                )
         seen: set[str] = set()
         for i, parent in enumerate(self.depends_on):
             if parent in seen:
