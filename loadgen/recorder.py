@@ -124,6 +124,9 @@ class Recorder(Records, CoreObserver):
         self.failures_retried = 0  # failed runs run again under their job's retry rule (not ends)
         # Runs cut short by preemption: (task id, started_at, preempted_at), for per-user usage over time.
         self.preempted_runs: list[tuple[str, float, float]] = []
+        # Row -> when the GM's scheduling attempt of the task started, from the attempt until the decision that
+        # ends it (then it becomes `attempt_at`) or until the task is held unplaced (`rescheduled`).
+        self._attempts_in_progress: dict[int, float] = {}
 
     def job_arrived(self, job: JobSpec, gm: int, now: float) -> None:
         number, arrival = self.tasks.number, self.tasks.columns["arrival"]
@@ -137,11 +140,8 @@ class Recorder(Records, CoreObserver):
             else:
                 self._advance(row, t.task_id, arrived)
         record = self.jobs[job.job_id]
-        if len(job.tasks) != record.num_tasks:
-            # The GM dropped tasks no node could ever run (they failed): the job is its other tasks, as in the
-            # authors' simulator, and finishes with the last of them.
-            record.num_tasks = len(job.tasks)
-            record.ideal_jrt = max((t.duration for t in job.tasks), default=0.0)
+        if record.dropped_tasks and job.tasks:  # it runs without them (`JobRecord`)
+            record.ideal_jrt = max(t.duration for t in job.tasks)
 
     def job_released(self, job: JobSpec, now: float) -> None:
         """Its parents finished: its tasks' allocation time and its JRT count from here, not from the wait for its
@@ -158,19 +158,30 @@ class Recorder(Records, CoreObserver):
         self.failed_count += len(job.tasks)
 
     def attempt(self, task: TaskSpec, now: float) -> None:
-        row, c = self.tasks.number[task.task_id], self.tasks.columns
-        c["attempts"][row] += 1
-        c["attempt_at"][row] = now
+        row = self.tasks.number[task.task_id]
+        self.tasks.columns["attempts"][row] += 1
+        self._attempts_in_progress[row] = now
 
     def rescheduled(self, task: TaskSpec, now: float) -> None:
-        self.tasks.columns["reschedules"][self.tasks.number[task.task_id]] += 1
+        row = self.tasks.number[task.task_id]
+        self.tasks.columns["reschedules"][row] += 1
+        self._attempts_in_progress.pop(row, None)  # that attempt placed nothing
 
     def decided(self, placements: Sequence[Placement], now: float) -> None:
-        number, c = self.tasks.number, self.tasks.columns
+        """A placement's stamps replace the previous placement's, so that every stamp of a task is of one placement,
+        its last. Its `attempt_at` is the start of the attempt this decision ends; a decision the GM reported no
+        attempt for (a queueable task of a parked shape sent to a node's queue, a preemption request to the next LM
+        after a refusal) is an attempt of its own, started as it was decided."""
+        number, c, in_progress = self.tasks.number, self.tasks.columns, self._attempts_in_progress
         decided_at, lm, node, repartitioned = c["decided_at"], c["lm"], c["node"], c["repartitioned"]
-        states, step = self.states, _WIDTH
+        attempt_at, states, step = c["attempt_at"], self.states, _WIDTH
         for p in placements:
             row = number[p.task.task_id]
+            started = in_progress.pop(row, None)
+            if started is None:
+                started = now
+                c["attempts"][row] += 1
+            attempt_at[row] = started
             decided_at[row], lm[row], node[row], repartitioned[row] = now, p.lm, p.node, p.repartition
             after = STEPS[states[row] * step + Event.DECIDED]  # `_advance`, inline on the hot path
             if after >= 0:
@@ -220,7 +231,14 @@ class Recorder(Records, CoreObserver):
         self.finished_count += len(task_ids)
 
     def task_failed(self, task: TaskSpec, reason: str, now: float) -> None:
-        if task.job_id in self.gang_jobs and self.states[row := self.tasks.number[task.task_id]] == State.COMPLETED:
+        row = self.tasks.number[task.task_id]
+        state = self.states[row]
+        if state == State.NEW:  # dropped at submission: its job arrives without it
+            record = self.jobs[task.job_id]
+            record.dropped_tasks += 1
+            if record.dropped_tasks == record.num_tasks:
+                record.rejected_reason = reason  # it never runs
+        elif state == State.COMPLETED and task.job_id in self.gang_jobs:
             self._unfinish(row)  # a gang failed whole: its finished members fail with it
         self._failed(task.task_id, reason)
         self.failed_count += 1

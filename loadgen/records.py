@@ -26,6 +26,10 @@ class TaskRecord:
     framework queuing (attempt_at - arrival), processing ((decided_at - attempt_at) + (launched_at - lm_received_at)),
     communication ((lm_received_at - decided_at) + (worker_received_at - launched_at)) and
     worker queuing (started_at - worker_received_at).
+
+    A task placed more than once keeps the stamps of its last placement, `attempt_at` to `started_at` (a placement's
+    stamps replace those of the one before), so the four add up to allocation time, and earlier placements, their
+    runs and the waits between them count in framework queuing (docs/report.md).
     """
 
     task_id: str
@@ -35,14 +39,14 @@ class TaskRecord:
     duration: float
     request: tuple[int, ...]
     arrival: float = NAN  # inserted into the GM's request queue
-    attempt_at: float = NAN  # start of the scheduling attempt that succeeded
+    attempt_at: float = NAN  # start of the GM's scheduling attempt that made the last placement
     decided_at: float = NAN  # GM sent the placement to the LM
     lm_received_at: float = NAN
     launched_at: float = NAN  # LM validated the placement and sent it to the worker
     worker_received_at: float = NAN
     started_at: float = NAN
     finished_at: float = NAN
-    attempts: int = 0  # scheduling attempts at the GM (1 when placed at once)
+    attempts: int = 0  # scheduling attempts at the GM (1 when placed at once; a decision it reported none for: 1)
     reschedules: int = 0  # times the task went to the back of the GM's queue because nothing fitted
     inconsistencies: int = 0  # placements the LM rejected because the GM's view was stale
     repartitioned: bool = False
@@ -78,21 +82,27 @@ class TaskRecord:
 
 @dataclass(slots=True)
 class JobRecord:
-    """One job. JRT delay (constraint-aware paper, eq. 1) = actual JRT - ideal JRT, ideal = the longest task."""
+    """One job. JRT delay (constraint-aware paper, eq. 1) = actual JRT - ideal JRT, ideal = the longest task.
+
+    A job some of whose tasks its GM dropped at submission (`--unsatisfiable drop`: no node could ever run them;
+    they failed) runs without them, as in the authors' simulator: it finishes with the last of its other tasks, and
+    its ideal JRT is the longest of those. One whose every task was dropped never runs: `rejected_reason` says why.
+    """
 
     job_id: str
     gm: int
     submitted_at: float
-    num_tasks: int
+    num_tasks: int  # its tasks in the trace
     ideal_jrt: float
     finished_tasks: int = 0
     finished_at: float = NAN
-    rejected_reason: str = ""
+    rejected_reason: str = ""  # why it never ran: its GM refused it at submission, or dropped its every task
+    dropped_tasks: int = 0  # tasks its GM dropped at submission (they failed)
 
     def task_finished(self, at: float) -> None:
         """One more of its tasks finished, at `at`: the job finishes with its last."""
         self.finished_tasks += 1
-        if self.finished_tasks == self.num_tasks:
+        if self.finished_tasks == self.num_tasks - self.dropped_tasks:
             self.finished_at = at
 
     @property

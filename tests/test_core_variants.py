@@ -384,7 +384,8 @@ def test_a_job_with_dropped_tasks_finishes_with_its_other_tasks_and_its_delay_is
     system.submit(0, submitted)
     system.run()
     record = recorder.jobs["j"]
-    assert (record.num_tasks, record.ideal_jrt) == (1, 2.0) and not math.isnan(record.jrt_delay)
+    assert (record.num_tasks, record.dropped_tasks, record.ideal_jrt) == (2, 1, 2.0)  # as in the trace; 1 dropped
+    assert not math.isnan(record.jrt_delay)
     metrics = compute_metrics(recorder.tasks, [record], spec.total_capacity(), spec.resource_names, 1.0)
     assert (metrics.tasks_completed, metrics.tasks_failed, metrics.not_exactly_once) == (1, 1, ())
     assert metrics.jrt_delay.count == 1 and system.counters()["dropped"] == 1
