@@ -358,7 +358,11 @@ def main(command: str = "python -m megha.loadgen.services") -> int:
             with contextlib.suppress(OSError):  # a folder something else wrote in meanwhile is kept
                 folder.rmdir()
         if isinstance(exc, TraceError):  # the file MEGHA_TRACE names, or what MEGHA_TIME_SCALE makes of it
-            print(f"{command}: bad settings: MEGHA_TRACE: {exc}", file=sys.stderr)
+            said = str(exc)  # it names the file already when it is about the file (`MEGHA_TRACE <path>: ...`)
+            print(
+                f"{command}: bad settings: {said if said.startswith('MEGHA_TRACE') else f'MEGHA_TRACE: {said}'}",
+                file=sys.stderr,
+            )
             return 2
         if not isinstance(exc, StartupError):
             raise

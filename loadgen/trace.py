@@ -111,11 +111,11 @@ def _check_scaled(job: TraceJob, where: str, time_scale: float) -> None:
     scale = "" if time_scale == 1 else f" (after --time-scale {time_scale:g})"
     if not job.arrival <= MAX_SECONDS:
         raise TraceError(
-            f"{where}: arrival_time is {job.arrival:g} s after the first job's{scale}; at most {MAX_SECONDS:g} s"
+            f"{where}: arrival_time is {job.arrival!r} s after the first job's{scale}; at most {MAX_SECONDS:g} s"
         )
     longest = max(job.durations)
     if not longest <= MAX_SECONDS:
-        raise TraceError(f"{where}: task duration {longest:g} s{scale} is over the maximum, {MAX_SECONDS:g} s")
+        raise TraceError(f"{where}: task duration {longest!r} s{scale} is over the maximum, {MAX_SECONDS:g} s")
 
 
 def synthetic_trace(

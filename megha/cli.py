@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import stat
 import sys
@@ -626,13 +627,21 @@ def check_out_folder(out: Path | None, option: str = "--out", default: Path | No
             return
         out = default
     missing = []
-    for folder in (out, *out.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                what = "is a file, not a folder" if folder == out else f"cannot be made: {folder} is a file"
-                raise click.BadParameter(f"{_out_name(out, named)} {what}", param_hint=option)
-            break
-        missing.append(folder)
+    try:
+        for folder in (out, *out.parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    what = "is a file, not a folder" if folder == out else f"cannot be made: {folder} is a file"
+                    raise click.BadParameter(f"{_out_name(out, named)} {what}", param_hint=option)
+                break
+            if folder.is_symlink():
+                what = "is" if folder == out else f"cannot be made: {folder} is"
+                where = f"{_out_name(out, named)} {what} a link to {os.readlink(folder)}, which does not exist"
+                raise click.BadParameter(where, param_hint=option)
+            missing.append(folder)
+    except OSError as exc:  # a name too long, a folder above it that may not be looked in
+        message = f"{_out_name(out, named)} cannot be made: {exc.strerror or exc}"
+        raise click.BadParameter(message, param_hint=option) from None
     if named is None:
         return  # the run's own folder is made in it, and probed, by `_report_folder`
     made: list[Path] = []

@@ -463,3 +463,18 @@ def test_a_replay_config_s_times_are_bounded(field: str, value: float, message: 
 
     with pytest.raises(ValueError, match=re.escape(message)):
         replay(ReplayConfig(first_jobs=1, **{field: value}))
+
+
+@pytest.mark.parametrize("kind", ["a link to nothing", "a name too long"])
+def test_an_out_folder_that_cannot_be_made_says_why_naming_out(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    out = tmp_path / "link"
+    if kind == "a link to nothing":
+        out.symlink_to(tmp_path / "nowhere")
+        why = f"--out: {out} is a link to {tmp_path / 'nowhere'}, which does not exist"
+    else:
+        out = tmp_path / ("a" * 300)
+        why = "cannot be made: File name too long"
+    status, err = _run(["replay", *SMALL, "--trace", str(trace), "--out", str(out)], capsys)
+    assert status == 2 and why in err and "\n" not in err.strip(), err
