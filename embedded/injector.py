@@ -92,6 +92,16 @@ class FaultInjector:
             or system.loop.pending_work > self._own_pending
         )
 
+    def settled(self) -> bool:
+        """The work is over for good: none is left (`_work_left`), no gang waits, and no GM that is down or cut off
+        holds back a job or a retry. What is left then is this injector's own events (a crash drawn while there was
+        work, repairs, restarts and recoveries), which change no task: a real-time run does not wait for them."""
+        return (
+            not self._work_left()
+            and not any(gm.gangs.waiting for gm in self.system.gms)
+            and (self.outages is None or not self.outages.work_held_back())
+        )
+
     def handle(self, msg: object, now: float) -> list[Output]:
         self._own_pending -= 1
         if not isinstance(msg, Later):

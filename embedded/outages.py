@@ -45,10 +45,12 @@ from megha.common.core.messages import (
 from megha.common.core.node_table import VERSION_BITS
 from megha.common.core.observer import CoreObserver, observe
 from megha.common.core.recovery import LMReport, RunsHeld, lm_report, plan_recovery, runs_held, runs_lost
+from megha.common.core.retry import RetryDue
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.core.worker import SimulatedExecution
 from megha.common.transport.inmemory import Handler
 from megha.embedded.faults import Faults, Kind
+from megha.embedded.wiring import Submit
 
 if TYPE_CHECKING:
     from megha.common.core.gm import GlobalMaster
@@ -58,6 +60,8 @@ State = Literal["up", "down", "recovering", "cut"]
 LMAction = Callable[[LocalMaster, float], list[Output]]
 ENDED_RUNS_KEPT = 100_000
 """Ended runs each LM remembers when GMs may crash (a restarting GM learns which of its runs ended)."""
+HELD_WORK = (Submit, RetryDue)
+"""Messages waiting for a GM that bring it tasks no core holds meanwhile (`Outages.work_held_back`)."""
 
 
 class GMJournal(CoreObserver):
@@ -250,6 +254,12 @@ class Outages:
             self.lm_inbox[lm].append(_Deferred(act))
             return []
         return act(self.system.lms[lm], now)
+
+    def work_held_back(self) -> bool:
+        """Some GM that is not up holds back work that no core holds: a job submitted to it, or a task's retry
+        coming due (between its runs a task is in no GM's queue). What else waits for a GM or LM is about tasks a
+        core holds (a crashed one's as they were), or none: deltas, answers, liveness changes."""
+        return any(type(msg) in HELD_WORK for inbox in self.gm_inbox for msg in inbox)
 
     # --------------------------------------------------------------- faults
 

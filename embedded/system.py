@@ -207,9 +207,10 @@ class EmbeddedSystem(SimulatedSystem):
         """Run until every accepted task has finished (or nothing more can happen)."""
         for lm in self.lms:
             self.loop.dispatch(lm.start(self.loop.now))
-        if self.faults is not None:
-            self.faults.start(self.loop.now)
-        self.loop.run(self._keep_going, on_event)
+        faults = self.faults
+        if faults is not None:
+            faults.start(self.loop.now)
+        self.loop.run(self._keep_going, on_event, faults.settled if faults is not None else None)
 
     def _keep_going(self) -> bool:
         """Only periodic deltas remain: keep ticking a few times while some GM still holds tasks, so deltas can

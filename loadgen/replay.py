@@ -358,15 +358,23 @@ def decision_costs(name: str) -> DecisionCosts:
 
 
 def _bar_hook(recorder: Recorder, advance: Advance, realtime: bool) -> Callable[[float], None]:
-    """An event hook that moves the progress bar every 1,024 events: tasks ended (finished or failed) so far."""
-    events = 0
+    """An event hook that moves the progress bar to the tasks ended (finished or failed) so far: every 1,024 events
+    on the virtual clock, and at every event on the wall clock, whose events are few and come at their time (a
+    bar moved every 1,024 of them would stand still through a whole run)."""
     clock = "s" if realtime else "s simulated"
+
+    def show(now: float) -> None:
+        advance(recorder.finished_count + recorder.failed_count, f"t={now:,.0f} {clock}")
+
+    if realtime:
+        return show
+    events = 0
 
     def on_event(now: float) -> None:
         nonlocal events
         events += 1
         if not events & 1023:
-            advance(recorder.finished_count + recorder.failed_count, f"t={now:,.0f} {clock}")
+            show(now)
 
     return on_event
 

@@ -117,12 +117,25 @@ class EventLoop:
             if not isinstance(msg, background):
                 self._work += 1
 
-    def run(self, keep_going: Callable[[], bool], on_event: Callable[[float], None] | None = None) -> None:
-        """Process events until only background events remain and `keep_going()` says no more are needed."""
+    def run(
+        self,
+        keep_going: Callable[[], bool],
+        on_event: Callable[[float], None] | None = None,
+        settled: Callable[[], bool] | None = None,
+    ) -> None:
+        """Process events until only background events remain and `keep_going()` says no more are needed. In real
+        time, an event due while `settled()` (the work is over; what is left changes no task, as a fault process's
+        crashes and repairs after the last task) is processed at once: what the virtual clock passes for free is
+        not waited for on the wall clock, and the run ends when its work does."""
         with fewer_gc_pauses():
-            self._loop(keep_going, on_event)
+            self._loop(keep_going, on_event, settled)
 
-    def _loop(self, keep_going: Callable[[], bool], on_event: Callable[[float], None] | None) -> None:
+    def _loop(
+        self,
+        keep_going: Callable[[], bool],
+        on_event: Callable[[float], None] | None,
+        settled: Callable[[], bool] | None,
+    ) -> None:
         heap = self._heap
         background = self._background
         dispatch = self.dispatch
@@ -131,13 +144,16 @@ class EventLoop:
         while heap:
             if self._work == 0 and not keep_going():
                 return
+            if realtime:  # wait for the next event's time (asked before it leaves the heap: it may be work)
+                delay = wall_start + heap[0][0] - time.monotonic()
+                if delay > 0:
+                    if settled is not None and settled():
+                        wall_start -= delay  # the wait is skipped: later events keep their spacing
+                    else:
+                        time.sleep(delay)
             at, _, handler, msg = heappop(heap)
             if not isinstance(msg, background):
                 self._work -= 1
-            if realtime:
-                delay = wall_start + at - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
             self.now = at
             self.events += 1
             outputs = handler(msg, at)
