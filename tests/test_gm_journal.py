@@ -5,7 +5,9 @@ ended, however many finished tasks it keeps."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
 import stat
 import time
 from pathlib import Path
@@ -408,3 +410,82 @@ def test_an_end_a_killed_lm_published_and_its_successor_forwards_is_one_event_at
         gm.service.journal.close()
 
     asyncio.run(life())
+
+
+def test_a_write_the_disk_refuses_leaves_nothing_of_its_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk takes half a record and refuses the rest: the half is cut off again, and nothing of the refused
+    record reaches the journal later (a buffered write did, once the disk had room: a refused job ran after a
+    restart)."""
+    journal = Journal(tmp_path / "run.gm-0.journal")
+    journal.append({"end": "a.0", "state": "finished", "reason": ""})
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if len(data) > 8:
+            return real_write(fd, bytes(data[:8]))  # the disk takes 8 bytes, then has no room
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(NotWritten):
+        asyncio.run(journal.append_durably({"job": {"job_id": "refused", "tasks": []}, "at": 1.0}))
+    with pytest.raises(OSError):
+        journal.append({"end": "b.0", "state": "finished", "reason": ""})
+    monkeypatch.setattr(os, "write", real_write)  # room again
+    journal.append({"end": "c.0", "state": "finished", "reason": ""})
+    journal.close()
+    replayed = Journal.replay(journal.path)
+    assert replayed.jobs == [] and set(replayed.ends) == {"a.0", "c.0"} and replayed.damaged == 0
+
+
+def test_records_whose_sync_failed_are_cut_off_so_a_refused_job_never_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jobs of a group whose fsync failed are refused (503), so their lines, and those written since, go."""
+    journal = Journal(tmp_path / "run.gm-0.journal")
+
+    async def accepted_then_refused() -> None:
+        await journal.append_durably({"job": {"job_id": "kept", "tasks": []}, "at": 1.0})
+        monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+        outcomes = await asyncio.gather(
+            journal.append_durably({"job": {"job_id": "r1", "tasks": []}, "at": 2.0}),
+            journal.append_durably({"job": {"job_id": "r2", "tasks": []}, "at": 3.0}),
+            return_exceptions=True,
+        )
+        assert all(isinstance(o, OSError) for o in outcomes), outcomes
+
+    asyncio.run(accepted_then_refused())
+    journal.close()
+    assert [job["job_id"] for job, _ in Journal.replay(journal.path).jobs] == ["kept"]
+
+
+def test_a_json_line_that_is_no_record_of_the_gm_s_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """`{"end": "x"}` (no state) and other well-formed lines of the wrong shape are skipped like a torn line: the
+    GM starts (it failed at every start with a KeyError)."""
+    path = tmp_path / "run.gm-0.journal"
+    lines = ['{"end":"nosuchtask"}', '{"job":{"job_id":"a","tasks":[]}}', '{"retry":"t","attempt":"x"}']
+    path.write_text("\n".join([*lines, '{"end":"a.0","state":"finished","reason":""}']) + "\n")
+    replayed = Journal.replay(path)
+    assert replayed.damaged == 3 and list(replayed.ends) == ["a.0"] and replayed.jobs == []
+
+
+def test_an_end_the_journal_cannot_take_is_logged_and_the_job_table_still_takes_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full or read-only disk under a task's end: the end record is logged as not journaled, not raised (raised,
+    the completion's handler failed after the core had applied it, and the job stayed unfinished for ever)."""
+    from types import SimpleNamespace
+
+    from megha.services.gm.recovery import Restart
+
+    class FullJournal:
+        def append(self, record: dict[str, object]) -> str:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    task = SimpleNamespace(finished_at=5.0)
+    gm = SimpleNamespace(journal=FullJournal(), replicator=None, jobs=SimpleNamespace(tasks={"a.0": task}))
+    Restart(gm).journal_end("a.0", "finished", "")  # type: ignore[arg-type]
+    Restart(gm).journal_retry(TaskSpec("a.1", "a", "u", 1.0, (1, 1), 0), 1)  # type: ignore[arg-type]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "could not journal {'end'",
+        "could not journal {'retry'",
+    ]

@@ -318,3 +318,23 @@ def test_a_real_gm_ends_runs_on_the_lms_own_word_only(
     assert len(lines) == 2, lines  # one per claimed LM: 1, none named
     assert f"from LM 1 (completions of tasks ['{task_id}'] for GM 0): it is signed by LM 0" in lines[0]
     assert "from LM (none named) (2 bytes that are no broker message): it is not signed" in lines[1]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("auth_on", [True, False])
+async def test_a_message_from_an_lm_the_gm_has_no_url_for_is_ignored_in_a_line(
+    caplog: pytest.LogCaptureFixture, auth_on: bool
+) -> None:
+    """A GM restarted without one of its LMs in MEGHA_LM_URLS: that LM's deltas are ignored and logged (at most a
+    line a minute), not a traceback per message and a requeue (hundreds in a minute, then dead-lettered)."""
+    caplog.set_level(logging.WARNING, logger="megha.gm")
+    service = gm_service(auth_on)
+    lm2 = MessageSigner(Credential.issue(SECRET, "lm", "2"))
+    try:
+        for _ in range(3):
+            await service.on_broker_message(delta(2), lm_report_headers(lm2, 0, delta(2)))
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignored ")]
+        assert len(lines) == 1 and lines[0].endswith("this GM has no LM 2 (MEGHA_LM_URLS lists 2)"), lines
+        assert (used(service, 0), used(service, 1)) == (0.0, 0.0)
+    finally:
+        await service.close()

@@ -10,6 +10,7 @@ A user sees its own jobs and queue only; an operator every one.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -60,6 +61,8 @@ from megha.services.logs import configure_logging, ids
 
 SUBMIT_AGAIN_AFTER = 2
 """Seconds a 429 (the user's unfinished tasks are at MEGHA_MAX_UNFINISHED_TASKS_PER_USER) asks a client to wait."""
+
+log = logging.getLogger("megha.gm")
 
 
 def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSpec | None = None) -> FastAPI:
@@ -412,7 +415,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
         "/v1/peers/{gm}/journal",
         response_model=JournalCopied,
         openapi_extra=json_body(JournalLines),
-        responses=errors(404, 409),
+        responses=errors(404, 409, 503),
     )
     async def journal_copy(gm: int, request: Request) -> Response:
         """The previous GM's journal lines, kept so that this GM can stand in for it."""
@@ -425,6 +428,9 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             await peers.receive(gm, lines)
         except StandingIn as exc:
             return error(409, str(exc), "gm")
+        except OSError as exc:  # a full or read-only disk: the sender marks its copy behind and tries again
+            log.error("could not keep GM %d's journal copy: %s", gm, exc)
+            return error(503, f"GM {settings.gm_id} cannot keep GM {gm}'s journal copy: {exc}", "gm")
         return json_response(JournalCopied(gm=gm, lines=len(lines.lines)))
 
     @app.post("/v1/peers/{gm}/release", response_model=JournalLines, responses=errors(404))

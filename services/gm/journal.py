@@ -30,6 +30,7 @@ user's submissions, commands and task environments, and an exec task on the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -64,14 +65,14 @@ class NotWritten(RuntimeError):
     """A record could not be written to the journal at all (closed, or the write failed)."""
 
 
-def open_private(path: Path, mode: Literal["ab", "wb"]) -> BinaryIO:
+def open_private(path: Path, mode: Literal["ab", "wb"], buffering: int = -1) -> BinaryIO:
     """Open journal file `path` to append to ("ab") or replace ("wb"), readable by this service's user only (0600,
-    also a file an older version made; its folder, when made here, 0700)."""
+    also a file an older version made; its folder, when made here, 0700); `buffering` as `open`'s."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
     fd = os.open(path, flags, 0o600)
     os.fchmod(fd, 0o600)
-    return os.fdopen(fd, mode)
+    return os.fdopen(fd, mode, buffering)
 
 
 class Journal:
@@ -79,8 +80,9 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = open_private(path, "ab")
-        self._waiting: list[asyncio.Future[None]] = []
+        self._file = open_private(path, "ab", buffering=0)
+        # Records written and not synced yet: (where the record starts in the file, who waits for its sync).
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
         self._syncer: asyncio.Task[None] | None = None
 
     @staticmethod
@@ -89,18 +91,14 @@ class Journal:
         found = Replayed()
         if not path.exists():
             return found
-        for record in _records(path, found):
-            if "job" in record:
-                found.jobs.append((record["job"], float(record["at"])))
-            elif "end" in record:
-                at = record.get("at")
-                at = float(at) if isinstance(at, int | float) else None
-                found.ends[str(record["end"])] = End(str(record["state"]), str(record.get("reason", "")), at)
-            elif "cancel" in record:
-                found.cancels.add(str(record["cancel"]))
-            elif "retry" in record:
-                retried = (int(record["attempt"]), int(record["failures"]))  # type: ignore[call-overload]
-                found.retries[str(record["retry"])] = max(found.retries.get(str(record["retry"]), retried), retried)
+        for number, record in _records(path, found):
+            try:
+                _replay_record(record, found)
+            except (KeyError, TypeError, ValueError) as exc:  # JSON, but not a record this GM writes
+                found.damaged += 1
+                log.warning(
+                    "journal %s, line %d: not a record (%s: %s): skipped", path, number, type(exc).__name__, exc
+                )
         return found
 
     async def append_durably(self, record: dict[str, object]) -> str:
@@ -109,34 +107,65 @@ class Journal:
         but its sync failed."""
         line = json.dumps(record, separators=(",", ":"))
         try:
-            self._file.write(line.encode() + b"\n")
+            start = self._write(line.encode() + b"\n")
         except (OSError, ValueError) as exc:
             raise NotWritten(str(exc)) from exc
         done = asyncio.get_running_loop().create_future()
-        self._waiting.append(done)
+        self._waiting.append((start, done))
         if self._syncer is None or self._syncer.done():
             self._syncer = asyncio.get_running_loop().create_task(self._sync())
         await done
         return line
 
     def append(self, record: dict[str, object]) -> str:
-        """Append `record`, written through to the operating system but not synced; returns its line."""
+        """Append `record`, written through to the operating system but not synced; returns its line. OSError (and
+        nothing of it in the journal) when it could not be written."""
         line = json.dumps(record, separators=(",", ":"))
-        self._file.write(line.encode() + b"\n")
-        self._file.flush()
+        self._write(line.encode() + b"\n")
         return line
+
+    def _write(self, data: bytes) -> int:
+        """Write `data` at the journal's end, straight to the operating system (no buffer that a failed write would
+        leave to a later one: a refused job's line written once the disk has room again ran after a restart);
+        where it starts. On a failure, what was written of it is cut off again, and the OSError raised."""
+        fd = self._file.fileno()
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+        return start
 
     async def _sync(self) -> None:
         while self._waiting:
             waiting, self._waiting = self._waiting, []
             try:
-                self._file.flush()
                 await asyncio.to_thread(os.fsync, self._file.fileno())
-            except (OSError, ValueError) as exc:  # ValueError: closed meanwhile (the GM was fenced and resets)
-                for done in waiting:
+            except ValueError as exc:  # closed meanwhile (the GM was fenced and resets): written, not refused
+                for _, done in waiting:
+                    done.set_exception(exc)
+            except OSError as exc:
+                # Not on disk: the jobs are refused, so their lines must not stay (a restart would run them), and
+                # nor may those written since, whose sync would follow the failure. End and retry lines among them
+                # go too; a restarted GM learns those ends again from its LMs.
+                waiting += self._waiting
+                self._waiting = []
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._file.fileno(), min(start for start, _ in waiting))
+                log.error(
+                    "journal %s: a sync failed (%s): the %d records written since are cut off again",
+                    self.path,
+                    exc,
+                    len(waiting),
+                )
+                for _, done in waiting:
                     done.set_exception(exc)
             else:
-                for done in waiting:
+                for _, done in waiting:
                     done.set_result(None)
 
     def rewrite(self, records: list[dict[str, object]]) -> None:
@@ -149,7 +178,7 @@ class Journal:
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(self.path)
-        self._file = open_private(self.path, "ab")
+        self._file = open_private(self.path, "ab", buffering=0)
 
     def close(self) -> None:
         self._file.close()
@@ -195,15 +224,32 @@ def merge_lines(path: Path, lines: list[str]) -> int:
     return len(added)
 
 
-def _records(path: Path, found: Replayed) -> Iterator[dict[str, object]]:
+def _replay_record(record: dict[str, object], found: Replayed) -> None:
+    """Add one journal record to `found`; KeyError, TypeError or ValueError when it lacks a field or holds a value
+    of the wrong kind."""
+    if "job" in record:
+        found.jobs.append((record["job"], float(record["at"])))  # type: ignore[arg-type]
+    elif "end" in record:
+        at = record.get("at")
+        at = float(at) if isinstance(at, int | float) else None
+        found.ends[str(record["end"])] = End(str(record["state"]), str(record.get("reason", "")), at)
+    elif "cancel" in record:
+        found.cancels.add(str(record["cancel"]))
+    elif "retry" in record:
+        retried = (int(record["attempt"]), int(record["failures"]))  # type: ignore[call-overload]
+        found.retries[str(record["retry"])] = max(found.retries.get(str(record["retry"]), retried), retried)
+
+
+def _records(path: Path, found: Replayed) -> Iterator[tuple[int, dict[str, object]]]:
+    """Each line of the journal that is a JSON object, with its line number."""
     with path.open("rb") as lines:
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             try:
                 record = json.loads(line)
             except ValueError:
                 found.damaged += 1
                 continue
             if isinstance(record, dict):
-                yield record
+                yield number, record
             else:
                 found.damaged += 1

@@ -39,10 +39,10 @@ class LMReportGate:
             signer = lm_report_signer(self.verifier, self.gm, body, headers)
         except Unauthenticated as exc:
             msg, _ = BrokerMessage.described(body)
-            self.ignore(_lm_of(msg), str(exc), body)
+            self.ignore(lm_of(msg), str(exc), body)
             return None
         msg = BrokerMessage.model_validate_json(body)
-        claimed = _lm_of(msg)
+        claimed = lm_of(msg)
         if claimed != signer:
             self.ignore(claimed, f"it is signed by LM {signer}", body)
             return None
@@ -64,7 +64,7 @@ class LMReportGate:
         )
 
 
-def _lm_of(msg: BrokerMessage | None) -> str:
+def lm_of(msg: BrokerMessage | None) -> str:
     """The LM a message on a GM's queue says it comes from ("" when it is none of an LM's messages)."""
     if msg is None:
         return ""

@@ -37,17 +37,25 @@ class Restart:
     def journal_end(self, task_id: str, state: str, reason: str) -> None:
         if self.gm.journal is not None:
             at = self.gm.jobs.tasks[task_id].finished_at  # restored as it is, so a finish time never changes
-            line = self.gm.journal.append({"end": task_id, "state": state, "reason": reason, "at": at})
-            if self.gm.replicator is not None:
-                self.gm.replicator.add(line)
+            self._journal({"end": task_id, "state": state, "reason": reason, "at": at})
 
     def journal_retry(self, task: TaskSpec, failures: int) -> None:
         """A failed run of `task` runs again under its job's retry rule, as its next attempt (docs/retry.md)."""
-        if self.gm.journal is not None:
-            record = {"retry": task.task_id, "attempt": task.attempt + 1, "failures": failures}
+        self._journal({"retry": task.task_id, "attempt": task.attempt + 1, "failures": failures})
+
+    def _journal(self, record: dict[str, object]) -> None:
+        """Append an end or retry record, and copy it to the peer. One the journal cannot take (a full or read-only
+        disk) is logged and left out, not raised: the job table takes the end all the same (raised, the end was
+        left half applied, and its job stayed unfinished for ever), and a restarted GM learns it from its LMs."""
+        if self.gm.journal is None:
+            return
+        try:
             line = self.gm.journal.append(record)
-            if self.gm.replicator is not None:
-                self.gm.replicator.add(line)
+        except OSError as exc:
+            log.error("could not journal %s: %s (a restart learns it from the LMs)", record, exc)
+            return
+        if self.gm.replicator is not None:
+            self.gm.replicator.add(line)
 
     def _restore_end(self, task_id: str, state: str, reason: str, at: float | None) -> None:
         """A task end this GM learnt while recovering (from its journal or an LM), not from its core; `at`: its

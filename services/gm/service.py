@@ -40,7 +40,7 @@ from megha.services.gm.dispatch import GMDispatch
 from megha.services.gm.events_route import JobEvents
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, NotWritten
-from megha.services.gm.lm_reports import LMReportGate
+from megha.services.gm.lm_reports import LMReportGate, lm_of
 from megha.services.gm.metrics import GMMeter
 from megha.services.gm.peers import Replicator
 from megha.services.gm.recovery import Restart
@@ -360,6 +360,10 @@ class GMService:
         for this GM counts: the rest is ignored and logged (`LMReportGate`), never requeued."""
         msg = self.lm_reports.admitted(body, headers or {})
         if msg is None:
+            return
+        if (lm := lm_of(msg)) and int(lm) >= len(self.settings.lm_urls):  # a GM restarted without one of its LMs
+            known = len(self.settings.lm_urls)
+            self.lm_reports.ignore(lm, f"this GM has no LM {lm} (MEGHA_LM_URLS lists {known})", body)
             return
         if not self.serving:
             raise TryLater(f"GM {self.settings.gm_id} is changing hands")
