@@ -25,6 +25,7 @@ import stat
 import struct
 import tempfile
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -494,9 +495,20 @@ def test_the_watch_counts_a_socket_s_buffers_once_and_only_for_the_run_holding_i
     uid's."""
     uid, other = TASK_UIDS[-40], TASK_UIDS[-41]
     child, bystander = holding_full_sockets(uid, 100), holding(other, 4)
+
+    def resident() -> dict[int, int]:
+        return {p.pid: p.rss for p in enforcement.processes() if p.pid in (child, bystander)}
+
     try:
-        usage = enforcement.memory_usage({uid, other}, set())
-        rss = {p.pid: p.rss for p in enforcement.processes() if p.pid in (child, bystander)}
+        # The watch's look and this one are two reads: taken while the children's resident memory held still (a
+        # child just made may still fault pages in; a loaded machine once saw 64 KB more between the two).
+        for _ in range(50):
+            before = resident()
+            usage = enforcement.memory_usage({uid, other}, set())
+            rss = resident()
+            if rss == before:
+                break
+            time.sleep(0.1)
         queued = socket_memory.socket_bytes()
         inodes = enforcement.open_descriptors(child).sockets
     finally:
