@@ -14,6 +14,7 @@ policy of each such call), `logs` (log lines), `background` (background steps, t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Mapping
@@ -50,6 +51,18 @@ async def read_body(request: Request, model: type[M], *, keys_once: bool = False
         twice = PydanticCustomError("key_twice", "key given twice in one object (readers disagree on which counts)")
         raise ValidationError.from_exception_data(model.__name__, [InitErrorDetails(type=twice, loc=path, input=body)])
     return valid
+
+
+async def caller_left(request: Request) -> bool:
+    """True when the caller closed the connection before this route got to act on its request: a GM that gave up
+    on a call (MEGHA_LM_TIMEOUT) has closed it, so an LM that was paused or overloaded meanwhile must not apply a
+    launch or preemption its GM already counted as failed (docs/reliability.md, "An LM that stalls").
+
+    The server reads a close that came after the request's bytes one event-loop turn after the request itself, so
+    the route first yields that turn; `Request.is_disconnected` then reads what the server saw without waiting.
+    Under an ASGI test transport, which never closes early, this is always False."""
+    await asyncio.sleep(0)
+    return await request.is_disconnected()
 
 
 def json_response(body: BaseModel | bytes, status: int = 200) -> Response:

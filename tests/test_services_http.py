@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import uvicorn
 from fastapi import FastAPI
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
@@ -854,6 +856,46 @@ async def test_lm_launch_is_idempotent_per_task(ready_lm: httpx.AsyncClient) -> 
     assert len(LaunchResponseModel.model_validate(again.json()).accepted) == 1
     state = (await ready_lm.get("/v1/state")).json()
     assert state["launched"] == 1 and state["free"][0] == [1900, 3996]
+
+
+@pytest.mark.parametrize("gm_waits", [True, False], ids=["gm-waits", "gm-gave-up"])
+async def test_lm_does_not_apply_a_launch_its_gm_closed_while_the_lm_stalled(gm_waits: bool) -> None:
+    """A GM gives up on a launch after MEGHA_LM_TIMEOUT, closes the call and counts its tasks failed. An LM that was
+    paused meanwhile (SIGSTOP, a stalled host) finds the call in its socket once it resumes, and must not start
+    runs its GM no longer tracks. Here the LM's event loop is held, as a pause holds it, while a launch goes to it
+    over real TCP; the caller then closes (the GM that gave up) or waits for the answer (the run starts)."""
+    app = lm_app()
+    service = app.state.service
+    service.broker = RecordingBroker()
+
+    async def post(url: str, body: bytes, idempotent: bool = False) -> Reply:
+        return Reply(202, b"{}")  # the agents' launch calls
+
+    service.calls.post = post
+    async with running(app) as c:
+        await register_all(c)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning"))
+        serving = asyncio.create_task(server.serve())
+        try:
+            await wait_for(lambda: server.started, 10.0)
+            port = server.servers[0].sockets[0].getsockname()[1]
+            body = json.dumps(batch(placement(node=0))).encode()
+            head = (
+                f"POST /v1/launch HTTP/1.1\r\nHost: lm\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+            )
+            # Blocking calls: the LM's event loop does not run until the caller is done (the kernel accepts).
+            with socket.create_connection(("127.0.0.1", port)) as caller:
+                caller.sendall(head.encode() + b"\r\n\r\n" + body)
+                if gm_waits:
+                    answer = await asyncio.wait_for(asyncio.to_thread(caller.recv, 65536), 10.0)
+                    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+            await asyncio.sleep(0.3)  # the LM reads what was left in its socket
+            state = (await c.get("/v1/state")).json()
+            assert state["launched"] == (1 if gm_waits else 0), state
+            assert state["free"][0] == ([1900, 3996] if gm_waits else [2000, 4096])
+        finally:
+            server.should_exit = True
+            await serving
 
 
 async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_record() -> None:
