@@ -480,6 +480,13 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         description="seconds to wait for an unreachable or restarting LM: at start-up, and for a launch in flight "
         "before its tasks are failed",
     )
+    lm_lost_after: float = Field(
+        300.0,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="seconds an LM may stay unreachable before this GM gives up its runs there: each runs again as "
+        "its next attempt elsewhere, and is stopped there if the LM comes back (0: never give them up)",
+    )
     journal_dir: str = Field(
         "megha-journal",
         description="folder of the GM's write-ahead journal <run>.gm-<id>.journal (a volume in containers): accepted "

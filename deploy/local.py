@@ -117,6 +117,7 @@ class LocalDeployment(Deployment):
     user_tokens: dict[str, str] = field(default_factory=dict, repr=False)  # more users' API tokens, by user
     # agent ("worker-<lm>-<w>") -> its further settings, MEGHA_ names without the prefix: {"drivers": "burn,exec"}
     worker_settings: dict[str, dict[str, object]] = field(default_factory=dict)
+    gm_settings: dict[str, object] = field(default_factory=dict)  # every GM's further settings, as worker_settings'
     processes: list[Process] = field(default_factory=list)
 
     @property
@@ -268,6 +269,7 @@ class LocalDeployment(Deployment):
                 queues=self.queues,
                 share_policy=self.share_policy,
                 journal_dir=self.log_dir.parent / "journal",
+                **self.gm_settings,
             )
             for gm in range(self.gms)
         ]

@@ -15,6 +15,11 @@ class CallError(Exception):
     an answer that is not HTTP/1.1. Whether the request reached the service is unknown."""
 
 
+class NotSent(CallError):
+    """A CallError before any byte of the request left: no connection could be opened (refused, no route, a name
+    that does not resolve). The service did not get the request."""
+
+
 class Reply(NamedTuple):
     status: int
     body: bytes
@@ -90,10 +95,12 @@ class ServiceClient:
         if body is not None:
             head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
         message = b"".join([*head, b"\r\n", body or b""])
+        wrote = False  # whether the request went out on some connection (it may then have reached the service)
         try:
             async with asyncio.timeout(self.timeout):
                 conn = self._take(origin)
                 if conn is not None:
+                    wrote = True
                     try:
                         return await self._exchange(origin, conn, message)
                     except (ConnectionError, asyncio.IncompleteReadError):
@@ -101,10 +108,15 @@ class ServiceClient:
                             raise
                         # closed by the server while idle: send again on a new connection
                 conn = await asyncio.open_connection(host, port, ssl=self._tls_context() if tls else None)
+                wrote = True
                 return await self._exchange(origin, conn, message)
         except TimeoutError:
+            if not wrote:
+                raise NotSent(f"{method} {url}: no connection within {self.timeout} s") from None
             raise CallError(f"{method} {url}: no answer within {self.timeout} s") from None
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            if not wrote and isinstance(exc, OSError):
+                raise NotSent(f"{method} {url}: {exc!r}") from None
             raise CallError(f"{method} {url}: {exc!r}") from None
 
     def _split(self, url: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from megha.services.client import CallError, Reply
+from megha.services.client import CallError, NotSent, Reply
 
 
 def busy(status: int) -> bool:
@@ -38,6 +38,9 @@ class RetryPolicy:
     first_pause: float = 0.1  # seconds before the second attempt; each later pause doubles, up to `max_pause`
     max_pause: float = 2.0
     jitter: float = 0.5  # a pause is drawn uniformly from [(1 - jitter) x, x]: callers that failed together spread
+    # Seconds after which a call none of whose attempts left this process (every connection refused or not made:
+    # `NotSent`) is given up, when sooner than `deadline` (None: `deadline` only).
+    unsent_deadline: float | None = None
     retry: Callable[[int], bool] = busy  # which statuses other than a success are tried again
     ok: Callable[[int], bool] = success  # which statuses are a success
 
@@ -55,6 +58,7 @@ class Outcome:
     reply: Reply | None
     failure: str
     attempts: int
+    reached: bool = True  # whether some attempt may have reached the service (False: every one was `NotSent`)
 
     @property
     def succeeded(self) -> bool:
@@ -73,25 +77,32 @@ async def call(
     (`what`: who is called, say "LM 0"; `where`: its URL, if it says more). `on_failure(attempt, failure)` is told
     of each failed attempt that will be tried again, before the pause (to log it, or to raise and give up)."""
     at = f" at {where}" if where else ""
-    deadline = time.monotonic() + policy.deadline
+    started = time.monotonic()
+    deadline = started + policy.deadline
     attempt = 0
+    reached = False
     while True:
         attempt += 1
         reply: Reply | None = None
         try:
             reply = await send()
         except CallError as exc:
+            reached = reached or not isinstance(exc, NotSent)
             failure = f"{what} unreachable{at}: {exc}"
         else:
+            reached = True
             if policy.ok(reply.status):
                 return Outcome(reply, "", attempt)
             failure = f"{what} answered {reply.status}: {reply.text[:500]}"
             if not policy.retry(reply.status):
                 return Outcome(reply, failure, attempt)
         if policy.attempts is not None and attempt >= policy.attempts:
-            return Outcome(reply, failure, attempt)
-        if time.monotonic() > deadline:
-            return Outcome(reply, f"{failure} (for {policy.deadline:g} s)", attempt)
+            return Outcome(reply, failure, attempt, reached)
+        now = time.monotonic()
+        if now > deadline:
+            return Outcome(reply, f"{failure} (for {policy.deadline:g} s)", attempt, reached)
+        if not reached and policy.unsent_deadline is not None and now - started > policy.unsent_deadline:
+            return Outcome(reply, f"{failure} (not sent for {policy.unsent_deadline:g} s)", attempt, False)
         if on_failure is not None:
             on_failure(attempt, failure)
         await asyncio.sleep(policy.pause(attempt))

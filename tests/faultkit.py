@@ -33,10 +33,13 @@ def backlog_deployment(log_dir: Path, **settings: object) -> LocalDeployment:
 
 
 def replay_with_fault(
-    deployment: LocalDeployment, fault: Callable[[], None], trace: LoadgenSettings = TRACE
+    deployment: LocalDeployment,
+    fault: Callable[[], None],
+    trace: LoadgenSettings = TRACE,
+    gone: frozenset[int] = frozenset(),
 ) -> tuple[ServicesRun, list[dict[str, Any]]]:
     """Replay `trace` through the running `deployment` while `fault` runs beside it, then wait until every LM is
-    idle: the run, and the LMs' states then."""
+    idle but those in `gone` (which the fault left down): the run, and those LMs' states then."""
     api.use(deployment)
     settings = deployment.loadgen(trace)
     errors: list[BaseException] = []
@@ -52,8 +55,12 @@ def replay_with_fault(
     run = asyncio.run(replay_services(settings, Progress()))
     thread.join()
     assert not errors, errors
-    wait_until(lambda: all(s["idle"] for s in deployment.lm_states()), 30, deployment.lm_states)
-    return run, deployment.lm_states()
+
+    def states() -> list[dict[str, Any]]:
+        return [service_state(url) for lm, url in enumerate(deployment.lm_urls) if lm not in gone]
+
+    wait_until(lambda: all(s.get("idle") for s in states()), 30, states)
+    return run, states()
 
 
 def assert_nothing_lost(run: ServicesRun, tasks: int = 434) -> None:

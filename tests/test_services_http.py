@@ -8,8 +8,8 @@ import json
 import re
 import socket
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
@@ -54,6 +54,14 @@ NOWHERE = "http://127.0.0.1:9"  # the discard port: connections are refused at o
 
 # The GM's cluster: one LM, one GM, two nodes. Only node 0 satisfies constraints 0 and 1; node 1 is bigger.
 CLUSTER = ClusterSpec(((PartitionSpec(0, 0, ((2000, 4096), (4000, 8192)), (constraint_mask([0, 1]), 0)),),))
+
+
+@contextmanager
+def silent_lm() -> Iterator[str]:
+    """The URL of an LM that takes connections (the kernel accepts them) and never answers: a call may have reached
+    it, so a launch that gets no answer fails its tasks."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
 
 
 def client(app: FastAPI) -> httpx.AsyncClient:
@@ -508,28 +516,52 @@ async def test_gm_accepts_tasks_of_zero_seconds(gm: httpx.AsyncClient) -> None:
     assert [t.state for t in status.tasks] == ["launched", "launched"]
 
 
-async def test_gm_fails_the_tasks_of_a_launch_no_lm_answers(
-    gm: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The GM's LM stays unreachable past MEGHA_LM_TIMEOUT: the batch's tasks are reported failed with the
-    reason, and the resources the GM had deducted for them are back in its view."""
-    r = await gm.post("/v1/jobs", json=job(task(cpu_millicores=3000), job_id="lost"))
+async def test_gm_places_again_a_launch_that_never_reached_its_lm(gm: httpx.AsyncClient) -> None:
+    """Every attempt of the batch is refused at connect (the LM's process is down): nothing of it can run, so its
+    task is not failed but queued again, and waits: the LM is out of the GM's view until it answers."""
+    r = await gm.post("/v1/jobs", json=job(task(cpu_millicores=3000), job_id="unsent"))
     assert r.status_code == 201, r.text
 
-    async def lost_task() -> Any:
-        [t] = JobStatus.model_validate((await gm.get("/v1/jobs/lost")).json()).tasks
+    async def unsent_task() -> Any:
+        [t] = JobStatus.model_validate((await gm.get("/v1/jobs/unsent")).json()).tasks
         return t
 
-    async def failed() -> bool:
-        return (await lost_task()).state == "failed"
+    async def placed_again() -> bool:
+        return (await unsent_task()).attempts >= 2
 
-    await wait_for(failed, 3, lost_task)
-    t = await lost_task()
-    assert t.state == "failed" and t.failed_reason is not None
-    assert "LM 0 unreachable at http://127.0.0.1:9" in t.failed_reason and "(for 0.5 s)" in t.failed_reason
+    await wait_for(placed_again, 10, unsent_task)  # its batch is given up after 0.5 s (MEGHA_LM_TIMEOUT here)
+    t = await unsent_task()
+    assert t.state == "queued" and t.failed_reason is None
     state = (await gm.get("/v1/state")).json()
-    assert state["unfinished_tasks"] == 0
-    assert [p["used_fraction"] for p in state["partitions"]] == [0.0]
+    assert state["unfinished_tasks"] == 1
+    assert [p["used_fraction"] for p in state["partitions"]] == [1.0]  # the LM out of the view: nothing free
+    metrics = (await gm.get("/metrics")).text
+    assert 'megha_gm_unreachable_lms{gm="0"} 1.0' in metrics
+
+
+async def test_gm_fails_the_tasks_of_a_launch_no_lm_answers() -> None:
+    """The GM's LM takes the batch (a connection is made) and never answers, past MEGHA_LM_TIMEOUT: the LM may have
+    launched it, so the batch's tasks are reported failed with the reason, and the resources the GM had deducted
+    for them are back in its view."""
+    with silent_lm() as url:
+        settings = GMSettings(lm_urls=[url], http_timeout=0.3, lm_timeout=0.5)
+        async with running(create_gm(settings, use_broker=False, cluster=CLUSTER)) as gm:
+            r = await gm.post("/v1/jobs", json=job(task(cpu_millicores=3000), job_id="lost"))
+            assert r.status_code == 201, r.text
+
+            async def lost_task() -> Any:
+                [t] = JobStatus.model_validate((await gm.get("/v1/jobs/lost")).json()).tasks
+                return t
+
+            async def failed() -> bool:
+                return (await lost_task()).state == "failed"
+
+            await wait_for(failed, 5, lost_task)
+            t = await lost_task()
+            assert t.state == "failed" and t.failed_reason is not None
+            assert f"LM 0 unreachable at {url}" in t.failed_reason and "no answer within 0.3 s" in t.failed_reason
+            state = (await gm.get("/v1/state")).json()
+            assert state["unfinished_tasks"] == 0
 
 
 async def test_gm_arrival_is_when_the_request_came_in(gm: httpx.AsyncClient) -> None:
@@ -550,9 +582,14 @@ async def test_gm_unknown_job_is_404(untouched_gm: httpx.AsyncClient, job_id: st
 
 
 async def test_gm_forgets_its_oldest_finished_jobs_beyond_the_limit_and_says_so() -> None:
-    # The LM is unreachable, so every task fails at once with the reason: both jobs end. Keeping 2 finished
-    # tasks, the GM forgets job A (2 tasks) when job B (1 task) ends.
-    settings = GMSettings(lm_urls=[NOWHERE], http_timeout=1.0, finished_tasks_kept=2, lm_timeout=0.5)
+    # The LM never answers, so every task fails soon with the reason: both jobs end. Keeping 2 finished tasks, the
+    # GM forgets job A (2 tasks) when job B (1 task) ends.
+    with silent_lm() as url:
+        settings = GMSettings(lm_urls=[url], http_timeout=0.3, finished_tasks_kept=2, lm_timeout=0.5)
+        await _forgets_oldest_finished_jobs(settings)
+
+
+async def _forgets_oldest_finished_jobs(settings: GMSettings) -> None:
     async with running(create_gm(settings, use_broker=False, cluster=CLUSTER)) as c:
 
         async def gm_state() -> dict[str, Any]:
@@ -568,13 +605,14 @@ async def test_gm_forgets_its_oldest_finished_jobs_beyond_the_limit_and_says_so(
         assert (await c.post("/v1/jobs", json=job(task(), task(), job_id="A"))).status_code == 201
         assert (await state_when_ended())["finished_jobs_dropped"] == 0
         assert JobStatus.model_validate((await c.get("/v1/jobs/A")).json()).tasks[0].state == "failed"
+        # The LM that never answered is out of the GM's view now: B waits, and ends when it is cancelled.
         assert (await c.post("/v1/jobs", json=job(job_id="B"))).status_code == 201
+        assert (await c.delete("/v1/jobs/B")).status_code == 202
         state = await state_when_ended()
         assert (state["unfinished_tasks"], state["finished_jobs_dropped"]) == (0, 1)
         err = assert_error(await c.get("/v1/jobs/A"), 404, "job_id")
         assert "forgotten its 1 oldest finished jobs" in err.error and "MEGHA_FINISHED_TASKS_KEPT=2" in err.error
-        failed = JobStatus.model_validate((await c.get("/v1/jobs/B")).json()).tasks[0]
-        assert failed.state == "failed" and failed.failed_reason
+        assert JobStatus.model_validate((await c.get("/v1/jobs/B")).json()).tasks[0].state == "cancelled"
 
 
 async def test_lm_takes_a_silent_agent_out_of_service_reports_its_tasks_lost_and_brings_it_back_when_idle() -> None:

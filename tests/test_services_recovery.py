@@ -34,13 +34,43 @@ def test_an_lm_killed_mid_replay_and_restarted_rebuilds_from_its_agents_and_lose
 
     with deployment:
         run, states = replay_with_fault(deployment, kill_lm_then_restart)
+        views = [service_state(url) for url in deployment.gm_urls]
     assert_nothing_lost(run)
     after = seen["after"]
     assert isinstance(after, dict) and after["incarnation"] > seen["incarnation"]  # type: ignore[operator]
-    # The GMs used the restarted LM's capacity again: it launched tasks after its restart.
-    assert states[0]["launched"] > 0
+    # The GMs took the LM out of their view while it was down (placing on the other LM) and back in once it
+    # answered: its partitions are free in every GM's view again (out of it, they would show all used).
+    for view in views:
+        assert [p["used_fraction"] for p in view["partitions"] if p["lm"] == 0] == [0.0, 0.0], view  # type: ignore[index, union-attr]
     for state in states:
         assert state["idle"] and state["free"] == state["capacity"] and state["down_nodes"] == {}
+
+
+def test_an_lm_killed_mid_replay_and_never_restarted_has_its_runs_run_elsewhere_and_loses_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An LM that never comes back: its GMs place nothing more there once a call to it fails, place again what
+    never reached it, and after MEGHA_LM_LOST_AFTER run its runs again on the other LM (docs/reliability.md)."""
+    deployment = LocalDeployment(
+        gms=2,
+        lms=2,
+        workers_per_lm=2,
+        log_dir=tmp_path / "logs",
+        heartbeat_interval=0.5,
+        gm_settings={"lm_lost_after": 5},
+    )
+
+    def kill_lm() -> None:
+        url = deployment.lm_urls[0]
+        wait_until(lambda: service_state(url).get("running", 0) > 0, 60, lambda: service_state(url))  # type: ignore[operator]
+        deployment.kill("lm-0")
+        deployment.kill("worker-0-0")
+        deployment.kill("worker-0-1")  # its runs go with it (an agent left alone would run them to their end)
+
+    with deployment:
+        run, [lm1] = replay_with_fault(deployment, kill_lm, gone=frozenset({0}))
+        gm_logs = "".join(p.log.read_text() for p in deployment.processes if p.name.startswith("gm-"))
+    assert_nothing_lost(run)
+    assert "LM 0 unreachable" in gm_logs and "are given up" in gm_logs
+    assert lm1["idle"] and lm1["free"] == lm1["capacity"]
 
 
 def test_a_gm_killed_with_tasks_queued_and_restarted_recovers_its_jobs_from_its_journal(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -7,7 +7,6 @@ import math
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from operator import add
 from typing import TYPE_CHECKING
 
 from megha.common.core.messages import (
@@ -396,11 +395,7 @@ class GangScheduler:
 
     def _undo(self, p: Placement, freed: bool = True) -> None:
         """Give a deduction of the view back (a placement never sent); `freed`: parked tasks may use it now."""
-        view = self.gm.view
-        pv, i = view.locate[p.lm][p.node]
-        pv.set_free(i, tuple(map(min, pv.capacity[i], map(add, pv.free[i], p.task.request))))
-        if freed:
-            view.freed_nodes.append((p.lm, p.node))
+        self.gm.view.undo(p.lm, p.node, p.task.request, freed)
 
     # ------------------------------------------------------ prepare/commit
 

@@ -42,6 +42,9 @@ class GlobalView:
         self._unanswered_requests: list[dict[int, list[tuple[int, Resources]]]] = [{} for _ in range(cluster.num_lms)]
         # (LM, node) whose free resources grew since the GM last took them: parked tasks may fit there.
         self.freed_nodes: list[tuple[int, int]] = []
+        # LMs out of the view (`take_out`: their GM cannot reach them): lm -> each partition's free resources as the
+        # view would hold them, kept current while the partitions show nothing free.
+        self.out: dict[int, list[list[Resources]]] = {}
 
     def partitions(self) -> Iterable[PartitionView]:
         return (v for row in self.views for v in row)
@@ -51,7 +54,22 @@ class GlobalView:
     def deduct(self, lm: int, node: int, request: Resources) -> None:
         """A placement of this GM takes `request` on LM `lm`'s node."""
         view, i = self.locate[lm][node]
+        if self.out and lm in self.out:
+            saved = self.out[lm][view.gm]
+            saved[i] = tuple(map(sub, saved[i], request))
+            return
         view.set_free(i, tuple(map(sub, view.free[i], request)))
+
+    def undo(self, lm: int, node: int, request: Resources, freed: bool = True) -> None:
+        """A deduction of this GM that was never sent is given back; `freed`: parked tasks may use it now."""
+        view, i = self.locate[lm][node]
+        if self.out and lm in self.out:
+            saved = self.out[lm][view.gm]
+            saved[i] = tuple(map(min, view.capacity[i], map(add, saved[i], request)))
+            return
+        view.set_free(i, tuple(map(min, view.capacity[i], map(add, view.free[i], request))))
+        if freed:
+            self.freed_nodes.append((lm, node))
 
     def sent(self, lm: int, seq: int, placements: Iterable[Placement]) -> None:
         """Launch batch `seq` went to LM `lm`: its requests hold until the LM answers (read-your-writes)."""
@@ -75,9 +93,7 @@ class GlobalView:
         self.sync()
         self.answered(lm, seq, placements)
         for p in placements:
-            view, i = self.locate[lm][p.node]
-            view.set_free(i, tuple(map(min, view.capacity[i], map(add, view.free[i], p.task.request))))
-            self.freed_nodes.append((lm, p.node))
+            self.undo(lm, p.node, p.task.request)
 
     # ----------------------------------------------------------- LM reports
 
@@ -105,6 +121,9 @@ class GlobalView:
         for lm, unapplied in enumerate(self._unapplied_states):
             if not unapplied:
                 continue
+            if self.out and lm in self.out:
+                self.has_unapplied_states = True  # adopted once the LM is back in the view (`take_in`)
+                continue
             locate = self.locate[lm]
             unanswered = self._unanswered_requests[lm]
             for node, (free, applied_through) in unapplied.items():
@@ -127,6 +146,35 @@ class GlobalView:
                         for request, bits in fit.items():
                             fit[request] = bits | bit if all(map(ge, free, request)) else bits & ~bit
             unapplied.clear()
+
+    # ------------------------------------------------------- unreachable LMs
+
+    def take_out(self, lm: int) -> None:
+        """LM `lm` cannot be reached: its nodes show nothing free, so no placement goes there, while what the view
+        would hold of them is kept aside (its reports, and requests given back, still apply to that) until
+        `take_in`. Their capacity stays: a task only such nodes could run waits rather than being unschedulable."""
+        if lm in self.out:
+            return
+        self.sync()
+        self.out[lm] = [list(view.free) for view in self.views[lm]]
+        nothing = tuple(0 for _ in self.resource_names)
+        for view in self.views[lm]:
+            for i in range(view.size):
+                view.set_free(i, nothing)
+
+    def take_in(self, lm: int) -> None:
+        """LM `lm` answers again: its nodes' free resources return to the view (parked tasks may fit there), and
+        the states it reported meanwhile are adopted at the next `sync`."""
+        saved = self.out.pop(lm, None)
+        if saved is None:
+            return
+        for view, free in zip(self.views[lm], saved, strict=True):
+            for i, amount in enumerate(free):
+                view.set_free(i, amount)
+                if any(amount):
+                    self.freed_nodes.append((lm, view.start + i))
+        if self._unapplied_states[lm]:
+            self.has_unapplied_states = True
 
     def take_freed(self) -> list[tuple[int, int]]:
         """The nodes whose free resources grew since the last call, oldest first."""

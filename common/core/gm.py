@@ -48,6 +48,7 @@ from megha.common.core.policies import LM_ORDERS, UNPLACEABLE, GmPolicies, gm_po
 from megha.common.core.policies.unsatisfiable import Unsatisfiable
 from megha.common.core.preemptor import Preemptor
 from megha.common.core.queueable import OpportunisticPlacer
+from megha.common.core.recovery import lost_runs
 from megha.common.core.retry import Retry, RetryBook, RetryDue
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.core.view import covers
@@ -127,6 +128,7 @@ class GlobalMaster:
         self.preempted = 0  # this GM's tasks stopped for others
         self.retries = 0  # tasks run again because their worker was lost
         self.ignored_run_ends = 0  # reports of a run's end ignored: repeats, copies of an earlier run's end
+        self._lost_at: dict[int, list[tuple[str, int]]] = {}  # runs given up with their LM (`lm_lost`), to stop
         # Jobs' retry rules and the tasks waiting out a backoff after a failed run (empty without rules).
         self.retry = RetryBook(random.Random(f"retry/{seed}/{gm_id}"))
         self.failures_retried = 0  # failed runs run again under their job's retry rule
@@ -328,19 +330,24 @@ class GlobalMaster:
             lm, task = placement.lm, placement.task
             self.send_later(Send(lm_address(lm), StopRequest(self.gm_id, lm, [(task.task_id, task.attempt)])))
 
-    def call_failed(self, lm: int, seq: int, reason: str, now: float) -> list[Output]:
+    def call_failed(self, lm: int, seq: int, reason: str, now: float, reached: bool = True) -> list[Output]:
         """The LaunchBatch or PreemptRequest `seq` to LM `lm` got no answer (the LM is unreachable or refused the
         call itself). A batch's tasks are reported failed with `reason` (the LM may have launched them, so
         placing them elsewhere could run them twice) and forgotten, and their requests go back into the view
         (if the LM did launch them, its next report of the node says so). A preemption request counts as
         refused (observer `preemption_refused`, as the LM reports its own refusals): the task asks the next LM or
-        waits. A gang's prepare or commit: see `GangScheduler.call_failed`."""
+        waits. A gang's prepare or commit: see `GangScheduler.call_failed`.
+
+        `reached` False: the call never reached the LM (every attempt failed to connect: its process is down, its
+        host refuses). Nothing of a batch can then be running, so its tasks go back to the front of their queue as
+        they were, to be placed again (elsewhere while the LM is out of the view: `lm_unreachable`)."""
         if self.gangs.owns(lm, seq):
             self.gangs.call_failed(lm, seq, reason, now)
             return self._drain(now)
         placements = self.ledger.batch_answered(lm, seq)
         if placements is not None:
             self.view.given_back(lm, seq, placements)
+            again: list[TaskSpec] = []
             for p in placements:
                 if not self.ledger.refused(lm, seq, p.task.task_id):
                     continue  # its completion came first: it ended already, and its resources were released
@@ -349,9 +356,13 @@ class GlobalMaster:
                     self.opportunistic.ended(p)
                 if p.task.task_id in self.ledger.cancelling:
                     self.cancelled_run(p.task, now)
+                elif not reached:
+                    self.observer.rescheduled(p.task, now)
+                    again.append(p.task)
                 else:
                     self.retry.ended(p.task)
                     self.observer.task_failed(p.task, reason, now)
+            self.queue.extendleft(reversed(again))
             return self._drain(now)
         entry = self.ledger.preempting[lm].get(seq)
         if entry is not None:
@@ -361,6 +372,30 @@ class GlobalMaster:
             refusal = PreemptResponse(self.gm_id, lm, seq, entry[0], None, [], reason, [], Delta(lm, self.gm_id, 0))
             return self.handle(refusal, now)
         return []
+
+    def lm_unreachable(self, lm: int) -> None:
+        """LM `lm` does not answer: place nothing there until `lm_reachable` (its nodes show nothing free in the
+        view). Its runs are this GM's still; `lm_lost` gives them up."""
+        self.view.take_out(lm)
+
+    def lm_reachable(self, lm: int, now: float) -> list[Output]:
+        """LM `lm` answers again: its nodes are back in the view, and the runs declared lost there (`lm_lost`), which
+        may have run on meanwhile, are stopped."""
+        self.view.take_in(lm)
+        runs = self._lost_at.pop(lm, None)
+        if runs:
+            self.send_later(Send(lm_address(lm), StopRequest(self.gm_id, lm, runs)))
+        return self._drain(now)
+
+    def lm_lost(self, lm: int, reason: str, now: float) -> list[Output]:
+        """LM `lm` has not answered for so long that its runs are given up: each runs again as its next attempt
+        (or fails after its last, MEGHA_MAX_ATTEMPTS), as a lost worker's do; if the LM comes back, they are
+        stopped there (`lm_reachable`) and their ends ignored."""
+        lost = lost_runs(self.running, lm, self.gm_id, reason)
+        if lost is None:
+            return []
+        self._lost_at.setdefault(lm, []).extend((c.task_id, c.attempt) for c in lost.items)
+        return self.handle(lost, now)
 
     def unschedulable_reason(self, task: TaskSpec) -> str | None:
         """Why no node of the data centre could ever run `task`, or None when some node could."""

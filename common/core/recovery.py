@@ -162,11 +162,19 @@ def runs_lost(running: Mapping[str, Placement], held: RunsHeld) -> Completions |
     Every report the LM sent before `held` has arrived (one queue per GM), so a run that ended is not in
     `running` any more. Their node states carry version 0: the GM's view keeps the LM's own, newer ones."""
     reason = f"LM {held.lm} restarted (incarnation {held.incarnation}) without this run: its worker was lost"
+    return lost_runs(running, held.lm, held.gm, reason, held.task_ids)
+
+
+def lost_runs(
+    running: Mapping[str, Placement], lm: int, gm: int, reason: str, kept: frozenset[str] = frozenset()
+) -> Completions | None:
+    """The runs of a GM's `running` table on LM `lm`, but those in `kept`, as completions of lost runs with
+    `reason` (None when there is none). Their node states carry version 0: the GM's view keeps the LM's own."""
     items = [
         Completion(
             tid, node_state((p.node, (), 0)), reason, lost=True, attempt=p.task.attempt, run_number=p.task.run_number
         )
         for tid, p in running.items()
-        if p.lm == held.lm and tid not in held.task_ids
+        if p.lm == lm and tid not in kept
     ]
-    return Completions(held.lm, held.gm, 0, items) if items else None
+    return Completions(lm, gm, 0, items) if items else None

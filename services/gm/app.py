@@ -91,6 +91,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
                 await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message, headers=True)
             peers.start()
             service.parents.start()
+            service.dispatch.watch.start()
             log.info(
                 "GM %d serving on %s with the %s LM order and %s matching",
                 settings.gm_id,

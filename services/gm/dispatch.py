@@ -9,7 +9,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from megha.common.core.messages import (
@@ -43,12 +42,15 @@ from megha.common.models import (
 from megha.services import retry
 from megha.services.background import spawn
 from megha.services.client import CallError, Reply
+from megha.services.gm.lm_watch import LMWatch
 from megha.services.logs import ids, log_preemption
 
 if TYPE_CHECKING:
     from megha.services.gm.service import GMService
 
 log = logging.getLogger("megha.gm")
+
+UNSENT_GIVE_UP = 3.0  # seconds of launch attempts that all failed to connect before the batch is placed again
 
 
 class GMDispatch:
@@ -62,7 +64,13 @@ class GMDispatch:
         # LM, restarted without its lease, refused it), long enough to run to their end. One failed attempt
         # stops the gang at once (`call_failed`) and it runs again whole (docs/gang.md).
         self.commit_calls = retry.RetryPolicy(deadline=gm.settings.lm_timeout, attempts=1)
+        # A launch batch no attempt of which got a connection is given up sooner: its tasks are placed again
+        # (`GlobalMaster.call_failed(..., reached=False)`), elsewhere while the LM is out of the view.
+        self.launch_calls = retry.RetryPolicy(
+            deadline=gm.settings.lm_timeout, unsent_deadline=min(UNSENT_GIVE_UP, gm.settings.lm_timeout)
+        )
         self.tasks: set[asyncio.Task[None]] = set()  # calls in flight, cancelled when the GM closes or resets
+        self.watch = LMWatch(gm)  # the LMs a call failed to reach: out of the view until they answer again
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         spawn(self.tasks, coro)
@@ -70,6 +78,7 @@ class GMDispatch:
     def cancel(self) -> None:
         for task in list(self.tasks):
             task.cancel()
+        self.watch.cancel()
 
     def send(self, outputs: list[Output]) -> None:
         """Send what the GM core decided: launch batches, preemption requests and stops to their LMs (each a
@@ -143,18 +152,31 @@ class GMDispatch:
         answers: list[LaunchResponse] = []
         r: Reply | None = None
         failure = ""
+        reached = True
         for k, (_, body) in enumerate(parts):
             what = f"launch batch {batch.seq}" + (f" (part {k + 1} of {len(parts)})" if len(parts) > 1 else "")
-            r, failure = await self._post_retrying(batch.lm, "/v1/launch", body, what)
+            r, failure, reached = await self._post_retrying(batch.lm, "/v1/launch", body, what, self.launch_calls)
             if r is None or r.status != 200:
                 break
             answers.append(LaunchResponseModel.model_validate_json(r.body).to_core())
         if r is not None and fenced(r):
             return
+        if r is None and not reached and not answers:
+            tasks = [p.task for p in batch.placements]
+            log.warning(
+                "launch batch %d of %d tasks never reached LM %d: they are placed again; %s",
+                batch.seq,
+                len(tasks),
+                batch.lm,
+                failure,
+                extra=ids(task=[t.task_id for t in tasks], gm=batch.gm, lm=batch.lm),
+            )
+            await self.gm.apply(lambda core: core.call_failed(batch.lm, batch.seq, failure, time.time(), reached=False))
+            return
         if r is None or r.status != 200:
             tasks = [p.task for p in batch.placements]
             log.warning(
-                "gave up launch batch %d of %d tasks at LM %d (they are queued again or failed): %s; tasks %s",
+                "gave up launch batch %d of %d tasks at LM %d (they fail: the LM may have launched them): %s; tasks %s",
                 batch.seq,
                 len(tasks),
                 batch.lm,
@@ -178,7 +200,7 @@ class GMDispatch:
         holds is left alone), so the call is retried (`_post_retrying`); a run its LM never got the stop for ends
         as it ends (finished or failed), never twice."""
         what = f"stop of {len(req.runs)} runs"
-        r, failure = await self._post_retrying(req.lm, "/v1/stop", StopRequestModel.core_json(req), what)
+        r, failure, _ = await self._post_retrying(req.lm, "/v1/stop", StopRequestModel.core_json(req), what)
         if r is None or (r.status != 200 and not fenced(r)):
             log.error(
                 "gave up the %s of cancelled jobs at LM %d: %s; runs %s",
@@ -203,7 +225,7 @@ class GMDispatch:
             path, body, answer = "abort", GangAbortModel.core_json(msg), None
         what = f"gang {msg.gang} {path} {msg.seq}"
         policy = self.commit_calls if isinstance(msg, GangCommit) else self.lm_calls
-        r, failure = await self._post_retrying(msg.lm, f"/v1/gangs/{path}", body, what, policy)
+        r, failure, _ = await self._post_retrying(msg.lm, f"/v1/gangs/{path}", body, what, policy)
         if r is not None and fenced(r):
             return
         if r is None or r.status != 200:
@@ -217,24 +239,33 @@ class GMDispatch:
 
     async def _post_retrying(
         self, lm: int, path: str, body: bytes, what: str, policy: retry.RetryPolicy | None = None
-    ) -> tuple[Reply | None, str]:
+    ) -> tuple[Reply | None, str, bool]:
         """POST an idempotent call to LM `lm` with this GM's term under `policy` (default `self.lm_calls`: transport
         errors, 5xx and 429 tried again with backoff for up to MEGHA_LM_TIMEOUT seconds). Returns the last reply
-        (None if none came) and, unless it is a 200, why the call failed. A 409 naming the term (a newer holder
-        fenced this GM) stops serving at once."""
+        (None if none came), unless it is a 200 why the call failed, and whether it may have reached the LM (False:
+        no attempt got a connection). A 409 naming the term (a newer holder fenced this GM) stops serving at once;
+        a transport failure takes the LM out of the view until it answers again (`LMWatch`)."""
         url = self.gm.settings.lm_urls[lm]
 
         def failed(attempt: int, failure: str) -> None:
             if attempt == 1 or attempt % 10 == 0:
                 log.warning("%s to LM %d failed (attempt %d): %s", what, lm, attempt, failure)
 
-        send = partial(self.gm.calls.post, f"{url}{path}?term={self.gm.term}", body, idempotent=True)
+        target = f"{url}{path}?term={self.gm.term}"
+
+        async def send() -> Reply:
+            try:
+                return await self.gm.calls.post(target, body, idempotent=True)
+            except CallError as exc:
+                self.watch.unreachable(lm, exc)
+                raise
+
         outcome = await retry.call(send, policy or self.lm_calls, f"LM {lm}", failed, url)
         r = outcome.reply
         if r is not None and fenced(r):
             self.gm.superseded(f"LM {lm} refused {what}: {r.text[:300]}")
-            return r, f"fenced: {r.text[:300]}"
-        return r, outcome.failure
+            return r, f"fenced: {r.text[:300]}", True
+        return r, outcome.failure, outcome.reached
 
     async def _preempt(self, req: PreemptRequest) -> None:
         """POST a preemption request to its LM; an LM that cannot be reached counts as refusing it (the core
@@ -246,6 +277,7 @@ class GMDispatch:
             body = PreemptRequestModel.core_json(req)
             r = await self.gm.calls.post(f"{url}/v1/preempt?term={self.gm.term}", body)
         except CallError as exc:
+            self.watch.unreachable(req.lm, exc)
             failure = f"LM {req.lm} unreachable at {url}: {exc}"
         else:
             if fenced(r):

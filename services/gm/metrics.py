@@ -161,6 +161,11 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
         "megha_gm_serving", "1 while this GM identity serves; 0 while it changes hands.", 1 if service.serving else 0
     )
     yield me.single("megha_gm_term", "The term this GM identity was last claimed with at the LMs.", service.term)
+    yield me.single(
+        "megha_gm_unreachable_lms",
+        "LMs this GM cannot reach: out of its view until they answer their health check again.",
+        len(service.dispatch.watch.down),
+    )
 
     meter = service.meter.allocation
     histogram = HistogramMetricFamily(

@@ -211,6 +211,7 @@ class Peers:
             await stand_in.close()
             await asyncio.sleep(RETRY_PAUSE)
             return
+        stand_in.dispatch.watch.start()
         log.warning("GM %d stands in for GM %d with term %d", self.settings.gm_id, gm, stand_in.term)
 
     async def close(self) -> None:
