@@ -478,7 +478,7 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
         gt=0,
         le=MAX_WAIT_SECONDS,
         description="seconds to wait for an unreachable or restarting LM: at start-up, and for a launch in flight "
-        "before its tasks are failed",
+        "before its tasks are run again as their next attempt (the LM may have launched them)",
     )
     lm_lost_after: float = Field(
         300.0,

@@ -131,8 +131,11 @@ class _UnreachableLMs:
     """What `GMDispatch` needs of its GM service, with every LM unreachable (connection refused)."""
 
     def __init__(self) -> None:
-        self.settings = SimpleNamespace(lm_timeout=30.0, lm_urls=["http://lm-0", "http://lm-1"])
+        self.settings = SimpleNamespace(
+            lm_timeout=30.0, lm_lost_after=0, gm_id=0, lm_urls=["http://lm-0", "http://lm-1"]
+        )
         self.term = 1
+        self.serving = True
         self.calls = SimpleNamespace(post=self._post)
         self.posts: list[str] = []
         self.failed: list[tuple[int, int]] = []  # (LM, seq) of the calls the core was told failed for good
@@ -142,7 +145,10 @@ class _UnreachableLMs:
         raise CallError("ConnectionRefusedError(111, 'Connection refused')")
 
     async def apply(self, step: Callable[[Any], None]) -> None:
-        step(SimpleNamespace(call_failed=lambda lm, seq, why, now: self.failed.append((lm, seq))))
+        core = SimpleNamespace(
+            call_failed=lambda lm, seq, why, now: self.failed.append((lm, seq)), lm_unreachable=lambda lm: None
+        )
+        step(core)
 
 
 def test_a_gang_commit_to_an_unreachable_lm_fails_at_once_so_the_launched_parts_are_stopped_before_they_end() -> None:

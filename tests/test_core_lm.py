@@ -177,22 +177,29 @@ def test_task_that_fits_nowhere_waits_and_is_rescheduled_when_resources_free() -
     assert not gm.waiting and net.lms[0].launched == 2 and net.lms[0].is_idle()
 
 
-def test_a_batch_that_gets_no_answer_fails_its_tasks_with_the_reason_and_leaves_no_trace() -> None:
+def test_a_batch_that_gets_no_answer_runs_its_tasks_again_then_fails_them_with_the_reason() -> None:
+    """The LM may have launched a batch it never answered: its tasks are lost runs, run again as their next
+    attempt, and fail with the reason once MEGHA_MAX_ATTEMPTS attempts got no answer; nothing of them stays."""
     from megha.loadgen.recorder import Recorder
 
     spec = cluster([[[[], []]]])
     rec = Recorder()
-    net = Net.build(spec, observer=rec)
+    net = Net.build(spec, observer=rec, max_attempts=2)
     gm = net.gms[0]
     j = job("j", task("j.0"), task("j.1"))
     rec.expect(0, j)
     net.post(gm.submit(j, 0.0))
     batch = net.take("lm/0", LaunchBatch)
     assert gm.ledger.unanswered_batches[0] and gm.view._unanswered_requests[0]
-    gm.call_failed(0, batch.seq, "LM 0 unreachable", 0.1)
+    net.post(gm.call_failed(0, batch.seq, "LM 0 unreachable", 0.1))
+    again = net.take("lm/0", LaunchBatch)  # placed again at once, as their second attempts
+    assert [(p.task.task_id, p.task.attempt) for p in again.placements] == [("j.0", 2), ("j.1", 2)]
+    assert [rec.tasks[t].failed_reason for t in ("j.0", "j.1")] == ["", ""] and gm.retries == 2
+    gm.call_failed(0, again.seq, "LM 0 unreachable", 0.2)
     assert not gm.ledger.unanswered_batches[0] and not gm.view._unanswered_requests[0]
-    assert not gm.ledger.awaiting_response
-    assert [rec.tasks[t].failed_reason for t in ("j.0", "j.1")] == ["LM 0 unreachable"] * 2
+    assert not gm.ledger.awaiting_response and not net.inbox
+    reason = "LM 0 unreachable (attempt 2 of MEGHA_MAX_ATTEMPTS=2)"
+    assert [rec.tasks[t].failed_reason for t in ("j.0", "j.1")] == [reason] * 2
     # Their requests are back in the view (the LM's next report of those nodes would say if they ran).
     assert gm.views[0][0].free == [CAP, CAP]
 

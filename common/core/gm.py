@@ -332,9 +332,11 @@ class GlobalMaster:
 
     def call_failed(self, lm: int, seq: int, reason: str, now: float, reached: bool = True) -> list[Output]:
         """The LaunchBatch or PreemptRequest `seq` to LM `lm` got no answer (the LM is unreachable or refused the
-        call itself). A batch's tasks are reported failed with `reason` (the LM may have launched them, so
-        placing them elsewhere could run them twice) and forgotten, and their requests go back into the view
-        (if the LM did launch them, its next report of the node says so). A preemption request counts as
+        call itself). A batch's tasks are lost runs: the LM may have launched them before it went, so each runs
+        again as its next attempt (or fails with `reason` after MEGHA_MAX_ATTEMPTS), as a lost worker's runs do;
+        their requests go back into the view (if the LM did launch them, its next report of the node says so, and
+        the end of such a run is ignored). An LM that was only stalled does not apply a call its GM gave up on
+        (the GM closed it). A preemption request counts as
         refused (observer `preemption_refused`, as the LM reports its own refusals): the task asks the next LM or
         waits. A gang's prepare or commit: see `GangScheduler.call_failed`.
 
@@ -360,8 +362,7 @@ class GlobalMaster:
                     self.observer.rescheduled(p.task, now)
                     again.append(p.task)
                 else:
-                    self.retry.ended(p.task)
-                    self.observer.task_failed(p.task, reason, now)
+                    self._lost(p.task, reason, now, again)
             self.queue.extendleft(reversed(again))
             return self._drain(now)
         entry = self.ledger.preempting[lm].get(seq)
@@ -639,20 +640,25 @@ class GlobalMaster:
                     error = ends_with
                 observer.task_completed(placement.task, error, at, item.forwarded)
             else:
-                task = placement.task
-                # Runs retried for failures under the job's retry rule do not count against MEGHA_MAX_ATTEMPTS.
-                if task.attempt - self.retry.failures.get(task.task_id, 0) < self.max_attempts:
-                    self.retries += 1
-                    observer.task_lost(task, item.error, now)
-                    requeue.append(replace(task, attempt=task.attempt + 1))
-                else:
-                    reason = f"{item.error} (attempt {task.attempt} of MEGHA_MAX_ATTEMPTS={self.max_attempts})"
-                    if retry_rules:
-                        self.retry.ended(task)
-                    observer.task_failed(task, reason, now)
+                self._lost(placement.task, item.error, now, requeue)
         if requeue:
             self.queue.extendleft(reversed(requeue))
         self.view.hold_states(msg.lm, [item.state for item in msg.items], msg.applied_through)
+
+    def _lost(self, task: TaskSpec, reason: str, now: float, requeue: list[TaskSpec]) -> None:
+        """A run of `task` was lost (`reason`: its worker or its LM went, or its launch got no answer): it runs again
+        as its next attempt (added to `requeue`), or fails once MEGHA_MAX_ATTEMPTS attempts were made. Runs retried
+        for failures under the job's retry rule do not count against MEGHA_MAX_ATTEMPTS."""
+        if task.attempt - self.retry.failures.get(task.task_id, 0) < self.max_attempts:
+            self.retries += 1
+            self.observer.task_lost(task, reason, now)
+            requeue.append(replace(task, attempt=task.attempt + 1))
+        else:
+            if self.retry.rules:
+                self.retry.ended(task)
+            self.observer.task_failed(
+                task, f"{reason} (attempt {task.attempt} of MEGHA_MAX_ATTEMPTS={self.max_attempts})", now
+            )
 
     def _retry_or_end(self, task: TaskSpec, error: str, exit_code: int | None, now: float) -> str | None:
         """A run of `task` (of a job that may have a retry rule) ended with `error` ("" when it finished): None when

@@ -176,7 +176,8 @@ class GMDispatch:
         if r is None or r.status != 200:
             tasks = [p.task for p in batch.placements]
             log.warning(
-                "gave up launch batch %d of %d tasks at LM %d (they fail: the LM may have launched them): %s; tasks %s",
+                "gave up launch batch %d of %d tasks at LM %d (it may have launched them: they run again as their "
+                "next attempt): %s; tasks %s",
                 batch.seq,
                 len(tasks),
                 batch.lm,
