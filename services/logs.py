@@ -117,7 +117,21 @@ def configure_logging(level: str, name: str, log_format: LogFormat | None = None
     # repeat that every second, aiormq's as errors.
     logging.getLogger("aio_pika").setLevel(logging.WARNING)
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+    tools = logging.getLogger("aio_pika.tools")
+    if not any(isinstance(f, _ClosedChannelNoise) for f in tools.filters):
+        tools.addFilter(_ClosedChannelNoise())
     return logging.getLogger(name)
+
+
+class _ClosedChannelNoise(logging.Filter):
+    """Drops aio-pika's ERROR line when a channel's close callback finds the connection already gone
+    ("... RobustChannel._on_close ... ChannelInvalidStateError: No active transport in channel"): it comes with every
+    loss of the broker connection, beside the service's own warning that it reconnects, and reads as a second
+    fault. Every other line of aio_pika.tools passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("_on_close" in message and "ChannelInvalidStateError" in message)
 
 
 def log_preemption(log: logging.Logger, req: PreemptRequest, response: PreemptResponse) -> None:

@@ -222,3 +222,26 @@ def test_a_text_line_quoting_what_a_user_wrote_stays_one_line_without_terminal_c
     assert "\\n2026-12-01 04:00:00,000 lm-0 WARNING megha.lm: forged\\r\\x1b]52;" in first, first
     assert "\\x07\\u2028tab\tkept user=alice\\nforged" in first, first
     assert traceback[0] == "Traceback (most recent call last):" and traceback[-1] == "RuntimeError: the traceback"
+
+
+def test_aio_pika_s_closed_channel_error_on_a_lost_broker_connection_is_dropped_and_other_errors_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On every loss of the broker connection aio-pika logged an ERROR from a channel's close callback beside the
+    service's own reconnection warning; an operator read two faults. That one line is dropped, no other."""
+    import logging
+
+    from megha.services.logs import configure_logging
+
+    configure_logging("info", "lm-0")
+    tools = logging.getLogger("aio_pika.tools")
+    with caplog.at_level(logging.INFO):
+        tools.error(
+            "Callback %r error: %s",
+            "<OneShotCallback: cb=<bound method RobustChannel._on_close of <RobustChannel>>>",
+            "ChannelInvalidStateError: No active transport in channel",
+        )
+        tools.error("Callback %r error: %s", "<OneShotCallback: cb=<function on_message>>", "KeyError: 'x'")
+    assert [r.getMessage() for r in caplog.records if r.name == "aio_pika.tools"] == [
+        "Callback '<OneShotCallback: cb=<function on_message>>' error: KeyError: 'x'"
+    ]
