@@ -888,12 +888,33 @@ async def test_lm_launch_is_idempotent_per_task(ready_lm: httpx.AsyncClient) -> 
     assert state["launched"] == 1 and state["free"][0] == [1900, 3996]
 
 
+async def call_while_the_loop_is_held(app: FastAPI, path: str, body: dict[str, Any], caller_waits: bool) -> None:
+    """POST `body` to `app` served over real TCP while the app's event loop is held, as a paused process (SIGSTOP, a
+    stalled host) holds it: the caller then closes the call (a caller that gave up) or waits for its answer."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        await wait_for(lambda: server.started, 10.0)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        data = json.dumps(body).encode()
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+        # Blocking calls: the app's event loop does not run until the caller is done (the kernel accepts).
+        with socket.create_connection(("127.0.0.1", port)) as caller:
+            caller.sendall(head.encode() + b"\r\n\r\n" + data)
+            if caller_waits:
+                answer = await asyncio.wait_for(asyncio.to_thread(caller.recv, 65536), 10.0)
+                assert answer.startswith(b"HTTP/1.1 20"), answer[:200]
+        await asyncio.sleep(0.3)  # the app reads what was left in its socket
+    finally:
+        server.should_exit = True
+        await serving
+
+
 @pytest.mark.parametrize("gm_waits", [True, False], ids=["gm-waits", "gm-gave-up"])
 async def test_lm_does_not_apply_a_launch_its_gm_closed_while_the_lm_stalled(gm_waits: bool) -> None:
-    """A GM gives up on a launch after MEGHA_LM_TIMEOUT, closes the call and counts its tasks failed. An LM that was
-    paused meanwhile (SIGSTOP, a stalled host) finds the call in its socket once it resumes, and must not start
-    runs its GM no longer tracks. Here the LM's event loop is held, as a pause holds it, while a launch goes to it
-    over real TCP; the caller then closes (the GM that gave up) or waits for the answer (the run starts)."""
+    """A GM gives up on a launch after MEGHA_LM_TIMEOUT, closes the call and runs its tasks again elsewhere. An LM
+    that was paused meanwhile finds the call in its socket once it resumes, and must not start runs its GM no
+    longer tracks; a GM that waits for the answer gets its run, as always."""
     app = lm_app()
     service = app.state.service
     service.broker = RecordingBroker()
@@ -904,28 +925,20 @@ async def test_lm_does_not_apply_a_launch_its_gm_closed_while_the_lm_stalled(gm_
     service.calls.post = post
     async with running(app) as c:
         await register_all(c)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning"))
-        serving = asyncio.create_task(server.serve())
-        try:
-            await wait_for(lambda: server.started, 10.0)
-            port = server.servers[0].sockets[0].getsockname()[1]
-            body = json.dumps(batch(placement(node=0))).encode()
-            head = (
-                f"POST /v1/launch HTTP/1.1\r\nHost: lm\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
-            )
-            # Blocking calls: the LM's event loop does not run until the caller is done (the kernel accepts).
-            with socket.create_connection(("127.0.0.1", port)) as caller:
-                caller.sendall(head.encode() + b"\r\n\r\n" + body)
-                if gm_waits:
-                    answer = await asyncio.wait_for(asyncio.to_thread(caller.recv, 65536), 10.0)
-                    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
-            await asyncio.sleep(0.3)  # the LM reads what was left in its socket
-            state = (await c.get("/v1/state")).json()
-            assert state["launched"] == (1 if gm_waits else 0), state
-            assert state["free"][0] == ([1900, 3996] if gm_waits else [2000, 4096])
-        finally:
-            server.should_exit = True
-            await serving
+        await call_while_the_loop_is_held(app, "/v1/launch", batch(placement(node=0)), gm_waits)
+        state = (await c.get("/v1/state")).json()
+        assert state["launched"] == (1 if gm_waits else 0), state
+        assert state["free"][0] == ([1900, 3996] if gm_waits else [2000, 4096])
+
+
+@pytest.mark.parametrize("lm_waits", [True, False], ids=["lm-waits", "lm-gave-up"])
+async def test_an_agent_does_not_start_a_launch_its_lm_closed_while_the_agent_stalled(lm_waits: bool) -> None:
+    """The same between an LM and a paused agent: the LM gave up on the launch and reported its tasks lost (their
+    GM runs them again), so the agent must not start them once it resumes."""
+    async with unstarted_worker() as (app, c):
+        register_worker(app)
+        await call_while_the_loop_is_held(app, "/v1/tasks", worker_launch(placement(node=4, lm=1)), lm_waits)
+        assert (await c.get("/v1/state")).json()["running"] == (["j.0"] if lm_waits else [])
 
 
 async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_record() -> None:
