@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from megha.common.core.cluster import ClusterSpec
 from megha.common.core.costs import DecisionCosts
@@ -20,8 +21,10 @@ from megha.common.core.retry import SimulatedFailures
 from megha.common.core.task import JobSpec
 from megha.common.core.worker import SimulatedExecution
 from megha.embedded.faults import Faults
-from megha.embedded.injector import FaultInjector
 from megha.embedded.wiring import SimulatedSystem, Submit
+
+if TYPE_CHECKING:
+    from megha.embedded.injector import FaultInjector
 
 LOADGEN = "loadgen"
 QUIET_TICKS_BEFORE_STOP = 3
@@ -78,7 +81,13 @@ class EmbeddedSystem(SimulatedSystem):
             raise ValueError("job dependencies are not simulated with faults (a crashed GM forgets its waiting jobs)")
         self.job_ends = JobEnds(self._job_ended) if config.dependencies else None  # the GMs' job ends, told on
         self.loop.background(DeltaTick)
-        self.faults = FaultInjector(self, config.faults) if config.faults is not None else None
+        self.faults: FaultInjector | None = None
+        if config.faults is not None:
+            # Imported only for a run with faults: the injector and its outages are 25 KB of source that a run
+            # without would compile for nothing where bytecode is not written.
+            from megha.embedded.injector import FaultInjector
+
+            self.faults = FaultInjector(self, config.faults)
         self.outages = outages = self.faults.outages if self.faults is not None else None
         self.gms = [self.new_gm(g) for g in range(cluster.num_gms)]
         self.lms = [self.new_lm(lm) for lm in range(cluster.num_lms)]

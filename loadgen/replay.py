@@ -32,7 +32,6 @@ from megha.loadgen.progress import Advance, Progress
 from megha.loadgen.recorder import Recorder, WallClockRecorder
 from megha.loadgen.trace import MAX_SECONDS, TraceJob, resolve_trace, synthetic_tasks
 from megha.loadgen.workload import WorkloadConfig, build_workload, mark_gangs
-from megha.sim.pigeonc import PigeonCConfig
 from megha.sim.system import PIGEONC_SCHEDULERS, SchedulerSystem, build_system
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -244,6 +243,8 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
     if config.pigeonc_masters != DEFAULTS.pigeonc_masters:
         if config.scheduler not in PIGEONC_SCHEDULERS:
             raise ValueError(f"--pigeonc-masters is PigeonC's (pigeonc, pigeonc-published), not {config.scheduler}'s")
+        from megha.sim.pigeonc import PigeonCConfig  # a baseline's module, imported only when it runs
+
         pigeonc = PigeonCConfig(masters=config.pigeonc_masters)
     costs = decision_costs(config.decision_costs)
     chains = parse_dependencies(config.dependencies)

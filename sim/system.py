@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.observer import CoreObserver
 from megha.common.core.task import JobSpec
 from megha.common.transport.inmemory import EventLoop
 from megha.embedded.system import EmbeddedConfig, EmbeddedSystem
-from megha.sim.pigeonc import PigeonCConfig, PigeonCSystem
-from megha.sim.sparrow import SparrowSystem
+
+if TYPE_CHECKING:
+    from megha.sim.pigeonc import PigeonCConfig
 
 
 class SchedulerSystem(Protocol):
@@ -64,20 +65,42 @@ def _centralized(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObs
     return EmbeddedSystem(centralized_cluster(cluster), config, observer)
 
 
+# The baselines are imported when one is built: a replay of Megha, the common case, does not compile their
+# modules (about 50 KB of source, compiled again in every run where bytecode is not written).
+
+
+def _pigeonc(
+    cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver, pigeonc: PigeonCConfig | None = None
+) -> SchedulerSystem:
+    """PigeonC (`megha.sim.pigeonc.PigeonCSystem`), with its own parameters' defaults unless given."""
+    from megha.sim.pigeonc import PigeonCSystem
+
+    return PigeonCSystem(cluster, config, observer, pigeonc)
+
+
 def _pigeonc_published(
     cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver, pigeonc: PigeonCConfig | None = None
 ) -> SchedulerSystem:
     """PigeonC with the distributors' worker count of the authors' simulator, which reproduces the published
     figures (see `megha.sim.pigeonc`)."""
-    return PigeonCSystem(cluster, config, observer, replace(pigeonc or PigeonCConfig(), weighting="published"))
+    from megha.sim.pigeonc import PigeonCConfig
+
+    return _pigeonc(cluster, config, observer, replace(pigeonc or PigeonCConfig(), weighting="published"))
+
+
+def _sparrow(cluster: ClusterSpec, config: EmbeddedConfig, observer: CoreObserver) -> SchedulerSystem:
+    """Sparrow (`megha.sim.sparrow.SparrowSystem`)."""
+    from megha.sim.sparrow import SparrowSystem
+
+    return SparrowSystem(cluster, config, observer)
 
 
 SCHEDULERS: dict[str, SystemFactory] = {
     "megha": _megha,
     "centralized": _centralized,
-    "pigeonc": PigeonCSystem,
+    "pigeonc": _pigeonc,
     "pigeonc-published": _pigeonc_published,
-    "sparrow": SparrowSystem,
+    "sparrow": _sparrow,
 }
 
 
@@ -100,7 +123,7 @@ def build_system(
     if pigeonc is None:
         return factory(cluster, config, observer)
     if name == "pigeonc":
-        return PigeonCSystem(cluster, config, observer, pigeonc)
+        return _pigeonc(cluster, config, observer, pigeonc)
     if name == "pigeonc-published":
         return _pigeonc_published(cluster, config, observer, pigeonc)
     raise ValueError(f"PigeonC's parameters are for --scheduler {' or '.join(PIGEONC_SCHEDULERS)}, not {name}")

@@ -221,7 +221,7 @@ def test_jobs_no_worker_could_run_are_rejected_with_the_reason() -> None:
 
 
 def test_config_is_validated_and_registered() -> None:
-    assert SCHEDULERS["sparrow"] is SparrowSystem
+    assert type(SCHEDULERS["sparrow"](_cluster([[0b11]]), EmbeddedConfig(), None)) is SparrowSystem  # built on demand
     with pytest.raises(ValueError, match="probe_ratio"):
         SparrowConfig(probe_ratio=0.5)
     with pytest.raises(ValueError, match="schedulers"):
