@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -54,23 +53,16 @@ async def read_body(request: Request, model: type[M], *, keys_once: bool = False
     return valid
 
 
-async def abandoned(
-    request: Request, log: logging.Logger, message: str, *args: object, **about: Any
-) -> Response | None:
-    """An empty 499 (nobody reads it), after logging `message % args` with the ids `about`, when the caller closed
-    the connection before this route got to act on its request; None when the caller still waits. A GM that gave
-    up on a call (MEGHA_LM_TIMEOUT), or an LM on its call to an agent, has closed it and counted what it asked for
-    as lost: an LM or agent that was paused or overloaded meanwhile must not start it (docs/reliability.md, "An LM
-    that stalls past its GM's give-up"). Checked just before the call is applied.
+async def caller_left(request: Request) -> bool:
+    """True when the caller closed the connection before this route got to act on its request: a GM that gave up
+    on a call (MEGHA_LM_TIMEOUT) has closed it, so an LM that was paused or overloaded meanwhile must not apply a
+    launch or preemption its GM already counted as failed (docs/reliability.md, "An LM that stalls").
 
     The server reads a close that came after the request's bytes one event-loop turn after the request itself, so
-    this first yields that turn; `Request.is_disconnected` then reads what the server saw without waiting. Under an
-    ASGI test transport, which never closes early, the caller always waits."""
+    the route first yields that turn; `Request.is_disconnected` then reads what the server saw without waiting.
+    Under an ASGI test transport, which never closes early, this is always False."""
     await asyncio.sleep(0)
-    if not await request.is_disconnected():
-        return None
-    log.warning(message, *args, extra=about)
-    return Response(status_code=499)
+    return await request.is_disconnected()
 
 
 def json_response(body: BaseModel | bytes, status: int = 200) -> Response:

@@ -161,19 +161,26 @@ class GMDispatch:
             answers.append(LaunchResponseModel.model_validate_json(r.body).to_core())
         if r is not None and fenced(r):
             return
-        if r is None or r.status != 200:
-            # No attempt of the batch got a connection: nothing of it can run, so its tasks are placed again as they
-            # are. Otherwise the LM may have launched them: they are lost runs.
-            reached = reached or bool(answers) or r is not None
+        if r is None and not reached and not answers:
             tasks = [p.task for p in batch.placements]
             log.warning(
-                "gave up launch batch %d of %d tasks at LM %d (%s): %s; tasks %s",
+                "launch batch %d of %d tasks never reached LM %d: they are placed again; %s",
                 batch.seq,
                 len(tasks),
                 batch.lm,
-                "it may have launched them: they run again as their next attempt"
-                if reached
-                else "it never reached the LM: they are placed again",
+                failure,
+                extra=ids(task=[t.task_id for t in tasks], gm=batch.gm, lm=batch.lm),
+            )
+            await self.gm.apply(lambda core: core.call_failed(batch.lm, batch.seq, failure, time.time(), reached=False))
+            return
+        if r is None or r.status != 200:
+            tasks = [p.task for p in batch.placements]
+            log.warning(
+                "gave up launch batch %d of %d tasks at LM %d (it may have launched them: they run again as their "
+                "next attempt): %s; tasks %s",
+                batch.seq,
+                len(tasks),
+                batch.lm,
                 failure,
                 [t.task_id for t in tasks[:20]],
                 extra=ids(
@@ -184,7 +191,7 @@ class GMDispatch:
                     node=sorted({p.node for p in batch.placements}),
                 ),
             )
-            await self.gm.apply(lambda core: core.call_failed(batch.lm, batch.seq, failure, time.time(), reached))
+            await self.gm.apply(lambda core: core.call_failed(batch.lm, batch.seq, failure, time.time()))
             return
         response = answers[0] if len(answers) == 1 else _merged(answers)
         await self.gm.apply(lambda core: core.handle(response, time.time()))

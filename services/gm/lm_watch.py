@@ -104,7 +104,7 @@ class LMWatch:
         try:
             r = await self.gm.calls.get(url)
             return r.status == 200 and json.loads(r.body).get("ready") is True
-        except (CallError, ValueError):
+        except (CallError, ValueError, AttributeError):
             return False
 
     def cancel(self) -> None:

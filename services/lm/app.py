@@ -42,7 +42,7 @@ from megha.services.appfactory import sealed, service_app
 from megha.services.auth import LM_RULES, acts_as_gm, principal
 from megha.services.background import serving_gc
 from megha.services.client import CallError
-from megha.services.http import abandoned, error, errors, json_body, json_response, read_body
+from megha.services.http import caller_left, error, errors, json_body, json_response, read_body
 from megha.services.lm.membership import RegistrationError
 from megha.services.lm.metrics import lm_registry
 from megha.services.lm.service import LMService, NotReady
@@ -100,11 +100,19 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             return refuse(403, what, f"{who} may not act as GM {gm}", "gm", about)
         return None
 
-    async def left(request: Request, what: str, about: dict[str, object]) -> Response | None:
-        """`abandoned` for a GM's launch, preemption or gang prepare or commit: the GM gave up on it (it runs the
-        tasks again or counts the request refused) or sends it again on a new connection."""
-        message = "did not apply %s: its GM closed the call before this LM read it (gave up or sent it again)"
-        return await abandoned(request, log, message, what, **about)
+    async def abandoned(request: Request, what: str, about: dict[str, object]) -> Response | None:
+        """An empty 499 (nobody reads it) when the GM closed its call before this LM got to apply it: the GM gave
+        up on it (and counts its tasks as failed or its request as refused) or sends it again on a new connection.
+        Checked just before the core applies a launch, a preemption or a gang's prepare or commit, so that an LM
+        that was paused past its GM's MEGHA_LM_TIMEOUT does not start runs its GM no longer tracks."""
+        if not await caller_left(request):
+            return None
+        log.warning(
+            "did not apply %s: its GM closed the call before this LM read it (gave up or sent it again)",
+            what,
+            extra=about,
+        )
+        return Response(status_code=499)
 
     @app.post(
         "/v1/workers",
@@ -171,7 +179,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                 return refuse(422, what, f"request {p.task.request} is not aligned to {names}", field, about)
             if min(p.task.request) <= 0:  # a GM never sends one (it refuses them at submission)
                 return refuse(422, what, f"request {p.task.request} must be positive in every resource", field, about)
-        if (gone := await left(request, what, about)) is not None:
+        if (gone := await abandoned(request, what, about)) is not None:
             return gone
         try:
             response = await service.launch(batch.to_core(), term)
@@ -204,7 +212,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
             if len(v.usage_elsewhere) != width:
                 message = f"usage {v.usage_elsewhere} has not {width} amounts"
                 return refuse(422, what, message, f"victims.{i}.usage_elsewhere", about)
-        if (gone := await left(request, what, about)) is not None:
+        if (gone := await abandoned(request, what, about)) is not None:
             return gone
         try:
             response = await service.preempt(req.to_core(), term)
@@ -246,7 +254,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
                 if len(p.task.request) != len(service.resource_names) or min(p.task.request) <= 0:
                     message = f"request {p.task.request} must be {len(service.resource_names)} positive amounts"
                     return refuse(422, what, message, f"placements.{i}.task.request", about)
-        if not isinstance(req, GangAbortModel) and (gone := await left(request, what, about)) is not None:
+        if not isinstance(req, GangAbortModel) and (gone := await abandoned(request, what, about)) is not None:
             return gone  # an abort applied late does no harm: it only releases
         try:
             answer = await service.gang(req.to_core(), term)

@@ -34,7 +34,7 @@ from megha.common.transport.rabbit import connected
 from megha.services.appfactory import sealed, service_app
 from megha.services.auth import WORKER_RULES, acts_as, principal
 from megha.services.background import serving_gc
-from megha.services.http import abandoned, error, errors, json_body, json_response, read_body
+from megha.services.http import caller_left, error, errors, json_body, json_response, read_body
 from megha.services.logroutes import ATTEMPT_HEADER
 from megha.services.logs import configure_logging, ids
 from megha.services.worker.agent import LaunchRefused, UnknownRun, WorkerAgent
@@ -153,11 +153,15 @@ def create_app(settings: WorkerSettings, use_broker: bool = True) -> FastAPI:
                 k = p.task.request.index(0)
                 message = f"request {p.task.request} asks no {DEFAULT_RESOURCE_NAMES[k]}: every amount must be > 0"
                 return refuse(422, message, f"launches.{i}.task.request.{k}")
-        # The LM gave up on this call (and reported its tasks lost) while this agent stalled: start nothing.
-        message = "did not start a launch of %d tasks from LM %d: it closed the call before this agent read it"
-        about = ids(task=[p.task.task_id for p in body.launches], lm=body.lm, worker=settings.worker_id)
-        if (gone := await abandoned(request, log, message, len(body.launches), body.lm, **about)) is not None:
-            return gone
+        if await caller_left(request):  # the LM gave up on this call (and reported its tasks lost) while we stalled
+            log.warning(
+                "did not start a launch of %d tasks from LM %d: it closed the call before this agent read it (gave up "
+                "or sent it again)",
+                len(body.launches),
+                body.lm,
+                extra=ids(task=[p.task.task_id for p in body.launches], lm=body.lm, worker=settings.worker_id),
+            )
+            return Response(status_code=499)
         try:
             accepted = agent.launch(body.to_core().launches)
         except LaunchRefused as refused:
