@@ -90,6 +90,7 @@ async def agent(
     max_files: int = 4096,
     max_disk_mb: int = 10240,
     max_disk_files: int = 100_000,
+    uids: range = TASK_UIDS,
 ) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
     """An executor with the exec driver as an agent makes it from its settings, prepared as at its start-up (`how`:
     CPU and memory enforced so, rather than as the agent would choose)."""
@@ -97,7 +98,7 @@ async def agent(
     logs.prepare()
     driver = ExecDriver(
         "iso",
-        TASK_UIDS,
+        uids,
         max_processes,
         how=how,
         max_files=max_files,
@@ -287,6 +288,102 @@ async def test_a_workdir_is_entered_as_the_run_inside_its_own_view_so_it_leads_n
     assert b"cannot enter its workdir" in logs.read("root.0", 1, "stderr")
     assert in_tmp.succeeded and "== here\n/tmp\n" in seen_in_tmp, seen_in_tmp
     assert planted.name not in seen_in_tmp and key not in seen_in_tmp, seen_in_tmp
+
+
+LEFT_IN_WORKDIR = r"""
+id -u
+umask 077
+echo "secret $KEY" > private
+mkdir own && echo "deep $KEY" > own/file && chmod 777 own
+echo "in a shared folder $KEY" > shared/file
+ln -s "$TARGET" link
+cp /bin/true setuid && chmod 4755 setuid
+"""
+
+READ_WHAT_IS_LEFT = r"""
+id -u
+cat private own/file shared/file 2>&1
+echo more >> private 2>&1 || echo "cannot change private"
+rm -f shared/file 2>&1 || echo "cannot remove"
+echo "== end"
+"""
+
+
+@pytest.fixture
+def shared_workdir() -> Iterator[Path]:
+    """A folder every uid may write to, on the host's disk (not in a folder the runs have a tmpfs of their own over):
+    a `workdir` several users' jobs name; a subfolder `shared` in it, root's, where every user may write and remove
+    only their own files (sticky, as /tmp is)."""
+    folder = Path("/var/lib", f"megha-test-workdir-{uuid.uuid4().hex[:8]}")
+    (folder / "shared").mkdir(parents=True)
+    folder.chmod(0o777)
+    (folder / "shared").chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.asyncio
+async def test_what_a_run_leaves_in_its_workdir_is_handed_to_the_agent_not_to_the_next_run_of_its_uid(
+    logs_root: Path, shared_workdir: Path
+) -> None:
+    """Task uids are leased to one run after another, of any user. A run's files in its `workdir` (a folder shared by
+    several users' jobs) outlive it: when it ends they become the agent's user's, modes kept, so the next run given
+    the same uid (one uid in the pool: it must be) reads, changes and removes none of them: not a private file, not
+    one in a folder of its own, not one in a shared folder. A link the run left is changed itself, never its target,
+    and a set-user-ID program it left loses that bit."""
+    key = secrets.token_hex(8)
+    target = shared_workdir / "target"
+    target.write_text("another's\n")
+    os.chown(target, NOBODY, NOBODY)
+    one_uid = TASK_UIDS[-40:-39]
+    async with agent(logs_root, uids=one_uid) as (executor, logs):
+        left = await run_to_end(
+            executor,
+            "alice-job.0",
+            replace(sh(LEFT_IN_WORKDIR, KEY=key, TARGET=str(target)), workdir=str(shared_workdir)),
+        )
+        reader = await run_to_end(
+            executor, "mallory-job.0", replace(sh(READ_WHAT_IS_LEFT), workdir=str(shared_workdir))
+        )
+        writer_uid = logs.read("alice-job.0", 1, "stdout").decode().split()
+        seen = logs.read("mallory-job.0", 1, "stdout").decode()
+    assert left.succeeded, logs.read("alice-job.0", 1, "stderr")
+    assert reader.succeeded and "== end" in seen, seen
+    assert writer_uid == [str(one_uid[0])] and seen.split()[0] == str(one_uid[0]), (writer_uid, seen)
+    assert key not in seen, seen
+    assert "cannot change private" in seen and (shared_workdir / "shared" / "file").exists(), seen
+    agent_user = os.geteuid()
+    for name in ("private", "own", "own/file", "shared/file", "link", "setuid"):
+        assert (shared_workdir / name).lstat().st_uid == agent_user, name
+    assert stat.S_IMODE((shared_workdir / "private").stat().st_mode) == 0o600
+    assert stat.S_IMODE((shared_workdir / "own").stat().st_mode) == 0o777
+    assert not (shared_workdir / "setuid").stat().st_mode & stat.S_ISUID
+    assert target.stat().st_uid == NOBODY  # the link's target, not the agent's
+
+
+@pytest.mark.asyncio
+async def test_a_uid_whose_workdir_files_could_not_all_be_handed_over_is_set_aside_and_says_why(
+    logs_root: Path, shared_workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A workdir with more entries to look at than the count's bound (MEGHA_TASK_MAX_DISK_FILES) is not looked
+    through to its end: the run's uid is set aside, never leased again (the next start is refused, saying so), and
+    the agent logs what to do."""
+    for i in range(12):
+        (shared_workdir / "shared" / f"file-{i}").write_text("")
+    one_uid = TASK_UIDS[-41:-40]
+    marker = isolation.UID_LOCKS / f"{one_uid[0]}.aside"
+    try:
+        async with agent(logs_root, max_disk_files=8, uids=one_uid) as (executor, _logs):
+            with caplog.at_level(logging.WARNING, logger="megha.services.worker.isolation"):
+                done = await run_to_end(executor, "big.0", replace(sh("echo mine > mine"), workdir=str(shared_workdir)))
+            with pytest.raises(OSError, match="1 set aside") as refused:
+                await executor.start("next.0", 500, 256, 0.0, TRUE)
+        assert done.succeeded
+        assert refused.value.errno == errno.EAGAIN
+        assert "more than 8 files and folders to look at" in marker.read_text()
+        assert f"task uid {one_uid[0]} set aside" in caplog.text and str(marker) in caplog.text, caplog.text
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------- processes and memory
@@ -1250,6 +1347,28 @@ def test_a_uid_a_process_still_has_is_not_leased_again_until_it_is_gone(tmp_path
     assert third.uid == first.uid
     pool.release(second)
     pool.release(third)
+
+
+def test_what_a_run_left_in_its_workdir_is_handed_over_at_the_next_lease_when_its_agent_died_first(
+    tmp_path: Path, shared_workdir: Path
+) -> None:
+    """An agent killed while its run had a workdir never handed over what the run left there; the workdir noted in
+    the uid's lock file lets the next lease of the uid, by any agent of the host, do it before the uid is taken."""
+    pool = TaskUids(TASK_UIDS[-42:-41], tmp_path / "locks")
+    first = pool.lease()
+    pool.note_workdir(first, str(shared_workdir))
+    left = shared_workdir / "shared" / "private"
+    left.write_text("secret\n")
+    left.chmod(0o600)
+    os.chown(left, first.uid, first.gid)
+    os.close(first.lock)  # the agent died: its lock went with it, nothing was handed over
+    after = TaskUids(TASK_UIDS[-42:-41], tmp_path / "locks").lease()
+    try:
+        assert after.uid == first.uid
+        assert left.stat().st_uid == os.geteuid() and stat.S_IMODE(left.stat().st_mode) == 0o600
+        assert os.pread(after.lock, 16, 0) == b""  # handed over: the note is gone
+    finally:
+        os.close(after.lock)
 
 
 @pytest.fixture

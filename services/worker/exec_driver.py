@@ -100,7 +100,7 @@ class ExecDriver(Driver):
         fill, each file and all together (MEGHA_TASK_MAX_DISK_MB); `max_disk_files`: the files and folders it may keep
         where its disk is counted (MEGHA_TASK_MAX_DISK_FILES)."""
         self._worker_id = worker_id
-        self._uids = TaskUids(task_uids)
+        self._uids = TaskUids(task_uids, disown_limit=max_disk_files)
         self._max_processes = max_processes
         self._max_files = max_files
         self._disk = DiskLimit(max_disk_mb, max_disk_files)
@@ -225,6 +225,9 @@ class ExecDriver(Driver):
             folders = None
             if lease is not None and self._own_proc and self._own_folders:
                 folders = held.folders = OwnFolders.create(self._own_folders, limits.memory_mb * MIB, scratch)
+            if lease is not None and spec.workdir and not self._seen_as_its_own(spec.workdir, folders is not None):
+                held.workdir = spec.workdir
+                self._uids.note_workdir(lease, spec.workdir)
             setup = functools.partial(
                 enforcement.child_setup,
                 None if cgroup is None else str(cgroup / "cgroup.procs"),
@@ -254,6 +257,14 @@ class ExecDriver(Driver):
             await run.abandon()
             raise
         return run
+
+    def _seen_as_its_own(self, workdir: str, own_folders: bool) -> bool:
+        """Whether the run sees `workdir` in its own /proc or temporary folders, gone with it, not the host's."""
+        inside = [*self._own_folders] if own_folders else []
+        if self._own_proc:
+            inside.append("/proc")
+        path = os.path.normpath(workdir)
+        return any(path == folder or path.startswith(folder + "/") for folder in inside)
 
     async def _lease(self) -> UidLease:
         """A uid for a run, leased in a thread (it reads /proc); given back when it comes should the start be
@@ -475,6 +486,7 @@ class _Held:
     scratch: Path | None = None
     cgroup: Path | None = None
     folders: OwnFolders | None = None
+    workdir: str | None = None  # where what the uid leaves outlives the run (`isolation.disown`)
 
     def give_back(self, process: subprocess.Popen[bytes] | None = None, *, kill: bool = False) -> None:
         """Let go of the run's own tmpfs, remove the cgroup (killing what is left in it) and the scratch folder,
@@ -495,10 +507,20 @@ class _Held:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
         if self.lease is not None:
+            # What the uid left in its workdir is handed over before the uid is free again, or the uid is set aside.
+            why = None if self.workdir is None else f"its workdir {self.workdir} was not looked through"
             try:
                 isolation.purge_uid(self.lease.uid)
+                if self.workdir is not None:
+                    why = isolation.disown(self.workdir, self.lease.uid, self.uids.disown_limit)
+                    if why is None:
+                        self.uids.workdir_handed_over(self.lease)
             finally:
-                self.uids.release(self.lease)
+                try:
+                    if why is not None:
+                        self.uids.set_aside(self.lease, why)
+                finally:
+                    self.uids.release(self.lease)
 
 
 def _popen_entering(

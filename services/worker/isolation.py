@@ -14,6 +14,7 @@ import ctypes
 import errno
 import fcntl
 import functools
+import logging
 import os
 import pwd
 import re
@@ -26,13 +27,15 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from megha.common.lifecycle import StartupError
 from megha.services.worker import enforcement
 from megha.services.worker.enforcement import live_processes, processes, status_field, sysvipc
+
+log = logging.getLogger(__name__)
 
 KILL_WAIT_SECONDS = 10.0
 """How long the end of a run waits for the processes of its uid to be gone after SIGKILL (one stuck in the kernel
@@ -73,10 +76,15 @@ class TaskUids:
     Leases are taken at once by an agent's threads and by the agents of a host: the lock decides. Each lease
     opens the lock file anew, and flock's locks belong to open files, not processes, so two threads of one agent
     exclude each other as two agents do. A lease is released (its descriptor closed) when its run's processes are
-    all killed; one left alive (stuck in the kernel) keeps its uid from being leased again until it is gone."""
+    all killed; one left alive (stuck in the kernel) keeps its uid from being leased again until it is gone.
 
-    def __init__(self, uids: range, locks: Path = UID_LOCKS) -> None:
+    A run with a `workdir` notes it in its lock file (`note_workdir`) until what it left there is handed over
+    (`disown`): should its agent die first, the next lease of the uid hands it over before the uid is taken
+    (`disown_limit`: the entries one look through may take, MEGHA_TASK_MAX_DISK_FILES)."""
+
+    def __init__(self, uids: range, locks: Path = UID_LOCKS, disown_limit: int = 100_000) -> None:
         self.uids = uids
+        self.disown_limit = disown_limit
         self._locks_path = locks
         self._locks: int | None = None  # the lock folder, opened by `prepare`
         self._next = 0  # where the next lease starts looking, so that uids are reused as late as possible
@@ -95,6 +103,7 @@ class TaskUids:
         if not locks.parent.is_dir():  # no /run: a private folder in the system's temp folder instead
             locks = Path(tempfile.gettempdir()) / "megha-task-uids"
         self._locks = private_folder(locks, "the task uids' lock folder")
+        self._locks_path = locks
 
     def lease(self) -> UidLease:
         """A uid for a new run; raises `OSError` (EAGAIN) when every uid of the range is held or has processes."""
@@ -105,9 +114,13 @@ class TaskUids:
         for p in processes():
             (zombies if p.zombie else live).update(uid for uid in p.uids if uid in self.uids)
         count = len(self.uids)
+        aside = 0
         for i in range(2 * count):  # the second round takes uids only zombies hold
             uid = self.uids[(self._next + i) % count]
             if uid in live or (uid in zombies and i < count):
+                continue
+            if self.is_set_aside(uid):
+                aside += i < count
                 continue
             fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._locks)
             try:
@@ -120,6 +133,9 @@ class TaskUids:
                 free = free and not live_processes(uid)
                 if free:
                     purge_uid(uid)  # what an earlier run left, should its agent have died before removing it
+                    if why := self._disown_noted(fd, uid):
+                        self._set_aside(uid, why)
+                        free = False
             except BaseException:  # the lock goes with its descriptor: never held for a lease not made
                 os.close(fd)
                 raise
@@ -131,11 +147,63 @@ class TaskUids:
         raise OSError(
             errno.EAGAIN,
             f"every task uid of MEGHA_TASK_UIDS={describe_range(self.uids)} is taken, by running tasks or processes "
-            "they left (see them with ps -eo uid,pid,stat,cmd)",
+            "they left (see them with ps -eo uid,pid,stat,cmd)"
+            + (f"; {aside} set aside (their runs' files in a workdir could not all be handed over)" if aside else ""),
         )
 
     def release(self, lease: UidLease) -> None:
         os.close(lease.lock)
+
+    def note_workdir(self, lease: UidLease, workdir: str) -> None:
+        """The run holding `lease` works in `workdir`: what it leaves there must be handed over before the uid is
+        leased again, even if this agent dies first."""
+        os.ftruncate(lease.lock, 0)
+        os.pwrite(lease.lock, os.fsencode(workdir), 0)
+
+    def workdir_handed_over(self, lease: UidLease) -> None:
+        os.ftruncate(lease.lock, 0)
+
+    def _disown_noted(self, lock: int, uid: int) -> str | None:
+        """Hand over what a run of `uid` whose agent died left in the workdir noted in its lock file."""
+        noted = os.pread(lock, 4096, 0)
+        if not noted:
+            return None
+        why = disown(os.fsdecode(noted), uid, self.disown_limit)
+        if why is None:
+            os.ftruncate(lock, 0)
+        return why
+
+    def set_aside(self, lease: UidLease, why: str) -> None:
+        """Keep `lease`'s uid from being leased again: what a run of it left in its workdir could not all be handed
+        over (`disown`: `why`), and the next run given the uid would read and change it. A file `<uid>.aside` beside
+        the uid's lock file says so until an operator removes it (the host's restart does, emptying /run)."""
+        self._set_aside(lease.uid, why)
+
+    def _set_aside(self, uid: int, why: str) -> None:
+        assert self._locks is not None
+        name = f"{uid}.aside"
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._locks
+        )
+        with os.fdopen(fd, "w") as marker:
+            marker.write(why + "\n")
+        log.warning(
+            "task uid %d set aside, not leased again: %s; once the files of uid %d there are handed over or removed, "
+            "remove %s/%s to lease it again",
+            uid,
+            why,
+            uid,
+            self._locks_path,
+            name,
+        )
+
+    def is_set_aside(self, uid: int) -> bool:
+        assert self._locks is not None
+        try:
+            os.stat(f"{uid}.aside", dir_fd=self._locks, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
 
 
 def describe_range(uids: range) -> str:
@@ -235,6 +303,92 @@ def purge_uid(uid: int) -> None:
     for row in sysvipc("sem"):
         if uid in (int(row["uid"]), int(row["cuid"])):
             _LIBC.semctl(int(row["semid"]), 0, _IPC_RMID)
+
+
+DISOWN_MAX_DEPTH = 256
+"""How deep `disown` follows the folders a run could write to below its workdir (one open descriptor a level)."""
+_AT_EMPTY_PATH = 0x1000
+
+
+def disown(folder: str, uid: int, limit: int) -> str | None:
+    """Hand what `uid` left in `folder` (its run's `workdir`) to the agent's user, so that the next run given the uid,
+    of whichever user, reads and changes none of it: every file, folder and link the uid owns there, and in the
+    folders below it the uid could have written to (its own, and those every user may write to), becomes the
+    agent's user's and group's, its mode kept (the kernel drops set-user-ID and set-group-ID bits). What every user
+    may read stays readable; what was the run's alone (a task's files are, by default) is then the host's root's.
+
+    Called when no process of the uid is left, so nothing of it changes meanwhile; each entry is opened without
+    following links (O_PATH) and changed through that descriptor, so another run renaming entries in a shared
+    folder meanwhile cannot make it change a file the uid does not own. Returns None when done, or why not: more than
+    `limit` entries looked at, folders nested deeper than DISOWN_MAX_DEPTH, or a change refused (a network file
+    system that maps root to nobody, say). The caller then sets the uid aside rather than lease it again."""
+    try:
+        top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None  # gone (or never a folder): nothing of the run's is left there
+        return f"could not open {folder}: {exc.strerror}"
+    owner, group = os.geteuid(), os.getegid()
+    looked = 0
+    # A stack of the folders being listed: (its descriptor, its entries' iterator, its path for messages).
+    stack: list[tuple[int, Iterator[os.DirEntry[str]], str]] = []
+    try:
+        stack.append((top, os.scandir(top), folder))
+        if os.fstat(top).st_uid == uid and not _chown_fd(top, owner, group):
+            return f"could not give {folder} to uid {owner}: {os.strerror(ctypes.get_errno())}"
+        while stack:
+            fd, entries, path = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()  # type: ignore[attr-defined]
+                os.close(fd)
+                stack.pop()
+                continue
+            looked += 1
+            if looked > limit:
+                return f"more than {limit} files and folders to look at in {folder}"
+            try:
+                seen = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed meanwhile
+            folder_below = stat.S_ISDIR(seen.st_mode)
+            writable = folder_below and (seen.st_uid == uid or seen.st_mode & stat.S_IWOTH)
+            if seen.st_uid != uid and not writable:
+                continue
+            try:
+                handle = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                continue  # removed or renamed meanwhile
+            try:
+                now = os.fstat(handle)
+                if now.st_uid == uid and not _chown_fd(handle, owner, group):
+                    return f"could not give {path}/{entry.name} to uid {owner}: {os.strerror(ctypes.get_errno())}"
+                if not stat.S_ISDIR(now.st_mode) or not (now.st_uid == uid or now.st_mode & stat.S_IWOTH):
+                    continue
+                if len(stack) >= DISOWN_MAX_DEPTH:
+                    return f"folders nested deeper than {DISOWN_MAX_DEPTH} in {folder}"
+                below = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=handle)
+            except OSError:
+                continue
+            finally:
+                os.close(handle)
+            try:
+                stack.append((below, os.scandir(below), f"{path}/{entry.name}"))
+            except OSError:
+                os.close(below)
+        return None
+    except OSError as exc:
+        return f"could not look through {folder}: {exc.strerror}"
+    finally:
+        for fd, entries, _ in stack:
+            entries.close()  # type: ignore[attr-defined]
+            os.close(fd)
+
+
+def _chown_fd(fd: int, owner: int, group: int) -> bool:
+    """Change the owner of what `fd` (possibly an O_PATH descriptor of a link) refers to, itself, not a link's
+    target. False when refused (the errno is ctypes')."""
+    return _LIBC.fchownat(fd, b"", owner, group, _AT_EMPTY_PATH) == 0
 
 
 def _owner(entry: os.DirEntry[str]) -> int:
