@@ -136,13 +136,16 @@ class _UnreachableLMs:
         )
         self.term = 1
         self.serving = True
-        self.calls = SimpleNamespace(post=self._post)
+        self.calls = SimpleNamespace(post=self._post, get=self._get)
         self.posts: list[str] = []
         self.failed: list[tuple[int, int]] = []  # (LM, seq) of the calls the core was told failed for good
 
     async def _post(self, url: str, body: bytes, idempotent: bool = False) -> Reply:
         self.posts.append(url.split("?")[0])
         raise CallError("ConnectionRefusedError(111, 'Connection refused')")
+
+    async def _get(self, url: str) -> Reply:
+        raise CallError("ConnectionRefusedError(111, 'Connection refused')")  # the LM watch's health checks
 
     async def apply(self, step: Callable[[Any], None]) -> None:
         core = SimpleNamespace(

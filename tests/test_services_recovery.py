@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import httpx
+
 from megha.deploy.broker_node import broker_node
 from megha.deploy.local import LocalDeployment
 
@@ -151,3 +153,46 @@ def test_an_agent_lost_while_its_lm_was_down_has_its_tasks_run_again(tmp_path) -
     assert "came back without" in gm_logs  # the GMs learnt of runs the rebuilt LM did not hold
     for state in states:
         assert state["idle"] and state["free"] == state["capacity"]
+
+
+def test_an_lm_restarted_with_another_num_gms_stays_out_of_the_gms_views_until_it_runs_as_before(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An LM restarted with another MEGHA_NUM_GMS has its nodes in other partitions than the GMs place by: every
+    task a GM placed there would fail (`repartition flag is wrong`). Each GM finds the LM's new incarnation, compares
+    its layout, logs one ERROR line naming the setting and places nothing there: a job's tasks all run on the other
+    LM. Restarted with its earlier settings, it is back in both views."""
+    deployment = LocalDeployment(gms=2, lms=2, workers_per_lm=2, log_dir=tmp_path / "logs", worker_timeout=5.0)
+
+    def gm_logs() -> str:
+        return "".join(p.log.read_text() for p in deployment.processes if p.name.startswith("gm-"))
+
+    def lm0_in_views() -> list[list[object]]:
+        return [
+            [p["used_fraction"] for p in service_state(url)["partitions"] if p["lm"] == 0]  # type: ignore[attr-defined, index]
+            for url in deployment.gm_urls
+        ]
+
+    def restart_lm0(num_gms: int) -> None:
+        deployment.kill("lm-0")
+        deployment.process("lm-0").env["MEGHA_NUM_GMS"] = str(num_gms)
+        deployment.restart("lm-0")
+
+    with deployment:
+        api.use(deployment)
+        restart_lm0(3)
+        wait_until(lambda: gm_logs().count("LM 0 restarted with another layout") == 2, 30, gm_logs)
+        assert lm0_in_views() == [[1.0, 1.0]] * 2  # nothing free there, in either GM's view
+        metrics = httpx.get(f"{deployment.gm_urls[0]}/metrics", timeout=5).text
+        assert 'megha_gm_lms_with_other_layout{gm="0"} 1.0' in metrics
+        body = {"tasks": [{"duration": 0.2, "cpu_millicores": 100, "memory_mb": 16}] * 12}
+        r = api.post(f"{deployment.gm_urls[0]}/v1/jobs", json=body, timeout=10)
+        assert r.status_code == 201, r.text
+        url = f"{deployment.gm_urls[0]}/v1/jobs/{r.json()['job_id']}"
+        ended = ("finished", "failed", "cancelled")
+        job = wait_until(lambda: (s := api.get(url, timeout=5).json())["state"] in ended and s, 30, url)
+        restart_lm0(2)
+        wait_until(lambda: gm_logs().count("runs with the layout this GM places by again") == 2, 30, gm_logs)
+        wait_until(lambda: lm0_in_views() == [[0.0, 0.0]] * 2, 15, lm0_in_views)
+        logs = gm_logs()
+    assert job["state"] == "finished" and {t["lm"] for t in job["tasks"]} == {1}, job
+    assert "it has a partition for 3 GMs (its MEGHA_NUM_GMS), this GM's view of it 2" in logs
+    assert "repartition flag is wrong" not in logs

@@ -166,6 +166,11 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
         "LMs this GM cannot reach: out of its view until they answer their health check again.",
         len(service.dispatch.watch.down),
     )
+    yield me.single(
+        "megha_gm_lms_with_other_layout",
+        "LMs that restarted with another layout than this GM places by: out of its view until they run as before.",
+        len(service.dispatch.watch.other_layout),
+    )
 
     meter = service.meter.allocation
     histogram = HistogramMetricFamily(

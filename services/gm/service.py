@@ -15,8 +15,7 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import quote
 
-from megha.common.core.cluster import ClusterSpec, PartitionSpec
-from megha.common.core.constraints import constraint_mask
+from megha.common.core.cluster import ClusterSpec
 from megha.common.core.gm import GlobalMaster, Unschedulable
 from megha.common.core.messages import Completions, Output
 from megha.common.core.observer import observe
@@ -40,6 +39,7 @@ from megha.services.gm.dispatch import GMDispatch
 from megha.services.gm.events_route import JobEvents
 from megha.services.gm.jobs import ENDED, JobTable
 from megha.services.gm.journal import Journal, NotWritten
+from megha.services.gm.lm_layout import partitions_of
 from megha.services.gm.lm_reports import LMReportGate, lm_of
 from megha.services.gm.metrics import GMMeter
 from megha.services.gm.peers import Replicator
@@ -126,18 +126,7 @@ class GMService:
             if doc["lm"] != lm:
                 raise StartupError(f"{url} is LM {doc['lm']}, but it is listed as LM {lm}")
             names = tuple(doc["resource_names"])
-            rows.append(
-                tuple(
-                    PartitionSpec(
-                        lm,
-                        p["gm"],
-                        tuple(tuple(c) for c in p["capacities"]),
-                        tuple(constraint_mask(ids) for ids in p["constraints"]),
-                        tuple(tuple(d) for d in p.get("drivers", ())),  # an LM from before drivers: burn only
-                    )
-                    for p in doc["partitions"]
-                )
-            )
+            rows.append(partitions_of(doc, lm))
         cluster = ClusterSpec(tuple(rows), names)
         if self.settings.gm_id >= cluster.num_gms:
             raise StartupError(
@@ -389,6 +378,9 @@ class GMService:
         end. The LM's state is read under this GM's lock, so every run this GM counts as running there was
         accepted before that read."""
         assert self.core is not None
+        watch = self.dispatch.watch
+        if rebuilt.incarnation != watch.incarnations.get(rebuilt.lm):  # out of the view first if it changed
+            await watch.check_layout(rebuilt.lm, rebuilt.incarnation)
         url = f"{self.settings.lm_urls[rebuilt.lm]}/v1/gms/{self.settings.gm_id}/state"
         async with self.lock:
             try:
