@@ -430,8 +430,10 @@ def test_a_write_the_disk_refuses_leaves_nothing_of_its_record(tmp_path: Path, m
         asyncio.run(journal.append_durably({"job": {"job_id": "refused", "tasks": []}, "at": 1.0}))
     with pytest.raises(OSError):
         journal.append({"end": "b.0", "state": "finished", "reason": ""})
+    assert journal.failing == "a write failed: [Errno 28] No space left on device"  # /healthz and metrics say so
     monkeypatch.setattr(os, "write", real_write)  # room again
     journal.append({"end": "c.0", "state": "finished", "reason": ""})
+    assert journal.failing is None
     journal.close()
     replayed = Journal.replay(journal.path)
     assert replayed.jobs == [] and set(replayed.ends) == {"a.0", "c.0"} and replayed.damaged == 0
@@ -456,6 +458,42 @@ def test_records_whose_sync_failed_are_cut_off_so_a_refused_job_never_runs(
     asyncio.run(accepted_then_refused())
     journal.close()
     assert [job["job_id"] for job, _ in Journal.replay(journal.path).jobs] == ["kept"]
+
+
+@pytest.mark.asyncio
+async def test_while_the_journal_refuses_jobs_the_gm_s_health_check_and_metrics_say_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: a submission is refused (503), and until a write succeeds again the GM's `/healthz` names the
+    failure in `journal_failing` (still ready: it answers and places what it accepted) and the metric
+    `megha_gm_journal_failing` is 1."""
+    import httpx
+    from test_identities import CLUSTER, TASK
+    from test_services_http import NOWHERE
+
+    from megha.services.gm.app import create_app
+
+    settings = GMSettings(auth="off", lm_urls=[NOWHERE], http_timeout=1.0, lm_timeout=600.0, journal_dir="")
+    app = create_app(settings, use_broker=False, cluster=CLUSTER)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gm") as c,
+    ):
+        service = app.state.service
+        service.journal = Journal(tmp_path / "run.gm-0.journal")
+        real_write = os.write
+        monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
+        refused = await c.post("/v1/jobs", json={"tasks": [TASK]})
+        failing = (await c.get("/healthz")).json(), (await c.get("/metrics")).text
+        monkeypatch.setattr(os, "write", real_write)
+        accepted = await c.post("/v1/jobs", json={"tasks": [TASK]})
+        fine = (await c.get("/healthz")).json(), (await c.get("/metrics")).text
+        service.journal.close()
+    assert refused.status_code == 503 and "No space" in refused.text, refused.text
+    assert accepted.status_code == 201, accepted.text
+    assert failing[0]["ready"] is True and failing[0]["journal_failing"] == "a write failed: [Errno 28] No space"
+    assert 'megha_gm_journal_failing{gm="0"} 1.0' in failing[1]
+    assert fine[0]["journal_failing"] == "" and 'megha_gm_journal_failing{gm="0"} 0.0' in fine[1]
 
 
 def test_a_json_line_that_is_no_record_of_the_gm_s_is_skipped_not_fatal(tmp_path: Path) -> None:

@@ -103,12 +103,15 @@ class Health(WireModel):
 
 
 class GMHealth(Health):
-    """GM `GET /healthz`: whether the GM has its core and serves (`ready`), its term, and the GM it stands in for."""
+    """GM `GET /healthz`: whether the GM has its core and serves (`ready`), its term, and the GM it stands in for;
+    `journal_failing`: why its journal's last write or sync failed (a full or read-only disk: every submission is
+    refused with 503 meanwhile), until one succeeds again ("" when none failed)."""
 
     gm: Index
     ready: bool
     term: Count
     standing_in_for: list[Index]
+    journal_failing: str = ""
 
 
 class LMHealth(Health):

@@ -111,6 +111,7 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             ready=service.core is not None and service.serving,
             term=service.term,
             standing_in_for=[] if peers.stand_in is None else [peers.previous],
+            journal_failing=(service.journal.failing or "") if service.journal is not None else "",
         )
 
     name = f"GM {settings.gm_id}"

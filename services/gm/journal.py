@@ -84,6 +84,9 @@ class Journal:
         # Records written and not synced yet: (where the record starts in the file, who waits for its sync).
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []
         self._syncer: asyncio.Task[None] | None = None
+        # Why the last write or sync failed (a full or read-only disk), until one succeeds again: the GM's health
+        # check and metrics say so, since every submission is refused meanwhile.
+        self.failing: str | None = None
 
     @staticmethod
     def replay(path: Path) -> Replayed:
@@ -122,6 +125,7 @@ class Journal:
         nothing of it in the journal) when it could not be written."""
         line = json.dumps(record, separators=(",", ":"))
         self._write(line.encode() + b"\n")
+        self.failing = None
         return line
 
     def _write(self, data: bytes) -> int:
@@ -134,7 +138,8 @@ class Journal:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-        except OSError:
+        except OSError as exc:
+            self.failing = f"a write failed: {exc}"
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)
             raise
@@ -154,6 +159,7 @@ class Journal:
                 # go too; a restarted GM learns those ends again from its LMs.
                 waiting += self._waiting
                 self._waiting = []
+                self.failing = f"a sync failed: {exc}"
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._file.fileno(), min(start for start, _ in waiting))
                 log.error(
@@ -165,6 +171,7 @@ class Journal:
                 for _, done in waiting:
                     done.set_exception(exc)
             else:
+                self.failing = None
                 for _, done in waiting:
                     done.set_result(None)
 

@@ -166,6 +166,12 @@ def _gm_families(service: GMService) -> Iterator[Metric]:
         "LMs this GM cannot reach: out of its view until they answer their health check again.",
         len(service.dispatch.watch.down),
     )
+    journal = service.journal
+    yield me.single(
+        "megha_gm_journal_failing",
+        "1 while the last write or sync of this GM's journal failed (a full or read-only disk: submissions refused).",
+        1 if journal is not None and journal.failing else 0,
+    )
     yield me.single(
         "megha_gm_lms_with_other_layout",
         "LMs that restarted with another layout than this GM places by: out of its view until they run as before.",
