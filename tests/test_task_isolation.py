@@ -1371,6 +1371,20 @@ def test_what_a_run_left_in_its_workdir_is_handed_over_at_the_next_lease_when_it
         os.close(after.lock)
 
 
+def test_the_hand_over_looks_into_no_folder_the_run_saw_its_own_of(tmp_path: Path) -> None:
+    """A run with its own /tmp saw that, not the host's: a `workdir` of `/` is looked through without going into
+    the host's /tmp (what the uid has there is the shared folders' purge's), and a `workdir` inside it not at all."""
+    uid = TASK_UIDS[-43]
+    for name in ("seen", "own"):
+        (tmp_path / name).mkdir(mode=0o777)
+        (tmp_path / name).chmod(0o777)
+        (tmp_path / name / "file").write_text("")
+        os.chown(tmp_path / name / "file", uid, uid)
+    assert isolation.disown(str(tmp_path), uid, 100, frozenset({str(tmp_path / "own")})) is None
+    assert (tmp_path / "seen" / "file").stat().st_uid == os.geteuid()
+    assert (tmp_path / "own" / "file").stat().st_uid == uid
+
+
 @pytest.fixture
 def leases(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
     """The uids the exec driver leases and gives back, as they happen."""

@@ -225,8 +225,9 @@ class ExecDriver(Driver):
             folders = None
             if lease is not None and self._own_proc and self._own_folders:
                 folders = held.folders = OwnFolders.create(self._own_folders, limits.memory_mb * MIB, scratch)
-            if lease is not None and spec.workdir and not self._seen_as_its_own(spec.workdir, folders is not None):
-                held.workdir = spec.workdir
+            own = self._own_view(folders is not None)
+            if lease is not None and spec.workdir and not _inside(spec.workdir, own):
+                held.workdir, held.own_folders = spec.workdir, own
                 self._uids.note_workdir(lease, spec.workdir)
             setup = functools.partial(
                 enforcement.child_setup,
@@ -258,13 +259,9 @@ class ExecDriver(Driver):
             raise
         return run
 
-    def _seen_as_its_own(self, workdir: str, own_folders: bool) -> bool:
-        """Whether the run sees `workdir` in its own /proc or temporary folders, gone with it, not the host's."""
-        inside = [*self._own_folders] if own_folders else []
-        if self._own_proc:
-            inside.append("/proc")
-        path = os.path.normpath(workdir)
-        return any(path == folder or path.startswith(folder + "/") for folder in inside)
+    def _own_view(self, own_folders: bool) -> frozenset[str]:
+        """The folders a run sees its own of (gone with it), not the host's: /proc, and its temporary folders."""
+        return frozenset([*(self._own_folders if own_folders else ()), *(("/proc",) if self._own_proc else ())])
 
     async def _lease(self) -> UidLease:
         """A uid for a run, leased in a thread (it reads /proc); given back when it comes should the start be
@@ -487,6 +484,7 @@ class _Held:
     cgroup: Path | None = None
     folders: OwnFolders | None = None
     workdir: str | None = None  # where what the uid leaves outlives the run (`isolation.disown`)
+    own_folders: frozenset[str] = frozenset()  # the run's own /proc and temporary folders: not the host's
 
     def give_back(self, process: subprocess.Popen[bytes] | None = None, *, kill: bool = False) -> None:
         """Let go of the run's own tmpfs, remove the cgroup (killing what is left in it) and the scratch folder,
@@ -512,7 +510,7 @@ class _Held:
             try:
                 isolation.purge_uid(self.lease.uid)
                 if self.workdir is not None:
-                    why = isolation.disown(self.workdir, self.lease.uid, self.uids.disown_limit)
+                    why = isolation.disown(self.workdir, self.lease.uid, self.uids.disown_limit, self.own_folders)
                     if why is None:
                         self.uids.workdir_handed_over(self.lease)
             finally:
@@ -561,6 +559,12 @@ def _popen_entering(
         os.close(failure_read)
         if failure_write >= 0:
             os.close(failure_write)
+
+
+def _inside(path: str, folders: frozenset[str]) -> bool:
+    """Whether `path` is one of `folders` or lies in one."""
+    path = os.path.normpath(path)
+    return any(path == folder or path.startswith(folder + "/") for folder in folders)
 
 
 def _files_per_process(max_files: int) -> int:

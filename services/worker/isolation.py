@@ -310,7 +310,7 @@ DISOWN_MAX_DEPTH = 256
 _AT_EMPTY_PATH = 0x1000
 
 
-def disown(folder: str, uid: int, limit: int) -> str | None:
+def disown(folder: str, uid: int, limit: int, skip: frozenset[str] = frozenset()) -> str | None:
     """Hand what `uid` left in `folder` (its run's `workdir`) to the agent's user, so that the next run given the uid,
     of whichever user, reads and changes none of it: every file, folder and link the uid owns there, and in the
     folders below it the uid could have written to (its own, and those every user may write to), becomes the
@@ -321,7 +321,8 @@ def disown(folder: str, uid: int, limit: int) -> str | None:
     following links (O_PATH) and changed through that descriptor, so another run renaming entries in a shared
     folder meanwhile cannot make it change a file the uid does not own. Returns None when done, or why not: more than
     `limit` entries looked at, folders nested deeper than DISOWN_MAX_DEPTH, or a change refused (a network file
-    system that maps root to nobody, say). The caller then sets the uid aside rather than lease it again."""
+    system that maps root to nobody, say). The caller then sets the uid aside rather than lease it again. Folders in
+    `skip` (the run's own /proc and temporary folders, which it saw instead of the host's) are not looked into."""
     try:
         top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
@@ -362,8 +363,11 @@ def disown(folder: str, uid: int, limit: int) -> str | None:
             try:
                 now = os.fstat(handle)
                 if now.st_uid == uid and not _chown_fd(handle, owner, group):
-                    return f"could not give {path}/{entry.name} to uid {owner}: {os.strerror(ctypes.get_errno())}"
+                    where = os.path.join(path, entry.name)
+                    return f"could not give {where} to uid {owner}: {os.strerror(ctypes.get_errno())}"
                 if not stat.S_ISDIR(now.st_mode) or not (now.st_uid == uid or now.st_mode & stat.S_IWOTH):
+                    continue
+                if os.path.join(path, entry.name) in skip:
                     continue
                 if len(stack) >= DISOWN_MAX_DEPTH:
                     return f"folders nested deeper than {DISOWN_MAX_DEPTH} in {folder}"
@@ -373,7 +377,7 @@ def disown(folder: str, uid: int, limit: int) -> str | None:
             finally:
                 os.close(handle)
             try:
-                stack.append((below, os.scandir(below), f"{path}/{entry.name}"))
+                stack.append((below, os.scandir(below), os.path.join(path, entry.name)))
             except OSError:
                 os.close(below)
         return None
