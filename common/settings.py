@@ -453,8 +453,10 @@ class GMSettings(FairSettings, ClassUserSettings, UserTokens):
     )
     queue_order: str = Field(
         "fifo",
-        description="the order the GM serves its queue without fair scheduling: a name registered in "
-        "megha.common.core.policies.QUEUE_ORDERS (fair scheduling serves its user queues instead)",
+        description="the order the GM serves its queue without fair scheduling: fifo (tasks in arrival order), users "
+        "(users in turns, each user's tasks in arrival order: one user's large job does not keep another's tasks "
+        "behind it) or another name registered in megha.common.core.policies.QUEUE_ORDERS (fair scheduling serves "
+        "its user queues instead)",
     )
     gang_reserve_after: float | None = Field(
         None,

@@ -19,13 +19,13 @@ from megha.common.core.placement.search import FirstFitSearch, PartitionSearch
 from megha.common.core.policies import QUEUE_ORDERS, gm_policies
 from megha.common.core.policies.fair_share import FairQueueOrder, FairSharePreemption
 from megha.common.core.policies.preemption import NoPreemption
-from megha.common.core.policies.queue_order import FifoQueue, KeyedOrder, KeyedQueue
+from megha.common.core.policies.queue_order import FifoQueue, KeyedOrder, KeyedQueue, UserTurnsOrder, UserTurnsQueue
 from megha.common.core.policies.usage import NoAccounting
 from megha.common.core.task import TaskSpec
 from megha.common.settings import GMSettings
 from megha.loadgen.replay import ReplayConfig, replay
 
-from corekit import CAP, cluster, job, task
+from corekit import CAP, Net, cluster, job, task
 
 
 class SmallestFirst(KeyedOrder):
@@ -90,6 +90,66 @@ def test_fifo_and_keyed_queues_put_retried_tasks_first_and_remove_cancelled_ones
     assert [keyed.popleft() for _ in range(len(keyed))] == [c, d, c, a]
     with pytest.raises(IndexError):
         keyed.popleft()
+
+
+def _of(user: str, task_id: str) -> TaskSpec:
+    return replace(task(task_id), user=user)
+
+
+def test_the_users_order_serves_users_in_turns_retried_tasks_first_and_removes_cancelled_ones_in_order() -> None:
+    """`users`: alice's job of four queued before bob's one task does not keep it waiting behind all four."""
+    a = [_of("alice", f"a.{i}") for i in range(4)]
+    b = [_of("bob", f"b.{i}") for i in range(2)]
+    c = _of("carol", "c.0")
+    queue = UserTurnsQueue()
+    queue.extend(a)
+    queue.extend(b)
+    queue.extend([c])
+    assert [t.task_id for t in queue] == ["a.0", "b.0", "c.0", "a.1", "b.1", "a.2", "a.3"]
+    queue.extendleft([a[3]])  # retried first (as deque.extendleft)
+    assert queue.remove_if(lambda t: t.user == "bob") == b and len(queue) == 6
+    served = [queue.popleft().task_id for _ in range(len(queue))]
+    assert served == ["a.3", "a.0", "c.0", "a.1", "a.2", "a.3"]
+    with pytest.raises(IndexError):
+        queue.popleft()
+    queue.push_back(b[0])
+    queue.push_front(c)
+    assert [queue.popleft().task_id for _ in range(2)] == ["c.0", "b.0"] and len(queue) == 0
+
+
+def test_the_users_order_gives_freed_nodes_to_the_users_parked_shapes_in_turns() -> None:
+    order = UserTurnsOrder()
+    shapes = [(0, (1, 1), "alice", None, 0), (0, (2, 2), "alice", None, 0), (0, (1, 1), "bob", None, 0)]
+    first = list(order.service_order(iter(shapes), {}))
+    second = list(order.service_order(iter(shapes), {}))
+    assert first == [shapes[0], shapes[2], shapes[1]] and second == [shapes[2], shapes[0], shapes[1]]
+    assert list(order.service_order(iter(shapes[:2]), {})) == shapes[:2]
+
+
+def test_the_users_order_runs_another_user_s_task_before_the_rest_of_a_big_job() -> None:
+    """One node, room for one task at a time, alice's job of four then bob's one task: under `fifo` bob's task runs
+    after all of alice's, under `users` after her second (freed nodes go to the users' parked tasks in turns)."""
+    spec = cluster([[[[]]]])
+
+    def started(queue_order: str) -> list[str]:
+        net = Net.build(spec, policies=gm_policies(0, spec, queue_order=queue_order))
+        net.post(net.gms[0].submit(job("a", *(_of("alice", f"a.{i}") for i in range(4))), 0.0))
+        net.post(net.gms[0].submit(job("b", _of("bob", "b.0")), 0.0))
+        order: list[str] = []
+        while net.inbox or net.timers:
+            if net.inbox:
+                sent = net.deliver()
+                if isinstance(sent.msg, LaunchBatch):
+                    order += [p.task.task_id for p in sent.msg.placements]
+                continue
+            net.timers.sort(key=lambda w: w.at)
+            wake = net.timers.pop(0)
+            net.now = max(net.now, wake.at)
+            net.post(net.endpoint(wake.dest).handle(wake.msg, net.now))
+        return order
+
+    assert started("fifo") == ["a.0", "a.1", "a.2", "a.3", "b.0"]
+    assert started("users") == ["a.0", "a.1", "b.0", "a.2", "a.3"]
 
 
 @pytest.mark.parametrize(

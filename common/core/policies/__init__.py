@@ -45,7 +45,7 @@ from megha.common.core.policies.priority import (
     PriorityOrder,
     PriorityPreemption,
 )
-from megha.common.core.policies.queue_order import FifoOrder, QueueOrder
+from megha.common.core.policies.queue_order import FifoOrder, QueueOrder, UserTurnsOrder
 from megha.common.core.policies.unplaceable import ParkByShape, ParkForFreedNode, RequeueBack, UnplaceablePolicy
 from megha.common.core.policies.unsatisfiable import DropTasks, RejectJob, UnsatisfiablePolicy
 from megha.common.core.policies.usage import NoAccounting, UsageAccounting
@@ -54,6 +54,7 @@ from megha.common.core.view import PartitionView
 
 QUEUE_ORDERS: dict[str, Callable[[], QueueOrder]] = {
     FifoOrder.name: FifoOrder,
+    UserTurnsOrder.name: UserTurnsOrder,
     "priority": PriorityOrder,
 }
 """Queue orders a GM without fair scheduling may use, by name (`megha replay --queue-order`)."""

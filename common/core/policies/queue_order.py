@@ -1,5 +1,6 @@
 """Queue order (the Kubernetes scheduler framework's QueueSort extension point): which queued task a GM tries
-next, and which parked shape gets a node that frees up. FIFO is the default; `KeyedOrder` serves tasks by a key."""
+next, and which parked shape gets a node that frees up. FIFO is the default; `UserTurnsOrder` serves users in turns;
+`KeyedOrder` serves tasks by a key."""
 
 from __future__ import annotations
 
@@ -87,6 +88,111 @@ class FifoOrder:
 
     def service_order(self, shapes: Iterator[Shape], parked: Mapping[Shape, deque[TaskSpec]]) -> Iterable[Shape]:
         return shapes
+
+
+class UserTurnsQueue:
+    """A FIFO queue per user, the users served in turns: the next task is the oldest of the user whose turn it is,
+    and that user goes to the back of the turns; tasks put back in front come before any user's."""
+
+    def __init__(self) -> None:
+        self._front: deque[TaskSpec] = deque()
+        self._by_user: dict[str, deque[TaskSpec]] = {}  # only users with queued tasks
+        self._turns: deque[str] = deque()  # those users, whose turn is next first
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        """The tasks in the order they would be served, were no more queued."""
+        yield from self._front
+        queues = [self._by_user[user] for user in self._turns]
+        for turn in itertools.zip_longest(*queues):
+            yield from (task for task in turn if task is not None)
+
+    def extend(self, tasks: Iterable[TaskSpec]) -> None:
+        for task in tasks:
+            queue = self._by_user.get(task.user)
+            if queue is None:
+                queue = self._by_user[task.user] = deque()
+                self._turns.append(task.user)
+            queue.append(task)
+            self._len += 1
+
+    def extendleft(self, tasks: Iterable[TaskSpec]) -> None:
+        for task in tasks:
+            self.push_front(task)
+
+    def push_front(self, task: TaskSpec) -> None:
+        self._front.appendleft(task)
+        self._len += 1
+
+    def push_back(self, task: TaskSpec) -> None:
+        self.extend((task,))
+
+    def popleft(self) -> TaskSpec:
+        if self._front:
+            self._len -= 1
+            return self._front.popleft()
+        if not self._turns:
+            raise IndexError("pop from an empty queue")
+        user = self._turns.popleft()
+        queue = self._by_user[user]
+        task = queue.popleft()
+        if queue:
+            self._turns.append(user)
+        else:
+            del self._by_user[user]
+        self._len -= 1
+        return task
+
+    def remove_if(self, drop: Callable[[TaskSpec], bool]) -> list[TaskSpec]:
+        removed = [t for t in self._front if drop(t)]
+        if removed:
+            self._front = deque(t for t in self._front if not drop(t))
+        for user in list(self._turns):
+            queue = self._by_user[user]
+            gone = [t for t in queue if drop(t)]
+            if gone:
+                removed += gone
+                kept = deque(t for t in queue if not drop(t))
+                if kept:
+                    self._by_user[user] = kept
+                else:
+                    del self._by_user[user]
+                    self._turns.remove(user)
+        self._len -= len(removed)
+        return removed
+
+
+class UserTurnsOrder:
+    """Users served in turns, each user's tasks in the order they arrived: one user's large job does not keep
+    another's tasks queued behind it (without fair shares, `MEGHA_QUEUES`, which weigh users by share). A freed node
+    goes to the parked shapes of the users in turn too, the first user moving on by one each time."""
+
+    name = "users"
+    shapes_by_user = True
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def new_queue(self) -> UserTurnsQueue:
+        return UserTurnsQueue()
+
+    def admission_reason(self, task: TaskSpec) -> str | None:
+        return None
+
+    def service_order(self, shapes: Iterator[Shape], parked: Mapping[Shape, deque[TaskSpec]]) -> Iterable[Shape]:
+        by_user: dict[str, list[Shape]] = {}
+        for shape in shapes:
+            by_user.setdefault(shape[2], []).append(shape)
+        if len(by_user) < 2:
+            return next(iter(by_user.values()), [])
+        groups = list(by_user.values())
+        first = self._turn % len(groups)
+        self._turn += 1
+        groups = groups[first:] + groups[:first]
+        return [shape for turn in itertools.zip_longest(*groups) for shape in turn if shape is not None]
 
 
 class KeyedQueue:
