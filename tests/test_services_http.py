@@ -20,7 +20,7 @@ from fastapi import FastAPI
 
 from megha.common.core.cluster import ClusterSpec, PartitionSpec
 from megha.common.core.constraints import constraint_mask
-from megha.common.core.messages import LaunchBatch, Placement
+from megha.common.core.messages import LaunchBatch, Placement, WorkerLaunch
 from megha.common.core.task import TaskSpec
 from megha.common.models import (
     MAX_BODY_BYTES,
@@ -44,7 +44,9 @@ from megha.services.gm.app import create_app as create_gm
 from megha.services.http import JOURNAL_COPY_BYTES
 from megha.services.lm.app import create_app as create_lm
 from megha.services.lm.service import LMService
+from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.app import create_app as create_worker
+from megha.services.worker.execution import ExecutionResult
 
 from servicekit import wait_for
 
@@ -504,7 +506,7 @@ async def test_gm_accepts_a_valid_job_and_reports_it(gm: httpx.AsyncClient) -> N
     assert r.json()["unfinished_tasks"] == 5
     r = await gm.get("/healthz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "gm": 0, "ready": True, "term": 0, "standing_in_for": []}
+    assert r.json() == {"status": "ok", "gm": 0, "ready": True, "term": 0, "standing_in_for": [], "journal_failing": ""}
 
 
 async def test_gm_accepts_tasks_of_zero_seconds(gm: httpx.AsyncClient) -> None:
@@ -1386,3 +1388,65 @@ async def test_bad_preemption_requests_are_4xx_naming_the_field(change: dict[str
         r = await lm.post("/v1/preempt", json={**PREEMPT, **change})
     assert 400 <= r.status_code < 500, r.text
     assert field in r.text, r.text
+
+
+# ------------------------------------------------------------------------------ a stop racing its task's launch
+
+
+@pytest.mark.asyncio
+async def test_an_lm_sends_a_stop_to_an_agent_only_once_the_task_s_launch_call_there_is_over() -> None:
+    """A job cancelled (or a task preempted) right after its launch: the launch and the stop are separate calls
+    to the agent, and a stop that got there first found nothing to stop, so the launch that followed ran the task
+    to its end (a cancelled 600 s task ran 600 s). The LM sends the stop once the launch call is over."""
+    service = LMService(LMSettings(lm_id=0, num_gms=1, expected_nodes=1), None)
+    service.members.node_worker[0] = NOWHERE
+    order: list[str] = []
+    launch_may_answer = asyncio.Event()
+
+    async def post(url: str, body: bytes, idempotent: bool = False) -> Reply:
+        path = url.removeprefix(NOWHERE)
+        order.append(f"{path} sent")
+        if path == "/v1/tasks":
+            await launch_may_answer.wait()  # a slow launch call: the stop is asked for meanwhile
+        order.append(f"{path} answered")
+        return Reply(200, b'{"accepted": ["a.0"], "stopped": ["a.0"]}', {})
+
+    service.dispatch.calls.post = post  # type: ignore[method-assign]
+    task = TaskSpec("a.0", "a", "alice", 600.0, (100, 16), 0)
+    service.dispatch.send_to_workers(WorkerLaunch(0, [Placement(task, 0, 0, False)]))
+    stopping = asyncio.ensure_future(service.dispatch.stop_then_send({NOWHERE: ["a.0"]}, []))
+    await asyncio.sleep(0.1)
+    assert order == ["/v1/tasks sent"]  # the stop waits for the launch call
+    launch_may_answer.set()
+    await asyncio.wait_for(stopping, 5)
+    assert order == ["/v1/tasks sent", "/v1/tasks answered", "/v1/preempt sent", "/v1/preempt answered"]
+    assert service.dispatch._launching == {}
+
+
+@pytest.mark.asyncio
+async def test_an_agent_asked_to_stop_a_task_it_accepted_and_has_not_started_yet_never_runs_it() -> None:
+    """The agent's side of the same race: the launch was accepted (its tasks start in the background) and the stop
+    came before the task's process existed. It is reported preempted and never run, not left to run to its end."""
+    agent = WorkerAgent(WorkerSettings(worker_id="w-stop", execution="simulated", lm_url=NOWHERE), None)
+    agent.registered = WorkerRegistered(worker_id="w-stop", lm=0, first_node=0, nodes=1, incarnation=1)
+    reported: list[ExecutionResult] = []
+    agent._report = lambda placement, result: reported.append(result)  # type: ignore[method-assign]
+    start, may_start = agent.executor.start, asyncio.Event()
+
+    async def slow_start(*args: Any, **kwargs: Any) -> None:  # a process that takes a while to make
+        await may_start.wait()
+        await start(*args, **kwargs)
+
+    agent.executor.start = slow_start  # type: ignore[method-assign]
+    try:
+        task = TaskSpec("a.0", "a", "alice", 600.0, (100, 16), 0)
+        assert agent.launch([Placement(task, 0, 0, False)]) == ["a.0"]
+        await asyncio.sleep(0.05)  # its start is under way
+        assert await agent.preempt(["a.0"]) == ["a.0"]  # before its process exists
+        may_start.set()
+        await wait_for(lambda: reported, 5)
+        await asyncio.sleep(0.1)
+        assert [(r.task_id, r.preempted) for r in reported] == [("a.0", True)]
+        assert agent.executor.running() == []
+    finally:
+        await agent.close()

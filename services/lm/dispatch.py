@@ -63,6 +63,10 @@ class LMDispatch:
         # Signs each message to a GM with this LM's credential (None with MEGHA_AUTH=off: nothing is signed).
         self.signer = MessageSigner(settings.own_credential()) if settings.auth == "on" else None
         self.tasks: set[asyncio.Task[None]] = set()  # background sends, cancelled when the LM closes
+        # Tasks whose launch call to their agent is not over yet, each with a future done when it is: a stop of such
+        # a task waits for it (`launched`), so that it never reaches the agent before the launch (then unknown
+        # there, it was left alone, and the launch that came next ran the task to its end).
+        self._launching: dict[str, asyncio.Future[None]] = {}
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         spawn(self.tasks, coro)
@@ -126,11 +130,32 @@ class LMDispatch:
                     extra=ids(lm=launch.lm, worker=self.members.worker_of(placements[0].node)),
                 )
             for part, body in parts:
-                self.spawn(self._post_to_worker(url, WorkerLaunch(launch.lm, part), body))
+                over = asyncio.get_running_loop().create_future()
+                for p in part:
+                    self._launching[p.task.task_id] = over
+                self.spawn(self._post_to_worker(url, WorkerLaunch(launch.lm, part), body, over))
 
-    async def _post_to_worker(self, url: str, launch: WorkerLaunch, body: bytes) -> None:
+    async def launched(self, task_ids: list[str]) -> None:
+        """Return once no launch call of these tasks to their agents is still going on."""
+        going = {id(f): f for t in task_ids if (f := self._launching.get(t)) is not None and not f.done()}
+        if going:
+            await asyncio.wait(list(going.values()))
+
+    async def _post_to_worker(
+        self, url: str, launch: WorkerLaunch, body: bytes, over: asyncio.Future[None] | None = None
+    ) -> None:
         """POST `launch` (whose JSON is `body`) to the agent at `url`, retried; its tasks are reported lost when
-        the agent refuses it or stays unreachable."""
+        the agent refuses it or stays unreachable. `over` is done once the call is over, however it ended."""
+        try:
+            await self._launch_on(url, launch, body)
+        finally:
+            if over is not None:
+                over.set_result(None)
+                for p in launch.launches:
+                    if self._launching.get(p.task.task_id) is over:
+                        del self._launching[p.task.task_id]
+
+    async def _launch_on(self, url: str, launch: WorkerLaunch, body: bytes) -> None:
         placements = launch.launches
 
         def failed(attempt: int, failure: str) -> None:
@@ -197,6 +222,7 @@ class LMDispatch:
         lm = self.settings.lm_id
 
         async def stop(url: str, task_ids: list[str]) -> None:
+            await self.launched(task_ids)
             body = WorkerPreemptModel.core_json(WorkerPreempt(lm, task_ids))
             try:
                 r = await self.calls.post(f"{url}/v1/preempt", body, idempotent=True)
@@ -211,6 +237,7 @@ class LMDispatch:
     async def stop_on(self, url: str, task_ids: list[str]) -> None:
         """Ask an agent to stop runs this LM reported lost (best effort: a stale run's result is ignored anyway,
         but it holds its node's resources at the agent until it ends)."""
+        await self.launched(task_ids)
         body = WorkerPreemptModel.core_json(WorkerPreempt(self.settings.lm_id, task_ids))
         try:
             r = await self.calls.post(f"{url}/v1/preempt", body, idempotent=True)

@@ -314,8 +314,10 @@ class WorkerAgent:
 
     async def preempt(self, task_ids: list[str]) -> list[str]:
         """Stop these tasks' processes (each is reported preempted); returns those that were running, or waiting in
-        their node's queue (taken out, reported preempted too). A task already finished was reported finished; one
-        not started yet here is not known and is left alone."""
+        their node's queue (taken out, reported preempted too), or launched here and still starting (never run, or
+        killed as soon as its process exists; reported preempted). A task already finished was reported finished;
+        one whose launch has not reached this agent is not known and is left alone (its LM sends a stop only once
+        its launch call is over: `LMDispatch.launched`)."""
         waiting = [task_id for task_id in task_ids if self.queues.is_waiting(task_id)]
         for task_id in waiting:
             now = time.time()
@@ -324,6 +326,12 @@ class WorkerAgent:
         placed = {task_id: self._placements.get(task_id) for task_id in task_ids}
         stopped = await asyncio.gather(*(self.executor.kill(task_id) for task_id in task_ids))
         killed = {task_id for task_id, was in zip(task_ids, stopped) if was}
+        # Launched here but not started yet (its process is being made, or waits its turn in `_start_all`): a stop
+        # found nothing to kill, and the start would then run it to its end. It is started never, or killed at once.
+        starting = [t for t, was in zip(task_ids, stopped) if not was and t in self._placements]
+        if starting:
+            self._evicting.update(starting)
+            killed.update(starting)
         if killed:
             runs = [p for task_id, p in placed.items() if task_id in killed and p is not None]
             log.info(
