@@ -43,6 +43,9 @@ SERVICE_ROLES: tuple[Role, ...] = ("gm", "lm", "worker")
 
 SCHEME = "Bearer"
 PREFIX = "megha2"
+MAX_TOKEN_CHARS = 4096
+"""A bearer token longer than this is refused unread (a service's is under 400 characters, a user's what the
+operator chose)."""
 """First part of a service's signed token."""
 CREDENTIAL_PREFIX = "megha-credential1"
 """First part of a service's credential (MEGHA_CREDENTIAL)."""
@@ -220,7 +223,7 @@ class Credential:
             fields = json.loads(_unb64(body))
             role, ident = fields["role"], fields["id"]
             key, cert, root = (_unb64(fields[name]) for name in ("key", "cert", "root"))
-        except (ValueError, KeyError, TypeError, binascii.Error):
+        except (ValueError, KeyError, TypeError, RecursionError, binascii.Error):  # RecursionError: [[[[...
             raise ValueError("not a credential: its body is not what `megha credential` writes") from None
         if role not in SERVICE_ROLES or not isinstance(ident, str) or not SERVICE_ID.match(ident):
             raise ValueError("not a credential: no service role and id")
@@ -281,6 +284,8 @@ class Verifier:
         token = token.strip()
         if scheme.lower() != SCHEME.lower() or not token:
             raise Unauthenticated("the Authorization header is not Bearer <token>")
+        if len(token) > MAX_TOKEN_CHARS:
+            raise Unauthenticated(f"token longer than {MAX_TOKEN_CHARS} characters")
         known = self._known.get(token)
         if known is not None and now < known[1]:
             return known[0]
@@ -303,7 +308,7 @@ class Verifier:
                 raise ValueError(role)
             if not isinstance(expires, int) or len(public) != 32:
                 raise ValueError(expires)
-        except (ValueError, KeyError, TypeError, binascii.Error):
+        except (ValueError, KeyError, TypeError, RecursionError, binascii.Error):  # RecursionError: [[[[...
             raise Unauthenticated("malformed service token") from None
         if self._root is None:
             raise Unauthenticated("this service accepts no service token")

@@ -74,6 +74,7 @@ from megha.common.wire.core import (
     to_wire,
 )
 from megha.common.wire.errors import (
+    MAX_FIELD_ERRORS,
     ROOT_FIELD,
     ErrorBody,
     FieldError,
@@ -129,6 +130,7 @@ __all__ = [
     "MAX_ARG_CHARS",
     "MAX_ARRAY_RUN_CHARS",
     "MAX_BODY_BYTES",
+    "MAX_FIELD_ERRORS",
     "MAX_RUN_CHARS",
     "MAX_TASKS_PER_JOB",
     "ROOT_FIELD",

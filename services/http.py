@@ -30,7 +30,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from megha.common.jsonkeys import key_twice
-from megha.common.models import MAX_BODY_BYTES, ROOT_FIELD, ErrorBody, FieldError, validation_error_body
+from megha.common.models import (
+    MAX_BODY_BYTES,
+    MAX_FIELD_ERRORS,
+    ROOT_FIELD,
+    ErrorBody,
+    FieldError,
+    validation_error_body,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -216,7 +223,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [_field_error(e) for e in exc.errors()]
+        detail = [_field_error(e) for e in exc.errors()[:MAX_FIELD_ERRORS]]
         return JSONResponse(ErrorBody(error="invalid request parameters", detail=detail).model_dump(), status_code=422)
 
     @app.exception_handler(ValidationError)

@@ -71,6 +71,11 @@ def test_signed_tokens_are_checked_for_certificate_signature_expiry_and_form() -
             verifier.principal(bad, 1000.0)
     with pytest.raises(Unauthenticated, match="longer"):
         Verifier(root_public(SECRET)).principal(f"Bearer {signer.token(1e6)}", 1000.0)  # far beyond a lifetime
+    nested = base64.urlsafe_b64encode(b"[" * 1100).rstrip(b"=").decode()  # json.loads: RecursionError (a 500)
+    with pytest.raises(Unauthenticated, match="malformed service token"):
+        verifier.principal(f"Bearer megha2.{nested}.x", 1000.0)
+    with pytest.raises(Unauthenticated, match="token longer than 4096 characters"):
+        verifier.principal(f"Bearer megha2.{'A' * 5000}.x", 1000.0)
 
 
 def _claim(token: str) -> dict[str, object]:

@@ -55,7 +55,7 @@ def test_priority_classes_parse_with_normal_as_the_default() -> None:
     assert parse_priority_classes("batch:5,urgent:50").default == "batch"  # no `normal`: the lowest
     with pytest.raises(KeyError, match="unknown priority class 'top'"):
         classes.value("top")
-    for bad in ("", "low", "low:x", "a:1,a:2", "neg:-1"):
+    for bad in ("", "low", "low:x", "a:1,a:2", "neg:-1", f"huge:{10**18}"):  # a delta keys usage by 18 digits
         with pytest.raises(ValueError):
             parse_priority_classes(bad)
 

@@ -16,6 +16,11 @@ simulator run); `exec` runs a command as an unprivileged user; `container` runs 
 engine."""
 
 
+MAX_PRIORITY = 10**18 - 1
+"""The largest priority value a task may have: an LM reports its usage per value in its deltas, keyed by the
+value's digits (at most 18), and refuses a task with a larger one."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunSpec:
     """What a task runs instead of burning (Nomad's driver and its config); a TaskSpec without one burns."""

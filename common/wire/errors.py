@@ -24,12 +24,21 @@ class ErrorBody(WireModel):
     detail: list[FieldError] = []
 
 
+MAX_FIELD_ERRORS = 50
+"""A 422 body names at most this many fields, and says how many more failed: a body of 345,000 unknown keys took
+the GM 3.5 s to answer with 21 MB of errors, its other requests waiting meanwhile."""
+
+
 def validation_error_body(exc: ValidationError) -> ErrorBody:
-    """The 422 body for a validation failure, naming each offending field by its dotted path."""
+    """The 422 body for a validation failure, naming each offending field by its dotted path (the first
+    MAX_FIELD_ERRORS of them)."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    more = len(errors) - MAX_FIELD_ERRORS
     return ErrorBody(
-        error=f"invalid {exc.title}",
+        error=f"invalid {exc.title}"
+        + (f" ({len(errors)} errors; the first {MAX_FIELD_ERRORS} are named)" if more > 0 else ""),
         detail=[
             FieldError(field=".".join(str(part) for part in e["loc"]) or ROOT_FIELD, message=e["msg"])
-            for e in exc.errors()
+            for e in errors[:MAX_FIELD_ERRORS]
         ],
     )

@@ -31,6 +31,7 @@ from typing import Annotated, Any, ClassVar, NamedTuple, Self, Union, get_args, 
 from pydantic import Field
 from pydantic_core import PydanticUndefined, to_json
 
+from megha.common.core.task import MAX_PRIORITY
 from megha.common.wire.fields import Amounts, Index, Name, Seconds, Timestamp, WireModel
 
 
@@ -54,6 +55,7 @@ FIELD_TYPES: dict[str, Any] = {
     "started_at": Timestamp | None,
     "finished_at": Timestamp | None,
     "exit_code": Annotated[int, Field(ge=0, le=255)] | None,
+    "priority": Annotated[int, Field(ge=0, le=MAX_PRIORITY)],  # a delta keys its usage by the value's digits
 }
 """Wire types of field names that mean the same in every core message."""
 

@@ -168,6 +168,8 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
             return refuse(403, refusal, "priority_class")
         if not who.operator and queue_users is not None and sub.owner not in queue_users:
             return refuse(422, f"user {sub.owner} has no queue (MEGHA_QUEUES)", "user")  # nor others' names
+        if gm is not None and service.cluster is not None and gm >= service.cluster.num_gms:
+            return refuse(422, f"no such GM: the GMs are 0..{service.cluster.num_gms - 1}", "gm")  # not 503: never
         try:
             target = peers.service_for(sub, gm)
         except NotHere as exc:

@@ -82,7 +82,7 @@ class LMWatch:
             return True
         try:
             why = difference(gm.cluster, lm, r.body)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             why = f"its layout cannot be read ({exc})"
         self.incarnations[lm] = incarnation
         if why is not None:
@@ -174,7 +174,7 @@ def _ready_incarnation(body: bytes) -> int | None:
     """The incarnation an LM's `/healthz` answer gives when it says ready (-1: ready, from an LM that gives none)."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or doc.get("ready") is not True:
         return None

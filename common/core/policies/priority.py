@@ -32,7 +32,7 @@ from megha.common.core.parked import Shape
 from megha.common.core.policies.preemption import PreemptionPlan, PreemptionPolicy
 from megha.common.core.policies.queue_order import FifoOrder, QueueOrder, TaskQueue
 from megha.common.core.resources import Resources
-from megha.common.core.task import TaskSpec
+from megha.common.core.task import MAX_PRIORITY, TaskSpec
 
 DEFAULT_PRIORITY_CLASSES = "low:0,normal:100,high:1000"
 """The classes a service offers unless MEGHA_PRIORITY_CLASSES says otherwise."""
@@ -57,8 +57,8 @@ class PriorityClasses:
         if self.default not in names:
             raise ValueError(f"default priority class {self.default!r} is not one of {names}")
         for name, value in self.values:
-            if value < 0:
-                raise ValueError(f"priority class {name!r}: value must be >= 0, got {value}")
+            if not 0 <= value <= MAX_PRIORITY:
+                raise ValueError(f"priority class {name!r}: value must be 0..{MAX_PRIORITY}, got {value}")
 
     def value(self, name: str | None) -> int:
         """The value of class `name` (None: the default class); KeyError naming the known classes."""
