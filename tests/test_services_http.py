@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import socket
 import time
@@ -724,7 +725,9 @@ async def test_lm_refuses_bad_registrations(shared_lm: httpx.AsyncClient, body: 
     assert (state["registered_nodes"], state["workers"]) == (0, 0)  # nothing half-registered
 
 
-async def test_lm_registration_is_idempotent_and_bounded(lm: httpx.AsyncClient) -> None:
+async def test_lm_registration_is_idempotent_and_bounded(
+    lm: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
     err = assert_error(await lm.post("/v1/workers", json=registration("big", 5)), 409, "nodes")
     assert "expects 4 nodes" in err.error
     assert (await lm.get("/v1/state")).json()["registered_nodes"] == 0
@@ -756,6 +759,15 @@ async def test_lm_registration_is_idempotent_and_bounded(lm: httpx.AsyncClient) 
     again = await lm.post("/v1/workers", json=registration("w0", 3))
     assert (again.status_code, again.json()) == (201, first.json())
     assert_error(await lm.post("/v1/workers", json=registration("w2", 1)), 409, "nodes")
+    # a known agent back with other nodes keeps its first ones until the LM restarts, and the LM says so (it said
+    # nothing); one whose nodes cannot be read is refused as a new one is
+    other = registration("w0", [{"capacity": {"cpu_millicores": 2**64, "memory_mb": 1}}] * 5)
+    with caplog.at_level(logging.WARNING, logger="megha.lm"):
+        again = await lm.post("/v1/workers", json=other)
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert "w0 registered again with other nodes (5" in caplog.text and "keep what it first registered" in caplog.text
+    bad = registration("w0", [{"capacity": {"cpu_millicores": 2000}}])
+    assert_error(await lm.post("/v1/workers", json=bad), 422, "nodes.0.capacity")
 
 
 async def test_lm_forwards_the_report_of_a_run_it_did_not_place_without_publishing_its_end() -> None:

@@ -62,6 +62,23 @@ class Membership:
         self.agent_nodes[reg.worker_id] = (reg.url, nodes)
         for n in nodes:
             self.node_worker[n] = reg.url
+        try:
+            caps = [n.resources(self.resource_names) for n in reg.nodes]
+        except ValueError as exc:
+            raise RegistrationError(str(exc)) from None
+        if caps != [self.capacities[n] for n in nodes] or [constraint_mask(n.constraints) for n in reg.nodes] != [
+            self.masks[n] for n in nodes
+        ]:
+            log.warning(
+                "%s registered again with other nodes (%d, capacities %s); its nodes %d..%d keep what it first "
+                "registered until this LM restarts",
+                reg.worker_id,
+                len(caps),
+                sorted(set(caps))[:3],
+                nodes.start,
+                nodes.stop - 1,
+                extra=ids(worker=reg.worker_id, lm=self.settings.lm_id),
+            )
         if nodes and tuple(reg.drivers) != self.drivers[nodes[0]]:
             log.warning(
                 "%s registered again offering drivers %s; its nodes keep %s until this LM restarts",
