@@ -505,7 +505,10 @@ async def test_an_exec_task_launched_on_the_agent_is_reported_and_its_output_ser
 
 
 @pytest.mark.asyncio
-async def test_an_exec_task_that_cannot_start_is_reported_failed_with_the_reason(tmp_path: Path) -> None:
+async def test_an_exec_task_that_cannot_start_is_reported_failed_with_the_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task's own failure (no such program): a WARNING line in the agent's log, not an ERROR with a traceback."""
     async with agent_app(tmp_path) as (agent, c):
         missing = {"driver": "exec", "command": ["/no/such/program"]}
         r = await c.post("/v1/tasks", json={"lm": 1, "launches": [task("m.0", missing)]})
@@ -513,6 +516,8 @@ async def test_an_exec_task_that_cannot_start_is_reported_failed_with_the_reason
         await wait_for(lambda: "m.0" in reports(agent), 30, lambda: agent.broker.published)  # type: ignore[union-attr]
         assert reports(agent)["m.0"]["error"].startswith("could not start: ")
         assert "/no/such/program" in (await c.get("/v1/tasks/m.0/logs", params={"stream": "stderr"})).text
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("could not start m.0")]
+    assert line.levelname == "WARNING" and line.exc_info is None and "/no/such/program" in line.getMessage()
 
 
 # ------------------------------------------------------------------------------------ real agent processes

@@ -362,7 +362,10 @@ class WorkerAgent:
                     task.task_id, task.request[0], task.request[1], task.duration, task.run, task.attempt
                 )
             except Exception as exc:  # the task must still be reported, never silently dropped
-                log.exception("could not start %s", task.task_id)
+                if isinstance(exc, OSError | ValueError):  # the task's own (no such program, a workdir it cannot enter)
+                    log.warning("could not start %s: %s", task.task_id, exc, extra=ids(task=task.task_id))
+                else:
+                    log.exception("could not start %s", task.task_id)
                 self._report(p, ExecutionResult.failed_to_start(task.task_id, str(exc)))
                 continue
             self._started(p, at=time.time())
