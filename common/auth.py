@@ -43,10 +43,10 @@ SERVICE_ROLES: tuple[Role, ...] = ("gm", "lm", "worker")
 
 SCHEME = "Bearer"
 PREFIX = "megha2"
+"""First part of a service's signed token."""
 MAX_TOKEN_CHARS = 4096
 """A bearer token longer than this is refused unread (a service's is under 400 characters, a user's what the
 operator chose)."""
-"""First part of a service's signed token."""
 CREDENTIAL_PREFIX = "megha-credential1"
 """First part of a service's credential (MEGHA_CREDENTIAL)."""
 TOKEN_LIFETIME = 300.0

@@ -33,10 +33,11 @@ def validation_error_body(exc: ValidationError) -> ErrorBody:
     """The 422 body for a validation failure, naming each offending field by its dotted path (the first
     MAX_FIELD_ERRORS of them)."""
     errors = exc.errors(include_url=False, include_context=False, include_input=False)
-    more = len(errors) - MAX_FIELD_ERRORS
+    counted = (
+        f" ({len(errors)} errors; the first {MAX_FIELD_ERRORS} are named)" if len(errors) > MAX_FIELD_ERRORS else ""
+    )
     return ErrorBody(
-        error=f"invalid {exc.title}"
-        + (f" ({len(errors)} errors; the first {MAX_FIELD_ERRORS} are named)" if more > 0 else ""),
+        error=f"invalid {exc.title}{counted}",
         detail=[
             FieldError(field=".".join(str(part) for part in e["loc"]) or ROOT_FIELD, message=e["msg"])
             for e in errors[:MAX_FIELD_ERRORS]

@@ -137,23 +137,20 @@ class LMDispatch:
 
     async def launched(self, task_ids: list[str]) -> None:
         """Return once no launch call of these tasks to their agents is still going on."""
-        going = {id(f): f for t in task_ids if (f := self._launching.get(t)) is not None and not f.done()}
+        going = {f for t in task_ids if (f := self._launching.get(t)) is not None and not f.done()}
         if going:
-            await asyncio.wait(list(going.values()))
+            await asyncio.wait(going)
 
-    async def _post_to_worker(
-        self, url: str, launch: WorkerLaunch, body: bytes, over: asyncio.Future[None] | None = None
-    ) -> None:
+    async def _post_to_worker(self, url: str, launch: WorkerLaunch, body: bytes, over: asyncio.Future[None]) -> None:
         """POST `launch` (whose JSON is `body`) to the agent at `url`, retried; its tasks are reported lost when
         the agent refuses it or stays unreachable. `over` is done once the call is over, however it ended."""
         try:
             await self._launch_on(url, launch, body)
         finally:
-            if over is not None:
-                over.set_result(None)
-                for p in launch.launches:
-                    if self._launching.get(p.task.task_id) is over:
-                        del self._launching[p.task.task_id]
+            over.set_result(None)
+            for p in launch.launches:
+                if self._launching.get(p.task.task_id) is over:
+                    del self._launching[p.task.task_id]
 
     async def _launch_on(self, url: str, launch: WorkerLaunch, body: bytes) -> None:
         placements = launch.launches

@@ -57,15 +57,12 @@ class Membership:
         known = self.workers.get(reg.worker_id)
         if known is None:
             return None
+        caps = self._capacities(reg)  # nodes it cannot read are refused before anything of it changes
         self.liveness.joined(reg.worker_id, time.monotonic())
         nodes = self.agent_nodes[reg.worker_id][1]
         self.agent_nodes[reg.worker_id] = (reg.url, nodes)
         for n in nodes:
             self.node_worker[n] = reg.url
-        try:
-            caps = [n.resources(self.resource_names) for n in reg.nodes]
-        except ValueError as exc:
-            raise RegistrationError(str(exc)) from None
         if caps != [self.capacities[n] for n in nodes] or [constraint_mask(n.constraints) for n in reg.nodes] != [
             self.masks[n] for n in nodes
         ]:
@@ -92,10 +89,7 @@ class Membership:
     def admit(self, reg: WorkerRegistration, report_key: bytes | None) -> WorkerRegistered:
         """Give a new agent its node numbers (those it claims, if it had them from an earlier incarnation of this
         LM, else the first free run). `report_key`: the key it signs its broker reports with (None: unsigned)."""
-        try:
-            caps = [n.resources(self.resource_names) for n in reg.nodes]
-        except ValueError as exc:
-            raise RegistrationError(str(exc)) from None
+        caps = self._capacities(reg)
         first = self._place(reg.worker_id, len(caps), reg.first_node)
         self.rebuilt = self.rebuilt or reg.first_node is not None  # an agent of an earlier incarnation
         nodes = range(first, first + len(caps))
@@ -127,6 +121,13 @@ class Membership:
             self.settings.expected_nodes,
         )
         return registered
+
+    def _capacities(self, reg: WorkerRegistration) -> list[Resources]:
+        """The capacity of each node `reg` offers; RegistrationError when one does not name every resource."""
+        try:
+            return [n.resources(self.resource_names) for n in reg.nodes]
+        except ValueError as exc:
+            raise RegistrationError(str(exc)) from None
 
     def _place(self, worker_id: str, count: int, claim: int | None) -> int:
         """The first node of `count` free node numbers: the claimed ones when free, else the first free run."""

@@ -516,7 +516,7 @@ class _Held:
             finally:
                 try:
                     if why is not None:
-                        self.uids.set_aside(self.lease, why)
+                        self.uids.set_aside(self.lease.uid, why)
                 finally:
                     self.uids.release(self.lease)
 

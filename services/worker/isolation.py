@@ -134,7 +134,7 @@ class TaskUids:
                 if free:
                     purge_uid(uid)  # what an earlier run left, should its agent have died before removing it
                     if why := self._disown_noted(fd, uid):
-                        self._set_aside(uid, why)
+                        self.set_aside(uid, why)
                         free = False
             except BaseException:  # the lock goes with its descriptor: never held for a lease not made
                 os.close(fd)
@@ -165,7 +165,7 @@ class TaskUids:
 
     def _disown_noted(self, lock: int, uid: int) -> str | None:
         """Hand over what a run of `uid` whose agent died left in the workdir noted in its lock file."""
-        noted = os.pread(lock, 4096, 0)
+        noted = os.pread(lock, os.fstat(lock).st_size, 0)
         if not noted:
             return None
         why = disown(os.fsdecode(noted), uid, self.disown_limit)
@@ -173,13 +173,10 @@ class TaskUids:
             os.ftruncate(lock, 0)
         return why
 
-    def set_aside(self, lease: UidLease, why: str) -> None:
-        """Keep `lease`'s uid from being leased again: what a run of it left in its workdir could not all be handed
-        over (`disown`: `why`), and the next run given the uid would read and change it. A file `<uid>.aside` beside
-        the uid's lock file says so until an operator removes it (the host's restart does, emptying /run)."""
-        self._set_aside(lease.uid, why)
-
-    def _set_aside(self, uid: int, why: str) -> None:
+    def set_aside(self, uid: int, why: str) -> None:
+        """Keep `uid` from being leased again: what a run of it left in its workdir could not all be handed over
+        (`disown`: `why`), and the next run given the uid would read and change it. A file `<uid>.aside` beside the
+        uid's lock file says so until an operator removes it (the host's restart does, emptying /run)."""
         assert self._locks is not None
         name = f"{uid}.aside"
         fd = os.open(
