@@ -238,18 +238,21 @@ class LocalDeployment(Deployment):
                     if self.constraint_seed is None
                     else {"constraint_seed": self.constraint_seed * 1000 + lm * 100 + w}
                 )
+                values: dict[str, object] = {
+                    "worker_id": f"worker-{lm}-{w}",
+                    "lm_url": lm_urls[-1],
+                    "execution": self.execution,
+                    "nodes": self.nodes_per_worker,
+                    "node_cpu_millicores": self.node_cpu_millicores,
+                    "node_memory_mb": self.node_memory_mb,
+                    "heartbeat_interval": self.heartbeat_interval,
+                }
+                # An agent's own settings win over the deployment's (unlike nodes: another node_cpu_millicores).
                 self._spawn(
                     f"worker-{lm}-{w}",
                     "megha.services.worker",
                     free_port(),
-                    worker_id=f"worker-{lm}-{w}",
-                    lm_url=lm_urls[-1],
-                    execution=self.execution,
-                    nodes=self.nodes_per_worker,
-                    node_cpu_millicores=self.node_cpu_millicores,
-                    node_memory_mb=self.node_memory_mb,
-                    heartbeat_interval=self.heartbeat_interval,
-                    **extra | self.worker_settings.get(f"worker-{lm}-{w}", {}),
+                    **values | extra | self.worker_settings.get(f"worker-{lm}-{w}", {}),
                 )
         ports: list[int] = []
         while len(ports) < self.gms:  # known before any GM starts: each GM is told its peers

@@ -800,6 +800,25 @@ async def test_lm_calls_an_agent_that_registers_again_at_its_new_address() -> No
     await service.close()
 
 
+async def test_an_lm_gives_an_agent_the_node_numbers_it_kept_without_taking_itself_for_rebuilt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An agent restarted together with its LM claims the numbers it kept (`kept_first_node`) and gets them when
+    free, registering first or not: the layout stays the one the GMs place by. Such a claim says nothing of the LM
+    having restarted (the agent runs nothing), unlike an agent that lived through it (`first_node`); one that
+    cannot be met gets the first free numbers, logged at INFO, not as a WARNING."""
+    service = LMService(LMSettings(expected_nodes=3, num_gms=1), None)
+    kept = await service.register(WorkerRegistration.model_validate(registration("w1", 1, kept_first_node=2)))
+    assert kept.first_node == 2 and not service.members.rebuilt
+    with caplog.at_level(logging.INFO, logger="megha.lm"):
+        taken = await service.register(WorkerRegistration.model_validate(registration("w2", 1, kept_first_node=2)))
+    assert taken.first_node == 0 and not service.members.rebuilt
+    assert [r.levelname for r in caplog.records if "which are taken" in r.getMessage()] == ["INFO"]
+    live = await service.register(WorkerRegistration.model_validate(registration("w0", 1, first_node=1)))
+    assert live.first_node == 1 and service.members.rebuilt
+    await service.close()
+
+
 @pytest.mark.parametrize(
     ("nodes", "gms", "sizes"), [(4, 2, [2, 2]), (5, 2, [2, 3]), (4, 3, [1, 1, 2]), (3, 1, [3]), (2, 2, [1, 1])]
 )

@@ -3,6 +3,7 @@ rebuilds its cluster from its agents, and a broker killed mid-replay and restart
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -196,3 +197,48 @@ def test_an_lm_restarted_with_another_num_gms_stays_out_of_the_gms_views_until_i
     assert job["state"] == "finished" and {t["lm"] for t in job["tasks"]} == {1}, job
     assert "it has a partition for 3 GMs (its MEGHA_NUM_GMS), this GM's view of it 2" in logs
     assert "repartition flag is wrong" not in logs
+
+
+def test_an_lm_and_an_agent_killed_together_come_back_with_the_layout_the_gm_places_by(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An LM numbers its nodes in the order its agents register. An agent killed with its LM and restarted first
+    would take the first free numbers, the other agent's (which claims them again when it sees the LM's new
+    incarnation, and gets the next ones): with unlike nodes the LM then runs with another layout than its GM places
+    by, and the GM keeps it out of its view until it restarts. The agent keeps its numbers in a file and claims them
+    again: the layout is the same, the GM takes the LM back and a job placed afterwards runs there."""
+    deployment = LocalDeployment(
+        gms=1,
+        lms=1,
+        workers_per_lm=2,
+        log_dir=tmp_path / "logs",
+        worker_timeout=5.0,
+        worker_settings={"worker-0-1": {"node_cpu_millicores": 3000}},  # unlike nodes: a swap changes the layout
+    )
+
+    def log_of(name: str) -> str:
+        return deployment.process(name).log.read_text()
+
+    def nodes_of(name: str) -> list[str]:
+        return re.findall(r"registered with LM 0 \(incarnation \d+\) as nodes (\d+)\.\.", log_of(name))
+
+    with deployment:
+        api.use(deployment)
+        agents = ("worker-0-0", "worker-0-1")
+        wait_until(lambda: all(nodes_of(name) for name in agents), 10, lambda: [nodes_of(name) for name in agents])
+        second = next(name for name in agents if nodes_of(name) == ["1"])
+        deployment.kill("lm-0")
+        deployment.kill(second)
+        deployment.restart(second)  # registers as soon as the LM answers, before the other agent sees it restarted
+        time.sleep(1)
+        deployment.restart("lm-0")
+        checked = re.compile(r"LM 0 restarted (\(incarnation \d+\) with the layout|with another layout)")
+        wait_until(lambda: checked.search(log_of("gm-0")), 30, lambda: log_of("gm-0"))
+        assert "another layout" not in log_of("gm-0"), log_of("gm-0")
+        body = {"tasks": [{"duration": 0.2, "cpu_millicores": 100, "memory_mb": 16}] * 4}
+        r = api.post(f"{deployment.gm_urls[0]}/v1/jobs", json=body, timeout=10)
+        assert r.status_code == 201, r.text
+        url = f"{deployment.gm_urls[0]}/v1/jobs/{r.json()['job_id']}"
+        ended = ("finished", "failed", "cancelled")
+        job = wait_until(lambda: (s := api.get(url, timeout=5).json())["state"] in ended and s, 30, lambda: url)
+        agent_log, again = log_of(second), nodes_of(second)
+    assert again == ["1", "1"], agent_log  # its numbers again, after its restart
+    assert job["state"] == "finished", job

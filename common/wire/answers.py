@@ -234,9 +234,11 @@ class PartitionNodes(WireModel):
 
 
 class LMCluster(WireModel):
-    """LM `GET /v1/cluster`: this LM's partitions, one per GM."""
+    """LM `GET /v1/cluster`: this LM's partitions, one per GM, and the LM's life (`incarnation`, as its health
+    check says) they belong to."""
 
     lm: Index
+    incarnation: Count = 0
     resource_names: list[Name]
     partitions: list[PartitionNodes]
 

@@ -47,13 +47,16 @@ class WorkerRegistration(WireModel):
     """Body of LM `POST /v1/workers`: an agent reachable at `url` offers `nodes`.
 
     An agent registers again whenever its LM is a new incarnation (it restarted): it then claims the node numbers
-    it had (`first_node`) and reports the tasks it runs (`running`), from which the LM rebuilds its state.
+    it had (`first_node`) and reports the tasks it runs (`running`), from which the LM rebuilds its state. An agent
+    that restarted itself claims the node numbers it kept in a file (`kept_first_node`,
+    `megha.services.worker.node_claim`): given again when free, not a sign that the LM restarted.
     `drivers` are the task drivers the agent offers on every one of its nodes (MEGHA_DRIVERS; absent: burn only)."""
 
     worker_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)]
     nodes: Annotated[list[WorkerNode], Field(min_length=1, max_length=MAX_NODES_PER_WORKER)]
     first_node: Index | None = None
+    kept_first_node: Index | None = None
     running: list[PlacementModel] = []
     drivers: Annotated[list[Driver], Field(min_length=1, max_length=len(DRIVERS)), AfterValidator(distinct)] = ["burn"]
 

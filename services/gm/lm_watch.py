@@ -84,6 +84,7 @@ class LMWatch:
             why = difference(gm.cluster, lm, r.body)
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             why = f"its layout cannot be read ({exc})"
+        known = self.incarnations.get(lm)
         self.incarnations[lm] = incarnation
         if why is not None:
             if self.other_layout.get(lm) != why:
@@ -105,6 +106,13 @@ class LMWatch:
             )
             if lm not in self.down:
                 await gm.apply(lambda core: core.lm_reachable(lm, time.time()))
+        elif known is not None and known != incarnation:
+            log.info(
+                "LM %d restarted (incarnation %d) with the layout this GM places by",
+                lm,
+                incarnation,
+                extra=ids(gm=gm.settings.gm_id, lm=lm),
+            )
         return True
 
     def unreachable(self, lm: int, failure: CallError) -> None:

@@ -127,6 +127,8 @@ class GMService:
                 raise StartupError(f"{url} is LM {doc['lm']}, but it is listed as LM {lm}")
             names = tuple(doc["resource_names"])
             rows.append(partitions_of(doc, lm))
+            if isinstance(doc.get("incarnation"), int):  # the layout of that life: a later one's is checked
+                self.dispatch.watch.incarnations[lm] = doc["incarnation"]
         cluster = ClusterSpec(tuple(rows), names)
         if self.settings.gm_id >= cluster.num_gms:
             raise StartupError(

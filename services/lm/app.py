@@ -143,6 +143,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         parts = service.partitions()
         return {
             "lm": settings.lm_id,
+            "incarnation": service.incarnation,
             "resource_names": list(service.resource_names),
             "partitions": [
                 {

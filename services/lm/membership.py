@@ -90,8 +90,12 @@ class Membership:
         """Give a new agent its node numbers (those it claims, if it had them from an earlier incarnation of this
         LM, else the first free run). `report_key`: the key it signs its broker reports with (None: unsigned)."""
         caps = self._capacities(reg)
-        first = self._place(reg.worker_id, len(caps), reg.first_node)
-        self.rebuilt = self.rebuilt or reg.first_node is not None  # an agent of an earlier incarnation
+        # An agent that lived through this LM's restart claims its numbers (`first_node`); one restarted itself claims
+        # those it kept (`kept_first_node`), which says nothing of whether this LM restarted.
+        live = reg.first_node is not None
+        claim = reg.first_node if live else reg.kept_first_node
+        first = self._place(reg.worker_id, len(caps), claim, live)
+        self.rebuilt = self.rebuilt or live  # an agent of an earlier incarnation
         nodes = range(first, first + len(caps))
         for n, cap, node in zip(nodes, caps, reg.nodes):
             self.capacities[n] = cap
@@ -115,7 +119,7 @@ class Membership:
             reg.worker_id,
             first,
             nodes.stop - 1,
-            ", as claimed" if reg.first_node == first else "",
+            ", as claimed" if claim == first else "",
             len(reg.running),
             self.registered_nodes,
             self.settings.expected_nodes,
@@ -129,15 +133,18 @@ class Membership:
         except ValueError as exc:
             raise RegistrationError(str(exc)) from None
 
-    def _place(self, worker_id: str, count: int, claim: int | None) -> int:
-        """The first node of `count` free node numbers: the claimed ones when free, else the first free run."""
+    def _place(self, worker_id: str, count: int, claim: int | None, live: bool = True) -> int:
+        """The first node of `count` free node numbers: the claimed ones when free, else the first free run.
+        `live`: the claim is of an agent that lived through this LM's restart (its runs hold those numbers); a kept
+        claim that cannot be met is logged at INFO (a new deployment, say, with fewer nodes per LM)."""
         free = self.capacities
         if claim is not None and claim + count <= len(free) and all(c is None for c in free[claim : claim + count]):
             return claim
         for first in range(len(free) - count + 1):
             if all(c is None for c in free[first : first + count]):
                 if claim is not None:
-                    log.warning(
+                    log.log(
+                        logging.WARNING if live else logging.INFO,
                         "%s claims nodes %d..%d, which are taken; it gets %d..",
                         worker_id,
                         claim,

@@ -38,6 +38,7 @@ from megha.services.worker.exec_driver import ExecDriver
 from megha.services.worker.execution import ExecutionResult
 from megha.services.worker.executor import TaskExecutor
 from megha.services.worker.ledger import NodeLedger
+from megha.services.worker.node_claim import NodeClaim, default_claim_folder
 from megha.services.worker.simulated import SimulatedExecutor
 from megha.services.worker.tasklogs import Stream, TaskLogs, default_log_dir
 
@@ -83,6 +84,9 @@ class WorkerAgent:
             self.drivers = ("burn",)
             self.executor = SimulatedExecutor(self._on_finished)
         self.registered: WorkerRegistered | None = None
+        # The node numbers this agent had before it restarted, kept for a restart together with its LM.
+        self._claim = NodeClaim(default_claim_folder(), settings.run_id, settings.worker_id)
+        self._kept_first_node: int | None = None
         self._report_key: bytes | None = None  # signs the reports to the LM (None with MEGHA_AUTH=off)
         self._placements: dict[str, Placement] = {}  # launched and not yet reported, by task id
         self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what guaranteed runs hold
@@ -120,6 +124,7 @@ class WorkerAgent:
                 "url": self.settings.url(),
                 "nodes": [n.model_dump() for n in self.nodes()],
                 "first_node": before.first_node if before is not None else None,
+                "kept_first_node": self._kept_first_node if before is None else None,
                 "running": [PlacementModel.plain(p) for p in self._placements.values()],
                 "drivers": list(self.drivers),
             }
@@ -146,6 +151,8 @@ class WorkerAgent:
         """Register with the LM, retrying until it answers (it may start after us, or be restarting); the LM gives
         an agent that registers again the nodes it had, so the call is idempotent."""
         lm = f"LM at {self.settings.lm_url}"
+        if self.registered is None:
+            self._kept_first_node = self._claim.read(self.settings.lm_url, self.settings.nodes)
         policy = retry.RetryPolicy(deadline=timeout, first_pause=0.2, max_pause=0.2, jitter=0.0)
         send = partial(self._calls.post, f"{self.settings.lm_url}/v1/workers", self.registration(), idempotent=True)
         next_note = time.monotonic() + 2.0
@@ -164,6 +171,7 @@ class WorkerAgent:
                 raise StartupError(f"{lm} refused the registration: {outcome.failure}")
             raise StartupError(f"{lm} unreachable for {timeout:g} s: {outcome.failure}")
         self.registered = WorkerRegistered.model_validate_json(r.body)
+        self._claim.keep(self.settings.lm_url, self.registered)
         key = self.registered.report_key
         self._report_key = bytes.fromhex(key) if key is not None else None
         log.info(
