@@ -695,6 +695,13 @@ class WorkerSettings(UserTokens):
         "running at once on a host. Needs an agent running as root; no user or program of the host may use these "
         "uids (docs/drivers.md)",
     )
+    task_uid_wait: float = Field(
+        60.0,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="seconds an exec task placed on a host whose task uids (MEGHA_TASK_UIDS) are all taken waits for "
+        "one, in line with the others waiting, before it fails saying so (0: it fails at once)",
+    )
     task_max_processes: int = Field(
         512,
         ge=1,

@@ -91,6 +91,7 @@ async def agent(
     max_disk_mb: int = 10240,
     max_disk_files: int = 100_000,
     uids: range = TASK_UIDS,
+    uid_wait: float = 0.0,
 ) -> AsyncIterator[tuple[TaskExecutor, TaskLogs]]:
     """An executor with the exec driver as an agent makes it from its settings, prepared as at its start-up (`how`:
     CPU and memory enforced so, rather than as the agent would choose)."""
@@ -104,6 +105,7 @@ async def agent(
         max_files=max_files,
         max_disk_mb=max_disk_mb,
         max_disk_files=max_disk_files,
+        uid_wait=uid_wait,
     )
     await driver.prepare()
     assert driver.isolated
@@ -384,6 +386,42 @@ async def test_a_uid_whose_workdir_files_could_not_all_be_handed_over_is_set_asi
         assert f"task uid {one_uid[0]} set aside" in caplog.text and str(marker) in caplog.text, caplog.text
     finally:
         marker.unlink(missing_ok=True)
+
+
+@pytest.mark.asyncio
+async def test_starts_with_every_uid_taken_wait_in_line_for_one_and_run_when_it_is_given_back(
+    logs_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the host's one task uid held by a running task, the next two starts wait (MEGHA_TASK_UID_WAIT) rather
+    than fail, each saying so once: the first in line runs when the uid is given back, the second when that one
+    ends, in the order they came."""
+    one_uid = TASK_UIDS[-45:-44]
+    async with agent(logs_root, uids=one_uid, uid_wait=30.0) as (executor, logs):
+        await started(executor, logs, "holder.0", sh("echo up; sleep 1"), 1)
+        with caplog.at_level(logging.WARNING, logger="megha.services.worker.exec_driver"):
+            waiting = [asyncio.ensure_future(run_to_end(executor, f"next-{i}.0", sh("date +%s.%N"))) for i in (1, 2)]
+            done = await asyncio.wait_for(asyncio.gather(*waiting), 30)
+        holder = await executor.wait("holder.0")
+    assert holder.succeeded and all(d.succeeded for d in done), (holder, done)
+    ran_at = [float(logs.read(f"next-{i}.0", 1, "stdout")) for i in (1, 2)]
+    assert ran_at[0] < ran_at[1]  # in line: the first to wait ran first
+    assert [r.getMessage().split(" waits")[0] for r in caplog.records] == ["task next-1.0", "task next-2.0"]
+
+
+@pytest.mark.asyncio
+async def test_a_start_that_waited_its_time_for_a_uid_fails_saying_so_and_the_holder_is_untouched(
+    logs_root: Path,
+) -> None:
+    one_uid = TASK_UIDS[-46:-45]
+    async with agent(logs_root, uids=one_uid, uid_wait=0.5) as (executor, logs):
+        await started(executor, logs, "holder.0", sh("echo up; sleep 2"), 1)
+        began = time.monotonic()
+        with pytest.raises(OSError, match=r"is taken.*; waited 0.5 s for one \(MEGHA_TASK_UID_WAIT\)") as refused:
+            await executor.start("late.0", 500, 64, 0.0, sh("true"))
+        waited = time.monotonic() - began
+        holder = await executor.wait("holder.0")
+    assert refused.value.errno == errno.EAGAIN and 0.5 <= waited < 2, waited
+    assert holder.succeeded, holder
 
 
 # ----------------------------------------------------------------------------------------- processes and memory

@@ -506,6 +506,7 @@ def _drivers(settings: WorkerSettings) -> dict[str, Driver]:
             max_files=settings.task_max_files,
             max_disk_mb=settings.task_max_disk_mb,
             max_disk_files=settings.task_max_disk_files,
+            uid_wait=settings.task_uid_wait,
         )
     if "container" in settings.drivers:
         from megha.services.worker.container_driver import ContainerDriver  # imports the Docker SDK

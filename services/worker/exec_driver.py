@@ -34,7 +34,9 @@ after the process was made does the same.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -44,6 +46,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +68,10 @@ log = logging.getLogger(__name__)
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TASK_UMASK = 0o077
 """What a task creates is its own uid's alone unless it says otherwise."""
+UID_RECHECK = 2.0
+"""Seconds between two looks for a free task uid by the start first in line for one, besides a look each time a run
+of this agent gives its uid back (another agent of the host may give one back, or a run's last process be gone)."""
+
 PIPE_DRAIN_SECONDS = 2.0
 """How long output is still read after the run's processes are gone (a process that left its session may hold
 the pipes open)."""
@@ -91,6 +98,7 @@ class ExecDriver(Driver):
         max_files: int = 4096,
         max_disk_mb: int = 10240,
         max_disk_files: int = 100_000,
+        uid_wait: float = 60.0,
     ) -> None:
         """`task_uids`: the uids runs take, one each (MEGHA_TASK_UIDS); `max_processes`: the processes and threads
         a run may have (MEGHA_TASK_MAX_PROCESSES); `as_agent_user`: when the agent cannot switch uids, run tasks as
@@ -98,9 +106,15 @@ class ExecDriver(Driver):
         None: as `enforcement.detect` chooses at `prepare`; `max_files`: the descriptors each process of a run may
         hold open, and under rlimits all of them together (MEGHA_TASK_MAX_FILES); `max_disk_mb`: the disk a run may
         fill, each file and all together (MEGHA_TASK_MAX_DISK_MB); `max_disk_files`: the files and folders it may keep
-        where its disk is counted (MEGHA_TASK_MAX_DISK_FILES)."""
+        where its disk is counted (MEGHA_TASK_MAX_DISK_FILES); `uid_wait`: how long a start waits for a task uid when
+        every one is taken (MEGHA_TASK_UID_WAIT), in line with the others waiting."""
         self._worker_id = worker_id
         self._uids = TaskUids(task_uids, disown_limit=max_disk_files)
+        self._uids.given_back = self._uid_given_back
+        self._uid_wait = uid_wait
+        self._uid_line: collections.deque[asyncio.Future[None]] = collections.deque()  # starts waiting for a uid
+        self._uid_free = asyncio.Event()  # a run of this agent gave its uid back since the first in line looked
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._max_processes = max_processes
         self._max_files = max_files
         self._disk = DiskLimit(max_disk_mb, max_disk_files)
@@ -207,7 +221,7 @@ class ExecDriver(Driver):
             raise ValueError("an exec task needs a command")
         await self.prepare()
         how = self._enforcement
-        held = _Held(self._uids, await self._lease() if self._isolated else None)
+        held = _Held(self._uids, await self._lease(task_id) if self._isolated else None)
         lease = held.lease
         try:
             # A random name only: the system's temp folder is listed by every user, the other runs included.
@@ -263,7 +277,57 @@ class ExecDriver(Driver):
         """The folders a run sees its own of (gone with it), not the host's: /proc, and its temporary folders."""
         return frozenset([*(self._own_folders if own_folders else ()), *(("/proc",) if self._own_proc else ())])
 
-    async def _lease(self) -> UidLease:
+    async def _lease(self, task_id: str) -> UidLease:
+        """A uid for run `task_id`. When every uid is taken (by running tasks, or processes they left), the start
+        waits for one in line, up to `uid_wait` seconds: the first in line looks again whenever a run gives its uid
+        back (and every UID_RECHECK seconds), the others wait for their turn. Raises OSError (EAGAIN) when none came."""
+        if self._uid_wait <= 0:
+            return await self._lease_now()
+        self._loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self._uid_wait
+        turn: asyncio.Future[None] = self._loop.create_future()
+        self._uid_line.append(turn)  # in the order the starts came; the first in line looks at once
+        if self._uid_line[0] is turn:
+            turn.set_result(None)
+        why = "every task uid was taken by running tasks or by the starts before it"
+        warned = False
+        try:
+            while True:
+                if turn.done():
+                    self._uid_free.clear()
+                    try:
+                        return await self._lease_now()
+                    except OSError as exc:
+                        if exc.errno != errno.EAGAIN:
+                            raise
+                        why = exc.strerror
+                    if not warned:  # once, and only once it found none itself: starts at once wait a moment
+                        warned = True
+                        log.warning(
+                            "task %s waits up to %g s for a task uid (MEGHA_TASK_UID_WAIT): %s",
+                            task_id,
+                            self._uid_wait,
+                            why,
+                        )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError(errno.EAGAIN, f"{why}; waited {self._uid_wait:g} s for one (MEGHA_TASK_UID_WAIT)")
+                with contextlib.suppress(TimeoutError):
+                    if not turn.done():
+                        await asyncio.wait_for(asyncio.shield(turn), left)  # its turn: it looks at once
+                    else:
+                        await asyncio.wait_for(self._uid_free.wait(), min(left, UID_RECHECK))
+        finally:
+            self._uid_line.remove(turn)
+            if self._uid_line and not self._uid_line[0].done():
+                self._uid_line[0].set_result(None)  # the next in line looks at once
+
+    def _uid_given_back(self) -> None:
+        """A run gave its uid back (in any thread): the start first in line for one looks again."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._uid_free.set)
+
+    async def _lease_now(self) -> UidLease:
         """A uid for a run, leased in a thread (it reads /proc); given back when it comes should the start be
         cancelled meanwhile, not held for ever."""
         leasing = asyncio.ensure_future(asyncio.to_thread(self._uids.lease))

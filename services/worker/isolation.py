@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +85,7 @@ class TaskUids:
     def __init__(self, uids: range, locks: Path = UID_LOCKS, disown_limit: int = 100_000) -> None:
         self.uids = uids
         self.disown_limit = disown_limit
+        self.given_back: Callable[[], None] | None = None  # told of every release (from any thread): a start may wait
         self._locks_path = locks
         self._locks: int | None = None  # the lock folder, opened by `prepare`
         self._next = 0  # where the next lease starts looking, so that uids are reused as late as possible
@@ -153,6 +154,8 @@ class TaskUids:
 
     def release(self, lease: UidLease) -> None:
         os.close(lease.lock)
+        if self.given_back is not None:
+            self.given_back()
 
     def note_workdir(self, lease: UidLease, workdir: str) -> None:
         """The run holding `lease` works in `workdir`: what it leaves there must be handed over before the uid is
