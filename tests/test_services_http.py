@@ -997,6 +997,18 @@ async def test_an_agent_does_not_start_a_launch_its_lm_closed_while_the_agent_st
         assert (await c.get("/v1/state")).json()["running"] == (["j.0"] if lm_waits else [])
 
 
+def calls_to_agents(service: LMService) -> list[str]:
+    """The URLs of the launches `service` sends its agents from now on (each answered 202, none really sent)."""
+    sent: list[str] = []
+
+    async def post(url: str, body: bytes, idempotent: bool = False) -> Reply:
+        sent.append(url)
+        return Reply(202, b"{}")
+
+    service.calls.post = post  # type: ignore[method-assign]
+    return sent
+
+
 async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_record() -> None:
     """A GM's launch batch is sent again when its answer was lost (the client resends calls marked idempotent, and
     the GM's retry policy tries it again): the LM accepts the repeat from its record of the runs it saw end, and
@@ -1006,13 +1018,7 @@ async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_r
     service.broker = RecordingBroker()
     async with running(app) as c:
         await register_all(c)
-        sent: list[str] = []
-
-        async def post(url: str, body: bytes, idempotent: bool = False) -> Reply:
-            sent.append(url)
-            return Reply(202, b"{}")
-
-        service.calls.post = post
+        sent = calls_to_agents(service)
         body = batch(placement(node=0))
         first = await c.post("/v1/launch", json=body)
         assert first.status_code == 200 and len(first.json()["accepted"]) == 1
@@ -1024,6 +1030,32 @@ async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_r
         state = (await c.get("/v1/state")).json()
     assert state["launched"] == 1 and state["running"] == 0 and state["free"][0] == [2000, 4096]
     assert len(sent) == 1  # one launch on the agent
+
+
+async def test_lm_launches_an_attempt_that_ended_here_again_under_a_new_run_number() -> None:
+    """A GM that restarted launches the attempts it cannot account for again under run numbers its earlier term never
+    used, and ignores the ends of the earlier runs. The LM's record of the runs it saw end holds the run number: a
+    repeat of the same run is not launched again, the same attempt under a new run number is (found by `megha chaos
+    --faults all-kill`: with the record keyed by attempt, such a task was accepted, never launched, and never
+    ended)."""
+    app = lm_app()
+    service = app.state.service
+    service.broker = RecordingBroker()
+    async with running(app) as c:
+        await register_all(c)
+        sent = calls_to_agents(service)
+        first = await c.post("/v1/launch", json=batch(placement(node=0)))
+        assert first.status_code == 200 and len(first.json()["accepted"]) == 1
+        await wait_for(lambda: sent, 5.0)
+        report = WorkerReportModel.model_validate({"lm": 0, "finished": [{"task_id": "j.0", "node": 0, "gm": 0}]})
+        await service.on_broker_message(BrokerMessage(worker_report=report).model_dump_json().encode())
+        repeat = await c.post("/v1/launch", json=batch(placement(node=0)))
+        again = await c.post("/v1/launch", json=batch(placement(node=1, run_number=2097153), seq=2))
+        assert again.status_code == 200 and len(again.json()["accepted"]) == 1, again.text
+        await wait_for(lambda: len(sent) == 2, 5.0, lambda: sent)
+        state = (await c.get("/v1/state")).json()
+    assert repeat.json()["accepted"] == first.json()["accepted"]
+    assert state["launched"] == 2 and state["running"] == 1
 
 
 async def test_lm_handles_a_worker_report_only_once_the_broker_confirmed_the_completion_it_publishes() -> None:
@@ -1183,6 +1215,34 @@ async def test_worker_runs_a_task_of_zero_seconds_to_completion(execution: str) 
         "",
         1,
     )
+
+
+async def test_worker_runs_an_attempt_it_ran_before_again_under_a_new_run_number() -> None:
+    """An agent does not run a repeated launch of a run it reported (same task, attempt and run number), but does run
+    the same attempt under a new run number: a GM that restarted launches it so, and ignores the earlier run's end."""
+    settings = WorkerSettings(execution="simulated", worker_id="w0", nodes=1, lm_url=NOWHERE)
+    app = create_worker(settings, use_broker=False)
+    broker = RecordingBroker()
+    app.state.agent.broker = broker
+    register_worker(app, lm=0, first_node=0, nodes=1)
+
+    def ended() -> list[tuple[str, int, int]]:
+        reports = [BrokerMessage.model_validate(b) for exchange, _, b in broker.published if exchange == "lm"]
+        return [
+            (f.task_id, f.attempt, f.run_number) for r in reports if r.worker_report for f in r.worker_report.finished
+        ]
+
+    try:
+        async with client(app) as c:
+            for run_number in (1, 1, 2097153):
+                launch = worker_launch(placement(node=0, duration=0.0, run_number=run_number), lm=0)
+                r = await c.post("/v1/tasks", json=launch)
+                assert (r.status_code, r.json()) == (202, {"accepted": ["j.0"]})
+                await asyncio.sleep(0.1)  # a run of 0 s ends (and is reported) within this, if it runs
+                await wait_for(lambda: len(ended()) >= 1, 10, ended)
+    finally:
+        await app.state.agent.close()
+    assert ended() == [("j.0", 1, 1), ("j.0", 1, 2097153)]
 
 
 # ------------------------------------------------------------------------------------------------- API documentation

@@ -244,7 +244,7 @@ class LocalMaster:
             if current is not None and current.placement.node == p.node and current.gm == batch.gm:
                 accepted.append(p)  # a repeated request: launch is idempotent per task
                 continue
-            if ended is not None and (p.task.task_id, p.task.attempt) in ended:
+            if ended is not None and (p.task.task_id, p.task.attempt, p.task.run_number) in ended:
                 accepted.append(p)  # a repeat of a run that already ended here (its answer was lost): not again
                 continue
             rejection = self._validate(p, batch.gm, current)
@@ -394,7 +394,9 @@ class LocalMaster:
                     continue  # a stale copy's report: each run frees its resources once
             n = alloc.placement.node
             if ended is not None and not (item.preempted or item.lost):
-                ended.add(alloc.gm, EndedRun(item.task_id, item.attempt, n, item.error, item.exit_code))
+                ended.add(
+                    alloc.gm, EndedRun(item.task_id, item.attempt, n, item.error, item.exit_code, item.run_number)
+                )
             completion = Completion(
                 item.task_id,
                 state_of[n],

@@ -202,13 +202,15 @@ class Completion:
 @dataclass(frozen=True, slots=True)
 class EndedRun:
     """LM -> a restarting GM (`recovery.LMReport`): run `attempt` of `task_id` ended on `node`, finished (`error`
-    "") or failed, with the exit code a job's retry rule matches (None: it has none)."""
+    "") or failed, with the exit code a job's retry rule matches (None: it has none). `run_number` names which
+    launch of the attempt it was: a GM that restarted launches the attempt again under a new one."""
 
     task_id: str
     attempt: int
     node: int
     error: str = ""
     exit_code: int | None = None
+    run_number: int = 1
 
 
 @dataclass(slots=True)

@@ -92,7 +92,9 @@ class WorkerAgent:
         self.ledger = NodeLedger((settings.node_cpu_millicores, settings.node_memory_mb))  # what guaranteed runs hold
         # Queueable runs wait in their node's queue until they fit, and guaranteed runs evict them (docs/queueable.md).
         self.queues = NodeQueues(lambda node: self.ledger.capacity)
-        self._done: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently reported runs, for idempotency
+        # Recently reported runs (task id, attempt, run number), for idempotency: a GM that restarted launches an
+        # attempt again under a new run number, which is another run.
+        self._done: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self._starting: set[asyncio.Task[object]] = set()
         self._evicting: set[str] = set()  # queueable runs evicted before their process started (stopped at start)
         # Not yet published: the runs that ended, per LM, and the runs that started.
@@ -274,7 +276,7 @@ class WorkerAgent:
                         f"not as attempt {task.attempt} on node {p.node}; nothing in this launch was started",
                         f"launches.{i}.task.attempt",
                     )
-            elif (task.task_id, task.attempt) not in self._done:
+            elif (task.task_id, task.attempt, task.run_number) not in self._done:
                 fresh.append((i, p))
         ledger = self.ledger
         for i, p in fresh:
@@ -411,7 +413,7 @@ class WorkerAgent:
         if starts:  # queued runs that fit now
             self._in_background(self._start_all([self._placements[task_id] for task_id in starts]))
         if not result.preempted:  # a preempted task is launched again as the same attempt: not a repeat
-            self._done[(result.task_id, placement.task.attempt)] = None
+            self._done[(result.task_id, placement.task.attempt, placement.task.run_number)] = None
             if len(self._done) > REMEMBER_FINISHED:
                 self._done.popitem(last=False)
         self._reports.setdefault(placement.lm, []).append(
@@ -474,7 +476,7 @@ class WorkerAgent:
                 raise UnknownRun(f"task {task_id} has no attempt {attempt} here (it has {attempts})", "attempt")
             assert self.logs is not None
             return attempt, self.logs.read(task_id, attempt, stream, tail)
-        runs = [a for (t, a) in self._done if t == task_id]
+        runs = [a for (t, a, _) in self._done if t == task_id]
         running = self._placements.get(task_id)
         if running is not None:
             runs.append(running.task.attempt)
