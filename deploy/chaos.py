@@ -148,6 +148,22 @@ def _broker_down(down: float) -> Callable[[Processes], None]:
     return inject
 
 
+def _kill_all(names: tuple[str, ...], down: float) -> Callable[[Processes], None]:
+    """SIGKILL every service of `names` and the broker at once, and start them all again `down` seconds later (the
+    broker first): one of each component lost together."""
+
+    def inject(target: Processes) -> None:
+        for name in names:
+            target.deployment.kill(name)
+        target.node.kill()
+        time.sleep(down)
+        target.node.start()
+        for name in names:
+            target.deployment.restart(name)
+
+    return inject
+
+
 def _stall(name: str, seconds: float) -> Callable[[Processes], None]:
     def inject(target: Processes) -> None:
         target.deployment.pause(name)
@@ -296,6 +312,11 @@ PROCESS_FAULTS: dict[str, Fault[Processes]] = {
         Fault("agent-kill", "agent worker-0-0 killed (SIGKILL), restarted 5 s later", _kill_restart("worker-0-0", 5.0)),
         Fault("broker-5", "RabbitMQ killed (SIGKILL), started again 5 s later", _broker_down(5.0)),
         Fault("broker-60", "RabbitMQ killed (SIGKILL), started again 60 s later", _broker_down(60.0)),
+        Fault(
+            "all-kill",
+            "GM 0, LM 0, its agent worker-0-0 and RabbitMQ killed (SIGKILL) at once, all started again 5 s later",
+            _kill_all(("gm-0", "lm-0", "worker-0-0"), 5.0),
+        ),
         Fault(
             "lm-partition", "LM 0 cut off (HTTP port and broker connections dropped) for 30 s", _partition("lm-0", 30)
         ),

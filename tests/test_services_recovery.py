@@ -114,6 +114,36 @@ def test_a_gm_killed_with_tasks_queued_and_restarted_recovers_its_jobs_from_its_
         assert state["idle"] and state["free"] == state["capacity"]
 
 
+def test_a_gm_restarted_after_its_lm_counts_the_completion_that_waited_for_it_and_runs_nothing_twice(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A run ends while its GM is down: its completion waits in the GM's queue. Its LM then restarts, and so knows
+    the run no more. The GM, restarted after it, reads the completions that waited for it before it plans its
+    recovery: the task counts as running, the completion ends it, and nothing is launched again (before, the GM
+    launched the task again, which then ran and ended twice: found by `megha chaos --faults all-kill`)."""
+    deployment = LocalDeployment(
+        gms=1, lms=1, workers_per_lm=1, log_dir=tmp_path / "logs", heartbeat_interval=0.5, worker_timeout=5.0
+    )
+    with deployment:
+        api.use(deployment)
+        gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
+        r = api.post(f"{gm}/v1/jobs", json={"tasks": [{"duration": 2.0, "cpu_millicores": 100, "memory_mb": 16}]})
+        assert r.status_code == 201, r.text
+        url = f"{gm}/v1/jobs/{r.json()['job_id']}"
+        wait_until(lambda: api.get(url, timeout=5).json()["state"] == "running", 30, lambda: api.get(url).json())
+        deployment.kill("gm-0")
+        wait_until(lambda: service_state(lm).get("running") == 0, 30, lambda: service_state(lm))  # its run ended
+        deployment.kill("lm-0")
+        deployment.restart("lm-0")
+        wait_until(lambda: service_state(lm).get("ready") is True, 30, lambda: service_state(lm))
+        deployment.restart("gm-0")
+        wait_until(lambda: "gm" in service_state(gm), 60, lambda: service_state(gm))
+        job = wait_until(lambda: (s := api.get(url, timeout=5).json())["state"] == "finished" and s, 30, lambda: url)
+        launched = service_state(lm)["launched"]
+        gm_log = deployment.process("gm-0").log.read_text()
+    assert launched == 0, gm_log  # the restarted LM launched nothing: the task ran once
+    assert [t["state"] for t in job["tasks"]] == ["finished"]
+    assert "1 completions waited for it (1 runs)" in gm_log
+
+
 def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:
     with broker_node() as node:
         deployment = LocalDeployment(gms=2, lms=2, workers_per_lm=2, amqp_url=node.url, heartbeat_interval=0.5)

@@ -64,6 +64,10 @@ PUBLISH_WINDOW = 64
 """Messages the sender has awaiting their confirms at once."""
 PUBLISH_TIMEOUT = 10.0
 """Seconds to wait for one confirm before the message counts as not delivered (and is sent again)."""
+
+PEEK_LIMIT = 100_000
+PEEK_BYTES = 256 << 20
+"""At most this many messages, of at most about this many bytes together, are read by `Broker.peek`."""
 DELIVERY_LIMIT = 20
 """Failed deliveries of one message before it is dead-lettered (its handler kept failing)."""
 RETRY_PAUSE = 0.5
@@ -588,6 +592,27 @@ class Broker:
         await self.publish("dead", "", message.body)
         with contextlib.suppress(Exception):
             await message.ack()
+
+    async def peek(self, exchange: str, routing_key: str) -> list[tuple[bytes, Headers]]:
+        """The messages waiting in the queue of `routing_key` on `exchange` (at most PEEK_LIMIT of them, PEEK_BYTES
+        together), with their headers, left in the queue: each is taken unacknowledged, and all are given back
+        (in their order) once read, for the consumer that comes next. Messages a consumer of the queue holds are
+        not seen. A service that restarts reads so what waited for it before it handles any of it."""
+        q = await self._declare(exchange, routing_key)
+        held: list[AbstractIncomingMessage] = []
+        size = 0
+        try:
+            while len(held) < PEEK_LIMIT and size < PEEK_BYTES:
+                message = await q.get(no_ack=False, fail=False, timeout=PUBLISH_TIMEOUT)
+                if message is None:
+                    break
+                held.append(message)
+                size += len(message.body)
+        finally:
+            for message in held:
+                with contextlib.suppress(Exception):  # a lost channel gives them back by itself
+                    await message.nack(requeue=True)
+        return [(m.body, cast("Headers", dict(m.headers or {}))) for m in held]
 
     async def stop_consuming(self, name: str) -> None:
         """Stop feeding queue `name` to its handler; the queue keeps its messages for another consumer (messages

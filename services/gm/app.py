@@ -77,16 +77,16 @@ def create_app(settings: GMSettings, use_broker: bool = True, cluster: ClusterSp
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if cluster is None:
-            try:
-                await service.discover()
-                await peers.take_back()  # what the next GM accepted while standing in for this one
-                await service.recover()  # the LMs' full state, and the journal of a GM that crashed
-            except StartupError as exc:
-                exit_on_startup_error(exc)
-        else:
-            service.adopt(cluster)
-        async with connected(broker):
+        async with connected(broker):  # before recovering: the completions that waited for this GM count
+            if cluster is None:
+                try:
+                    await service.discover()
+                    await peers.take_back()  # what the next GM accepted while standing in for this one
+                    await service.recover()  # the LMs' full state, and the journal of a GM that crashed
+                except StartupError as exc:
+                    exit_on_startup_error(exc)
+            else:
+                service.adopt(cluster)
             if broker is not None:
                 await broker.consume("gm", gm_key(settings.gm_id), service.on_broker_message, headers=True)
             peers.start()

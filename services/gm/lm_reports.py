@@ -48,6 +48,22 @@ class LMReportGate:
             return None
         return msg
 
+    def believed(self, body: bytes, headers: Mapping[str, object]) -> BrokerMessage | None:
+        """What `admitted` would apply, without counting or logging what it would ignore (None for that, and for a
+        body that is no broker message): for a look at the messages waiting for this GM, each of which is handled
+        through `admitted` afterwards."""
+        if self.verifier is None:
+            try:
+                return BrokerMessage.model_validate_json(body)
+            except ValueError:
+                return None
+        try:
+            signer = lm_report_signer(self.verifier, self.gm, body, headers)
+            msg = BrokerMessage.model_validate_json(body)
+        except (Unauthenticated, ValueError):
+            return None
+        return msg if lm_of(msg) == signer else None
+
     def ignore(self, claimed: str, what: str, body: bytes) -> None:
         """Count a broker message this GM ignores and log it (`IgnoredMessages`: at most a line a minute per
         claimed LM). `claimed` is the LM the message says it comes from ("" when it names none)."""

@@ -14,10 +14,12 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from megha.common.core.gm import Unschedulable
+from megha.common.core.messages import Completions
 from megha.common.core.recovery import LMReport, plan_recovery
 from megha.common.core.task import JobSpec, TaskSpec
 from megha.common.lifecycle import StartupError
 from megha.common.models import GMRecovery, JobSubmission
+from megha.common.transport.rabbit import gm_key
 from megha.services.client import CallError, Reply
 from megha.services.gm.jobs import ENDED
 from megha.services.gm.journal import Journal, Replayed, open_private
@@ -131,10 +133,19 @@ class Restart:
             LMReport(s.delta.to_core(), [p.to_core() for p in s.running], [r.to_core() for r in s.ended])
             for s in states
         ]
-        # Completions that waited in the GM's broker queue are handled after this, as they come: a job's end that an
-        # LM remembers is replayed now if the job has a retry rule (the rule decides again; a gang holds it again).
+        # Completions that waited in the GM's broker queue are handled after this, as they come; each task whose run
+        # one reports is taken as running, so that its completion ends it, rather than launched again (a run whose
+        # LM restarted meanwhile is known to no LM: launched again, it would run twice and end twice). A job's end
+        # that an LM remembers is replayed now if the job has a retry rule (the rule decides again; a gang holds it
+        # again).
         plan = plan_recovery(
-            gm.settings.gm_id, tasks, ended, reports, ruled={job.job_id for job in ruled}, term=gm.term
+            gm.settings.gm_id,
+            tasks,
+            ended,
+            reports,
+            await self._waiting_completions(),
+            ruled={job.job_id for job in ruled},
+            term=gm.term,
         )
         for task_id, reason in plan.ended.items():  # ends the journal missed, remembered by an LM: first seen now
             self._restore_end(task_id, "failed" if reason else "finished", reason, now)
@@ -210,6 +221,32 @@ class Restart:
                     end = {"end": tid, "state": rec.state, "reason": rec.failed_reason or "", "at": rec.finished_at}
                     records.append(end)
         return records
+
+    async def _waiting_completions(self) -> list[Completions]:
+        """The completions for this GM identity waiting in its broker queue (read and left there, `Broker.peek`),
+        as the GM believes them (`LMReportGate.believed`)."""
+        gm = self.gm
+        if gm.broker is None:
+            return []
+        gm_id = gm.settings.gm_id
+        try:
+            waiting = await gm.broker.peek("gm", gm_key(gm_id))
+        except Exception as exc:  # the broker is away: recover from the LMs alone, as before
+            log.warning("could not read the completions waiting for GM %d (%s); recovering without them", gm_id, exc)
+            return []
+        found = []
+        for body, headers in waiting:
+            msg = gm.lm_reports.believed(body, headers)
+            if msg is not None and msg.completions is not None and msg.completions.gm == gm_id:
+                found.append(msg.completions.to_core())
+        if found:
+            log.info(
+                "GM %d: %d completions waited for it (%d runs): their tasks count as running until those are applied",
+                gm_id,
+                len(found),
+                sum(len(c.items) for c in found),
+            )
+        return found
 
     async def claim(self) -> list[GMRecovery]:
         """Claim this GM identity at every LM with a term above any they have seen for it, which fences the holder
