@@ -87,8 +87,9 @@ def test_an_end_no_lm_announced_is_kept_for_the_gm_to_publish_once() -> None:
 def test_a_forwarded_end_repeated_is_announced_again_at_its_worker_s_time_only_for_the_run_it_ended_with() -> None:
     """An LM killed after telling its GM of an end and before announcing it forwards the end again once rebuilt; the
     GM, which applied it already, keeps it to publish, at the time the worker measured (the same event as the LM's,
-    had the LM announced it). Not for another attempt, another LM, a preempted or lost run, another outcome, or a
-    task that has not ended."""
+    had the LM announced it). Not for another attempt, another run of the attempt (a restarted GM's relaunch ended,
+    and the earlier run's end was forwarded after: found by `megha chaos --faults all-kill`), another LM, a preempted
+    or lost run, another outcome, or a task that has not ended."""
     table = JobTable(0)
     job = _job("j", 3)
     table.job_arrived(job, 0, 0.0)
@@ -98,6 +99,7 @@ def test_a_forwarded_end_repeated_is_announced_again_at_its_worker_s_time_only_f
     state = ((0, 0), (), 0)
     for item in [
         Completion("j.0", state, attempt=2, forwarded=True, finished_at=0.9),  # another attempt's
+        Completion("j.0", state, forwarded=True, finished_at=0.9, run_number=7),  # another run's of the attempt
         Completion("j.0", state, preempted=True, forwarded=True, finished_at=0.9),
         Completion("j.0", state, lost=True, forwarded=True, finished_at=0.9),
         Completion("j.0", state, "exit code 1", forwarded=True, finished_at=0.9),  # not how it ended

@@ -76,6 +76,7 @@ class _Task:
     retries: int = 0
     failed_reason: str | None = None
     attempt: int = 1  # the attempt of the run placed last (TaskSpec.attempt)
+    run_number: int | None = None  # and its run number (None: not known, an end restored from the journal)
     earlier: list[tuple[int, int, int]] | None = None  # (attempt, LM, node) of runs lost or preempted since
     failures_retried: int = 0  # failed runs run again under the job's retry rule
     queueable: bool = False  # TaskSpec.queueable
@@ -185,12 +186,13 @@ class JobTable(CoreObserver):
                 self._advance(p.task.task_id, rec, Event.REFUSED)
             if not self._advance(p.task.task_id, rec, Event.DECIDED):
                 continue
-            rec.launched_at, rec.lm, rec.node, rec.repartitioned, rec.attempt = (
+            rec.launched_at, rec.lm, rec.node, rec.repartitioned, rec.attempt, rec.run_number = (
                 now,
                 p.lm,
                 p.node if p.node >= 0 else None,  # a preemption request leaves the node to the LM
                 p.repartition,
                 p.task.attempt,
+                p.task.run_number,
             )
         for lm, moved in repartitions.items():
             log.info(
@@ -308,11 +310,15 @@ class JobTable(CoreObserver):
             self._ended(task.task_id, rec)
 
     def forwarded_end_repeated(self, lm: int, item: Completion, now: float) -> None:
-        """A rebuilt LM forwarded again the end of the run this task ended with (same attempt, same LM, the same
-        outcome): the LM that placed it may have died after telling this GM and before announcing the end, so it is
-        announced again, at the time its worker measured (the same event as the LM's, if the LM did announce it)."""
+        """A rebuilt LM forwarded again the end of the run this task ended with (same attempt and run number, same
+        LM, the same outcome): the LM that placed it may have died after telling this GM and before announcing the
+        end, so it is announced again, at the time its worker measured (the same event as the LM's, if the LM did
+        announce it). The end of an earlier run of the same attempt (launched again by this GM after a restart, and
+        ended since) is not: announced, it would end the task a second time."""
         rec = self.tasks.get(item.task_id)
         if rec is None or item.preempted or item.lost or rec.attempt != item.attempt or rec.lm != lm:
+            return
+        if rec.run_number is not None and rec.run_number != item.run_number:
             return
         kind = "failed" if item.error else "finished"
         if rec.state != kind or (item.error or None) != rec.failed_reason:
