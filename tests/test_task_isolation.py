@@ -399,7 +399,9 @@ async def test_starts_with_every_uid_taken_wait_in_line_for_one_and_run_when_it_
     async with agent(logs_root, uids=one_uid, uid_wait=30.0) as (executor, logs):
         await started(executor, logs, "holder.0", sh("echo up; sleep 1"), 1)
         with caplog.at_level(logging.WARNING, logger="megha.services.worker.exec_driver"):
-            waiting = [asyncio.ensure_future(run_to_end(executor, f"next-{i}.0", sh("date +%s.%N"))) for i in (1, 2)]
+            waiting = [asyncio.ensure_future(run_to_end(executor, "next-1.0", sh("date +%s.%N")))]
+            await wait_for(lambda: "next-1.0 waits" in caplog.text, 10, lambda: caplog.text)
+            waiting.append(asyncio.ensure_future(run_to_end(executor, "next-2.0", sh("date +%s.%N"))))
             done = await asyncio.wait_for(asyncio.gather(*waiting), 30)
         holder = await executor.wait("holder.0")
     assert holder.succeeded and all(d.succeeded for d in done), (holder, done)

@@ -285,12 +285,23 @@ class ExecDriver(Driver):
             return await self._lease_now()
         self._loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self._uid_wait
-        turn: asyncio.Future[None] = self._loop.create_future()
-        self._uid_line.append(turn)  # in the order the starts came; the first in line looks at once
-        if self._uid_line[0] is turn:
-            turn.set_result(None)
         why = "every task uid was taken by running tasks or by the starts before it"
         warned = False
+        if not self._uid_line:  # nobody waits: starts at once lease at once, in threads of their own
+            try:
+                return await self._lease_now()
+            except OSError as exc:
+                if exc.errno != errno.EAGAIN:
+                    raise
+                why = exc.strerror
+            warned = True
+            log.warning(
+                "task %s waits up to %g s for a task uid (MEGHA_TASK_UID_WAIT): %s", task_id, self._uid_wait, why
+            )
+        turn: asyncio.Future[None] = self._loop.create_future()
+        self._uid_line.append(turn)  # in the order they came; the first in line looks at once
+        if self._uid_line[0] is turn:
+            turn.set_result(None)
         try:
             while True:
                 if turn.done():
@@ -301,7 +312,7 @@ class ExecDriver(Driver):
                         if exc.errno != errno.EAGAIN:
                             raise
                         why = exc.strerror
-                    if not warned:  # once, and only once it found none itself: starts at once wait a moment
+                    if not warned:  # once, and only once it found none itself
                         warned = True
                         log.warning(
                             "task %s waits up to %g s for a task uid (MEGHA_TASK_UID_WAIT): %s",
