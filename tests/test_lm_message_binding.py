@@ -203,6 +203,31 @@ async def test_a_gm_applies_only_what_the_lm_it_names_signed_for_it(caplog: pyte
 
 
 @pytest.mark.asyncio
+async def test_what_a_restarting_gm_reads_in_its_queue_is_judged_as_it_would_be_applied_but_nothing_is_counted() -> (
+    None
+):
+    """A restarting GM reads the completions waiting for it before it recovers (`LMReportGate.believed`): forged,
+    unsigned, misdirected and malformed messages are not believed, as `admitted` would ignore or dead-letter them,
+    but neither counted nor logged then, since each is handled through `admitted` once the GM consumes its queue."""
+    service = gm_service()
+    await service.close()
+    reports = service.lm_reports
+    own = done("j.0", 0, 1)
+    for body, headers in [
+        (own, lm_report_headers(LM0, 0, own)),  # claims LM 1, signed by LM 0
+        (own, {}),  # unsigned
+        (done("j.0", 0, 1, gm=1), lm_report_headers(LM1, 1, done("j.0", 0, 1, gm=1))),  # for GM 1
+        (b"{}", lm_report_headers(LM1, 0, b"{}")),  # signed, no broker message
+        (b"not json at all", {}),
+    ]:
+        assert reports.believed(body, headers) is None
+    assert reports.ignored.count == 0
+    believed = reports.believed(own, lm_report_headers(LM1, 0, own))
+    assert believed is not None and believed.completions is not None
+    assert [i.task_id for i in believed.completions.items] == ["j.0"]
+
+
+@pytest.mark.asyncio
 async def test_a_replayed_signed_end_of_an_earlier_run_is_ignored() -> None:
     """LM 1 signed, for this GM, the end of a task's first run, preempted; the task now runs again there as the
     same attempt, its run 2. A copy of that end published again names run 1: the GM ignores it (it is no forgery,

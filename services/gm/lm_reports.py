@@ -33,18 +33,9 @@ class LMReportGate:
         is applied as the broker's own redelivery would be (deltas are versioned, completions name their run by
         attempt and run number; docs/security.md, "An LM's messages to the GMs"). A signed body that is no broker
         message raises the ValidationError that dead-letters it, as with MEGHA_AUTH=off."""
-        if self.verifier is None:
-            return BrokerMessage.model_validate_json(body)
-        try:
-            signer = lm_report_signer(self.verifier, self.gm, body, headers)
-        except Unauthenticated as exc:
-            msg, _ = BrokerMessage.described(body)
-            self.ignore(lm_of(msg), str(exc), body)
-            return None
-        msg = BrokerMessage.model_validate_json(body)
-        claimed = lm_of(msg)
-        if claimed != signer:
-            self.ignore(claimed, f"it is signed by LM {signer}", body)
+        msg, claimed, why = self._verdict(body, headers)
+        if why:
+            self.ignore(claimed, why, body)
             return None
         return msg
 
@@ -52,17 +43,27 @@ class LMReportGate:
         """What `admitted` would apply, without counting or logging what it would ignore (None for that, and for a
         body that is no broker message): for a look at the messages waiting for this GM, each of which is handled
         through `admitted` afterwards."""
+        try:
+            msg, _, why = self._verdict(body, headers)
+        except ValueError:
+            return None
+        return None if why else msg
+
+    def _verdict(self, body: bytes, headers: Mapping[str, object]) -> tuple[BrokerMessage | None, str, str]:
+        """The message, the LM it says it comes from, and why it is not believed ("" when it is). Raises the
+        ValidationError of a body that is no broker message (signed, or with MEGHA_AUTH=off)."""
         if self.verifier is None:
-            try:
-                return BrokerMessage.model_validate_json(body)
-            except ValueError:
-                return None
+            return BrokerMessage.model_validate_json(body), "", ""
         try:
             signer = lm_report_signer(self.verifier, self.gm, body, headers)
-            msg = BrokerMessage.model_validate_json(body)
-        except (Unauthenticated, ValueError):
-            return None
-        return msg if lm_of(msg) == signer else None
+        except Unauthenticated as exc:
+            msg, _ = BrokerMessage.described(body)
+            return None, lm_of(msg), str(exc)
+        msg = BrokerMessage.model_validate_json(body)
+        claimed = lm_of(msg)
+        if claimed != signer:
+            return None, claimed, f"it is signed by LM {signer}"
+        return msg, claimed, ""
 
     def ignore(self, claimed: str, what: str, body: bytes) -> None:
         """Count a broker message this GM ignores and log it (`IgnoredMessages`: at most a line a minute per
