@@ -1009,23 +1009,30 @@ def calls_to_agents(service: LMService) -> list[str]:
     return sent
 
 
-async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_record() -> None:
-    """A GM's launch batch is sent again when its answer was lost (the client resends calls marked idempotent, and
-    the GM's retry policy tries it again): the LM accepts the repeat from its record of the runs it saw end, and
-    launches nothing twice."""
+@asynccontextmanager
+async def lm_where_a_run_ended() -> AsyncIterator[tuple[httpx.AsyncClient, httpx.Response, list[str]]]:
+    """An LM (agents registered, launches recorded, not sent) that launched j.0 (run 1 of attempt 1) on node 0 and
+    applied its worker's report of its end: its client, the launch's answer, and the launches sent to agents."""
     app = lm_app()
     service = app.state.service
     service.broker = RecordingBroker()
     async with running(app) as c:
         await register_all(c)
         sent = calls_to_agents(service)
-        body = batch(placement(node=0))
-        first = await c.post("/v1/launch", json=body)
+        first = await c.post("/v1/launch", json=batch(placement(node=0)))
         assert first.status_code == 200 and len(first.json()["accepted"]) == 1
         await wait_for(lambda: sent, 5.0)
         report = WorkerReportModel.model_validate({"lm": 0, "finished": [{"task_id": "j.0", "node": 0, "gm": 0}]})
         await service.on_broker_message(BrokerMessage(worker_report=report).model_dump_json().encode())
-        again = await c.post("/v1/launch", json=body)
+        yield c, first, sent
+
+
+async def test_lm_answers_a_launch_batch_repeated_after_its_run_ended_from_its_record() -> None:
+    """A GM's launch batch is sent again when its answer was lost (the client resends calls marked idempotent, and
+    the GM's retry policy tries it again): the LM accepts the repeat from its record of the runs it saw end, and
+    launches nothing twice."""
+    async with lm_where_a_run_ended() as (c, first, sent):
+        again = await c.post("/v1/launch", json=batch(placement(node=0)))
         assert again.status_code == 200 and again.json()["accepted"] == first.json()["accepted"]
         state = (await c.get("/v1/state")).json()
     assert state["launched"] == 1 and state["running"] == 0 and state["free"][0] == [2000, 4096]
@@ -1038,17 +1045,7 @@ async def test_lm_launches_an_attempt_that_ended_here_again_under_a_new_run_numb
     repeat of the same run is not launched again, the same attempt under a new run number is (found by `megha chaos
     --faults all-kill`: with the record keyed by attempt, such a task was accepted, never launched, and never
     ended)."""
-    app = lm_app()
-    service = app.state.service
-    service.broker = RecordingBroker()
-    async with running(app) as c:
-        await register_all(c)
-        sent = calls_to_agents(service)
-        first = await c.post("/v1/launch", json=batch(placement(node=0)))
-        assert first.status_code == 200 and len(first.json()["accepted"]) == 1
-        await wait_for(lambda: sent, 5.0)
-        report = WorkerReportModel.model_validate({"lm": 0, "finished": [{"task_id": "j.0", "node": 0, "gm": 0}]})
-        await service.on_broker_message(BrokerMessage(worker_report=report).model_dump_json().encode())
+    async with lm_where_a_run_ended() as (c, first, sent):
         repeat = await c.post("/v1/launch", json=batch(placement(node=0)))
         again = await c.post("/v1/launch", json=batch(placement(node=1, run_number=2097153), seq=2))
         assert again.status_code == 200 and len(again.json()["accepted"]) == 1, again.text

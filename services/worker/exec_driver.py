@@ -285,19 +285,12 @@ class ExecDriver(Driver):
             return await self._lease_now()
         self._loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self._uid_wait
-        why = "every task uid was taken by running tasks or by the starts before it"
-        warned = False
-        if not self._uid_line:  # nobody waits: starts at once lease at once, in threads of their own
-            try:
-                return await self._lease_now()
-            except OSError as exc:
-                if exc.errno != errno.EAGAIN:
-                    raise
-                why = exc.strerror
-            warned = True
-            log.warning(
-                "task %s waits up to %g s for a task uid (MEGHA_TASK_UID_WAIT): %s", task_id, self._uid_wait, why
-            )
+        # Nobody waits: starts at once lease at once, in threads of their own; a start joins the line only once it
+        # found no uid itself, or when others wait already.
+        got = await self._try_lease(task_id, warn=True) if not self._uid_line else None
+        if isinstance(got, UidLease):
+            return got
+        why, warned = got or "every task uid was taken by running tasks or by the starts before it", got is not None
         turn: asyncio.Future[None] = self._loop.create_future()
         self._uid_line.append(turn)  # in the order they came; the first in line looks at once
         if self._uid_line[0] is turn:
@@ -306,20 +299,10 @@ class ExecDriver(Driver):
             while True:
                 if turn.done():
                     self._uid_free.clear()
-                    try:
-                        return await self._lease_now()
-                    except OSError as exc:
-                        if exc.errno != errno.EAGAIN:
-                            raise
-                        why = exc.strerror
-                    if not warned:  # once, and only once it found none itself
-                        warned = True
-                        log.warning(
-                            "task %s waits up to %g s for a task uid (MEGHA_TASK_UID_WAIT): %s",
-                            task_id,
-                            self._uid_wait,
-                            why,
-                        )
+                    got = await self._try_lease(task_id, warn=not warned)
+                    if isinstance(got, UidLease):
+                        return got
+                    why, warned = got, True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise OSError(errno.EAGAIN, f"{why}; waited {self._uid_wait:g} s for one (MEGHA_TASK_UID_WAIT)")
@@ -332,6 +315,21 @@ class ExecDriver(Driver):
             self._uid_line.remove(turn)
             if self._uid_line and not self._uid_line[0].done():
                 self._uid_line[0].set_result(None)  # the next in line looks at once
+
+    async def _try_lease(self, task_id: str, warn: bool) -> UidLease | str:
+        """A uid for run `task_id`, or why there is none (every uid taken: with `warn`, the start says once that it
+        waits). Raises any other OSError."""
+        try:
+            return await self._lease_now()
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                raise
+            why = exc.strerror or "every task uid is taken"
+        if warn:
+            log.warning(
+                "task %s waits up to %g s for a task uid (MEGHA_TASK_UID_WAIT): %s", task_id, self._uid_wait, why
+            )
+        return why
 
     def _uid_given_back(self) -> None:
         """A run gave its uid back (in any thread): the start first in line for one looks again."""
