@@ -168,6 +168,34 @@ async def test_a_handler_that_says_try_later_gets_the_message_again() -> None:
         assert calls == [b"report"] * 3
 
 
+async def test_the_backlog_counts_the_messages_waiting_and_those_handled_here_until_each_is_settled() -> None:
+    """`Broker.backlog`, which an LM that starts waits to be 0 before it answers GMs' claims: the messages waiting
+    in a queue and those its consumer here is handling or giving back (TryLater), until each is acked."""
+    calls: list[bytes] = []
+    release = asyncio.Event()
+
+    async def slow(body: bytes) -> None:
+        calls.append(body)
+        if len(calls) == 1:
+            raise TryLater("cluster not complete")  # given back after the pause: still in the backlog meanwhile
+        await release.wait()
+
+    async with retrying_broker(lm_key(4)) as broker:
+        for i in range(3):
+            await broker.publish_confirmed("lm", lm_key(4), b"report %d" % i)
+        assert await broker.backlog("lm", lm_key(4)) == 3  # no consumer yet: all three wait
+        await broker.consume("lm", lm_key(4), slow)
+        await wait_for(lambda: len(calls) >= 4, 10, lambda: calls)  # the first given back and handled again
+        assert await broker.backlog("lm", lm_key(4)) == 3  # every one taken, none settled
+        release.set()
+        assert await wait_for(lambda: _settled(broker, lm_key(4)), 10, lambda: broker.backlog("lm", lm_key(4)))
+        assert sorted(calls) == [b"report 0", b"report 0", b"report 1", b"report 2"]
+
+
+async def _settled(broker: Broker, key: str) -> bool:
+    return await broker.backlog("lm", key) == 0
+
+
 async def test_a_malformed_message_is_dead_lettered_at_once() -> None:
     calls: list[bytes] = []
 

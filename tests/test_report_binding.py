@@ -56,6 +56,9 @@ class RecordingBroker:
 
     publish_confirmed = publish  # as the broker's: here every message is confirmed at once
 
+    async def backlog(self, exchange: str, routing_key: str) -> int:
+        return 0  # nothing waits in the LM's queue
+
 
 def report(task_id: str, node: int, lm: int = 0) -> bytes:
     return json.dumps({"worker_report": {"lm": lm, "finished": [{"task_id": task_id, "node": node}]}}).encode()

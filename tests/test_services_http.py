@@ -120,6 +120,9 @@ class RecordingBroker:
 
     publish_confirmed = publish  # as the broker's: here every message is confirmed at once
 
+    async def backlog(self, exchange: str, routing_key: str) -> int:
+        return 0  # nothing waits in the LM's queue
+
 
 @asynccontextmanager
 async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
@@ -773,7 +776,8 @@ async def test_lm_registration_is_idempotent_and_bounded(
 async def test_lm_forwards_the_report_of_a_run_it_did_not_place_without_publishing_its_end() -> None:
     """A report of a run this LM does not know (placed by an earlier incarnation, or reported lost after a launch
     call timed out) goes to the run's GM, which checks the attempt and publishes the end; the LM publishes no
-    task event for it, and the handler does not fail."""
+    task event for it, and the handler does not fail. It remembers the run as ended for that GM: a GM that claims
+    it before the forwarded end reaches it learns so that the run ended (a repeated report is remembered once)."""
     broker = RecordingBroker()
     service = LMService(LMSettings(expected_nodes=1, num_gms=2), broker)  # type: ignore[arg-type]
     await service.register(WorkerRegistration.model_validate(registration("w0", 1)))
@@ -786,6 +790,11 @@ async def test_lm_forwards_the_report_of_a_run_it_did_not_place_without_publishi
         ("gone.0", True, 2)
     ]
     assert not [body for exchange, _, body in broker.published if exchange == "events"]
+    await service.on_broker_message(json.dumps({"worker_report": report}).encode())
+    await wait_for(service.backlog_read.is_set, 5, "the LM's backlog")
+    ended = service.recovery_state(1)["ended"]
+    assert [(r["task_id"], r["attempt"], r["node"]) for r in ended] == [("gone.0", 2, 0)]  # type: ignore[attr-defined,index]
+    assert service.recovery_state(0)["ended"] == []
     await service.close()
 
 

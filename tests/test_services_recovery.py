@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import httpx
 
@@ -88,12 +89,12 @@ def test_a_gm_killed_with_tasks_queued_and_restarted_recovers_its_jobs_from_its_
     def kill_gm_with_a_queue_then_restart() -> None:
         url = deployment.gm_urls[0]
 
-        def backlog() -> int:
+        def with_a_queue() -> dict[str, object] | None:
             state = service_state(url)
-            return int(state.get("queued", 0)) + int(state.get("waiting", 0))  # type: ignore[call-overload]
+            queued = int(state.get("queued", 0)) + int(state.get("waiting", 0))  # type: ignore[call-overload]
+            return state if queued > 0 and int(state.get("running", 0)) > 0 else None  # type: ignore[call-overload]
 
-        wait_until(lambda: backlog() > 0 and service_state(url).get("running", 0) > 0, 60, lambda: service_state(url))  # type: ignore[operator]
-        seen["before"] = service_state(url)
+        seen["before"] = wait_until(with_a_queue, 60, lambda: service_state(url))  # the state the kill met
         deployment.kill("gm-0")
         time.sleep(3)  # the outage (the fault, not a wait)
         deployment.restart("gm-0")
@@ -114,21 +115,33 @@ def test_a_gm_killed_with_tasks_queued_and_restarted_recovers_its_jobs_from_its_
         assert state["idle"] and state["free"] == state["capacity"]
 
 
+def one_gm_lm_and_agent(tmp_path: Path) -> LocalDeployment:
+    """One GM, one LM and one agent of one node, agents heard every 0.5 s and lost after 5 s."""
+    return LocalDeployment(
+        gms=1, lms=1, workers_per_lm=1, log_dir=tmp_path / "logs", heartbeat_interval=0.5, worker_timeout=5.0
+    )
+
+
+def a_running_task(deployment: LocalDeployment, duration: float) -> str:
+    """Submit one task of `duration` seconds to GM 0 and wait until it runs; its job's URL."""
+    api.use(deployment)
+    gm = deployment.gm_urls[0]
+    r = api.post(f"{gm}/v1/jobs", json={"tasks": [{"duration": duration, "cpu_millicores": 100, "memory_mb": 16}]})
+    assert r.status_code == 201, r.text
+    url = f"{gm}/v1/jobs/{r.json()['job_id']}"
+    wait_until(lambda: api.get(url, timeout=5).json()["state"] == "running", 30, lambda: api.get(url).json())
+    return url
+
+
 def test_a_gm_restarted_after_its_lm_counts_the_completion_that_waited_for_it_and_runs_nothing_twice(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A run ends while its GM is down: its completion waits in the GM's queue. Its LM then restarts, and so knows
     the run no more. The GM, restarted after it, reads the completions that waited for it before it plans its
     recovery: the task counts as running, the completion ends it, and nothing is launched again (before, the GM
     launched the task again, which then ran and ended twice: found by `megha chaos --faults all-kill`)."""
-    deployment = LocalDeployment(
-        gms=1, lms=1, workers_per_lm=1, log_dir=tmp_path / "logs", heartbeat_interval=0.5, worker_timeout=5.0
-    )
+    deployment = one_gm_lm_and_agent(tmp_path)
     with deployment:
-        api.use(deployment)
         gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
-        r = api.post(f"{gm}/v1/jobs", json={"tasks": [{"duration": 2.0, "cpu_millicores": 100, "memory_mb": 16}]})
-        assert r.status_code == 201, r.text
-        url = f"{gm}/v1/jobs/{r.json()['job_id']}"
-        wait_until(lambda: api.get(url, timeout=5).json()["state"] == "running", 30, lambda: api.get(url).json())
+        url = a_running_task(deployment, 2.0)
         deployment.kill("gm-0")
         wait_until(lambda: service_state(lm).get("running") == 0, 30, lambda: service_state(lm))  # its run ended
         deployment.kill("lm-0")
@@ -142,6 +155,29 @@ def test_a_gm_restarted_after_its_lm_counts_the_completion_that_waited_for_it_an
     assert launched == 0, gm_log  # the restarted LM launched nothing: the task ran once
     assert [t["state"] for t in job["tasks"]] == ["finished"]
     assert "1 completions waited for it (1 runs)" in gm_log
+
+
+def test_a_run_that_ended_while_its_lm_and_gm_were_down_is_not_run_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A run ends while its LM and its GM are both down: its agent's report waits in the LM's queue. The GM starts
+    again first and claims the LM as soon as the LM is ready; the LM reads the reports that waited for it before it
+    answers, so the GM learns that the run ended and launches nothing again (before, the claim found the run
+    neither running nor ended here, and the GM launched it again: it ran twice)."""
+    deployment = one_gm_lm_and_agent(tmp_path)
+    with deployment:
+        gm, lm = deployment.gm_urls[0], deployment.lm_urls[0]
+        url = a_running_task(deployment, 1.5)
+        deployment.kill("gm-0")
+        deployment.kill("lm-0")
+        time.sleep(3)  # the outage (the fault, not a wait): the run ends meanwhile, its report waits for the LM
+        deployment.restart("gm-0")  # it waits for its LM (MEGHA_LM_TIMEOUT), then claims it at once
+        deployment.restart("lm-0")
+        wait_until(lambda: "gm" in service_state(gm), 60, lambda: service_state(gm))
+        job = wait_until(lambda: (s := api.get(url, timeout=5).json())["state"] == "finished" and s, 30, lambda: url)
+        time.sleep(2)  # a launch of the task again would have reached the LM by now
+        launched = service_state(lm)["launched"]
+        logs = "".join(p.log.read_text() for p in deployment.processes)
+    assert launched == 0, logs  # the restarted LM launched nothing: the task ran once
+    assert [t["state"] for t in job["tasks"]] == ["finished"]
 
 
 def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:

@@ -30,6 +30,9 @@ class _Broker:
 
     publish_confirmed = publish  # as the broker's: here every message is confirmed at once
 
+    async def backlog(self, exchange: str, routing_key: str) -> int:
+        return 0  # nothing waits in the LM's queue
+
 
 def _registration() -> dict[str, Any]:
     node = {"capacity": {"cpu_millicores": 4000, "memory_mb": 8192}, "constraints": []}

@@ -375,6 +375,12 @@ class LocalMaster:
                     # or a repeat. Its GM, which knows the run, decides (a repeat or a stale copy is ignored).
                     n = item.node
                     state = self.nodes.state(n)
+                    run = (item.task_id, item.attempt, item.run_number)
+                    if ended is not None and not (item.preempted or item.lost) and run not in ended:
+                        # Remembered too, so a GM that claims this LM before the forwarded end reaches it learns
+                        # that the run ended (and does not launch it again).
+                        end = EndedRun(item.task_id, item.attempt, n, item.error, item.exit_code, item.run_number)
+                        ended.add(item.gm, end)
                     forwarded = Completion(
                         item.task_id,
                         state,

@@ -308,6 +308,7 @@ class Broker:
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._declared: dict[str, aio_pika.abc.AbstractQueue] = {}
         self._consumers: dict[str, str] = {}  # queue name -> consumer tag
+        self._handling: dict[str, int] = {}  # queue name -> its messages taken by a consumer and not yet settled
         # (exchange, routing key, body, headers, the future `publish_confirmed` awaits or None)
         self._outbox: deque[tuple[str, str, bytes, Headers | None, asyncio.Future[None] | None]] = deque()
         self._outbox_size = 0
@@ -541,6 +542,13 @@ class Broker:
         name = q.name
 
         async def on_message(message: AbstractIncomingMessage) -> None:
+            self._handling[name] = self._handling.get(name, 0) + 1  # until acked or given back (`backlog`)
+            try:
+                await handle(message)
+            finally:
+                self._handling[name] -= 1
+
+        async def handle(message: AbstractIncomingMessage) -> None:
             try:
                 # Shielded: aiormq cancels its consumer callbacks when their channel closes (the broker went
                 # away), and a handler cut off between changing state and publishing what follows from it would
@@ -592,6 +600,13 @@ class Broker:
         await self.publish("dead", "", message.body)
         with contextlib.suppress(Exception):
             await message.ack()
+
+    async def backlog(self, exchange: str, routing_key: str) -> int:
+        """The messages of the queue of `routing_key` on `exchange` not yet settled: those waiting in it and those a
+        consumer here took and is handling or giving back (0: every message that had waited was handled)."""
+        q = await self._declare(exchange, routing_key)
+        ok = await q.declare(timeout=PUBLISH_TIMEOUT)
+        return (ok.message_count or 0) + self._handling.get(q.name, 0)
 
     async def peek(self, exchange: str, routing_key: str) -> list[tuple[bytes, Headers]]:
         """The messages waiting in the queue of `routing_key` on `exchange` (at most PEEK_LIMIT of them, PEEK_BYTES

@@ -5,6 +5,8 @@ way from its copy of the journal (services/gm/standin.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import time
 from dataclasses import replace
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
     from megha.services.gm.service import GMService
 
 log = logging.getLogger("megha.gm")
+
+CLAIM_PAUSE = 0.2
+"""Seconds between two calls to an LM that answered 503 while this GM recovers."""
 
 
 class Restart:
@@ -272,11 +277,20 @@ class Restart:
     async def _lm_call(
         self, lm: int, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = ()
     ) -> Reply:
+        """One call to LM `lm` while recovering; a 503 (the LM applies the reports that waited for it while it was
+        down, `BACKLOG_WAIT` there) is asked again every CLAIM_PAUSE s for up to MEGHA_LM_TIMEOUT."""
         url = f"{self.gm.settings.lm_urls[lm]}{path}"
-        try:
-            r = await self.gm.calls.request(method, url, body, idempotent=method == "GET")
-        except CallError as exc:
-            raise StartupError(f"LM {lm} unreachable at {url}: {exc}") from None
+        deadline = time.monotonic() + self.gm.settings.lm_timeout
+        for attempt in itertools.count():
+            try:
+                r = await self.gm.calls.request(method, url, body, idempotent=method == "GET")
+            except CallError as exc:
+                raise StartupError(f"LM {lm} unreachable at {url}: {exc}") from None
+            if r.status != 503 or time.monotonic() >= deadline:
+                break
+            if attempt == 0:
+                log.info("LM %d is not ready to answer %s %s: %s; asking again", lm, method, path, r.text[:200])
+            await asyncio.sleep(CLAIM_PAUSE)
         if r.status != 200 and r.status not in ok:
             raise StartupError(f"LM {lm} answered {r.status} at {url}: {r.text[:300]}")
         return r

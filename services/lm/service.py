@@ -47,7 +47,7 @@ from megha.common.models import (
     WorkerReportModel,
 )
 from megha.common.settings import LMSettings
-from megha.common.transport.rabbit import Broker, TryLater
+from megha.common.transport.rabbit import Broker, TryLater, lm_key
 from megha.services.client import Reply, ServiceClient
 from megha.services.lm.dispatch import LMDispatch, batch_ids
 from megha.services.lm.liveness import AgentWatch
@@ -61,6 +61,15 @@ log = logging.getLogger("megha.lm")
 HELD_SETTLE = 3.0
 """Seconds a rebuilt LM waits, beyond one delta interval, before it tells GMs which runs it holds: reports that
 waited in its queue while it was down come back within a second or two of its being ready."""
+
+
+BACKLOG_WAIT = 10.0
+"""Seconds at most a started LM answers GMs' claims with 503 while the reports that waited in its queue are applied
+(a run that ended while it was down is then known to it as ended, not launched again by a GM that claims it);
+after that it answers with what it has (the broker may be down, or its queue never empty)."""
+
+BACKLOG_POLL = 0.05
+"""Seconds between two looks at the LM's queue while its backlog is applied."""
 
 
 ENDED_KEPT = 200_000
@@ -90,6 +99,7 @@ class LMService:
         self.watch = AgentWatch(self)
         self.failed_launches = 0
         self.terms = GMTerms(settings.num_gms)  # who holds each GM identity: older holders are fenced
+        self.backlog_read = asyncio.Event()  # the reports that waited for this LM were applied (`_read_backlog`)
 
     @property
     def broker(self) -> Broker | None:
@@ -158,8 +168,38 @@ class LMService:
         )
         self.members.adopting = []
         self.dispatch.send(self.core.start(time.time()))
-        if self.broker is not None and self.members.rebuilt:
-            self.dispatch.spawn(self._announce_rebuilt())
+        if self.broker is None:
+            self.backlog_read.set()
+        else:
+            self.dispatch.spawn(self._read_backlog())
+            if self.members.rebuilt:
+                self.dispatch.spawn(self._announce_rebuilt())
+
+    async def _read_backlog(self) -> None:
+        """Wait until no report waits in this LM's queue or is being applied (for at most BACKLOG_WAIT): the reports
+        that came while the LM was down, given back until its cluster was complete. Until then a GM's claim gets
+        503 and asks again, so that a run that ended meanwhile, unknown to this incarnation, is in the ended runs
+        the claim answers with, and its GM does not launch it again."""
+        assert self.broker is not None
+        deadline = time.monotonic() + BACKLOG_WAIT
+        waiting: int | str = "?"
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    waiting = await self.broker.backlog("lm", lm_key(self.settings.lm_id))
+                except Exception as exc:  # the broker is away: look again until the deadline
+                    waiting = f"? ({type(exc).__name__})"
+                if waiting == 0:
+                    return
+                await asyncio.sleep(BACKLOG_POLL)
+            log.warning(
+                "%s reports still wait for LM %d %g s after its cluster was complete; GMs' claims are answered now",
+                waiting,
+                self.settings.lm_id,
+                BACKLOG_WAIT,
+            )
+        finally:
+            self.backlog_read.set()
 
     async def _announce_rebuilt(self) -> None:
         """Tell every GM this LM was rebuilt, once the reports that waited for it had time to be applied; each GM
@@ -357,9 +397,10 @@ class LMService:
     def recovery_state(self, gm: int) -> dict[str, object]:
         """What GM `gm` needs when it (re)starts: every node's state, its runs here, and its runs that ended
         here recently (the `GMRecovery` body)."""
-        report = lm_report(
-            self.ready_core(), gm
-        )  # runs being preempted count as held: their worker's report is to come
+        core = self.ready_core()
+        if not self.backlog_read.is_set():
+            raise NotReady("the reports that waited for this LM are being applied")
+        report = lm_report(core, gm)  # runs being preempted count as held: their worker's report is to come
         return {
             "lm": self.settings.lm_id,
             "incarnation": self.incarnation,
