@@ -117,10 +117,34 @@ def configure_logging(level: str, name: str, log_format: LogFormat | None = None
     # repeat that every second, aiormq's as errors.
     logging.getLogger("aio_pika").setLevel(logging.WARNING)
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+    connection = logging.getLogger("aiormq.connection")  # but for the broker blocking this connection's publishes
+    connection.setLevel(logging.WARNING)
+    if not any(isinstance(f, _PublishesBlocked) for f in connection.filters):
+        connection.addFilter(_PublishesBlocked())
     tools = logging.getLogger("aio_pika.tools")
     if not any(isinstance(f, _ClosedChannelNoise) for f in tools.filters):
         tools.addFilter(_ClosedChannelNoise())
     return logging.getLogger(name)
+
+
+class _PublishesBlocked(logging.Filter):
+    """Keeps, of aiormq's connection lines, only RabbitMQ's blocking of the connection (a resource alarm: its disk or
+    memory is short, and it takes no message from any publisher until the alarm clears) and its unblocking, in the
+    words of an operator; without them a disk alarm shows only as publishes that time out. Drops the others, as
+    aiormq's other loggers are (the services say themselves when the broker is away and when it is back)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Connection %r was blocked by: %r":
+            record.msg = (
+                "RabbitMQ blocked this connection's publishes: %s (a resource alarm: the broker is short of disk or "
+                "memory; messages wait in this service's outbox until it clears)"
+            )
+            record.args = (record.args[1],) if isinstance(record.args, tuple) and len(record.args) == 2 else ("?",)
+            return True
+        if record.msg == "Connection %r was unblocked":
+            record.msg, record.args = "RabbitMQ unblocked this connection's publishes", ()
+            return True
+        return False
 
 
 class _ClosedChannelNoise(logging.Filter):

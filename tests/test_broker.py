@@ -21,6 +21,7 @@ from megha.common.settings import LMSettings, WorkerSettings
 from megha.common.transport.rabbit import AMQP_HEARTBEAT, Broker, TryLater, gm_key, lm_key, with_heartbeat
 from megha.deploy.broker_node import broker_node
 from megha.services.lm.service import LMService
+from megha.services.logs import configure_logging
 from megha.services.worker.agent import WorkerAgent
 
 from servicekit import AMQP, needs_rabbitmq, wait_for
@@ -281,6 +282,35 @@ async def test_publishes_during_a_broker_outage_are_held_and_delivered_once_it_i
         finally:
             await publisher.close(flush_timeout=1)
             await consumer.close(flush_timeout=1)
+
+
+async def test_a_broker_short_of_disk_is_logged_as_blocking_publishes_and_the_end_of_it_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A resource alarm on a private RabbitMQ node (its free-disk limit raised above what the disk has): the
+    services' log says that the broker blocks the connection's publishes and why, and when it unblocks them, in a
+    line of their own (aiormq's other lines stay out); what was published meanwhile is delivered after."""
+    configure_logging("INFO", "test")  # the services' logging set-up: its filter of aiormq's lines
+    caplog.set_level(logging.INFO)
+    with broker_node() as node:
+        publisher = Broker(node.url, "alarm")
+        await publisher.connect()
+        try:
+            await asyncio.to_thread(node.ctl, "set_disk_free_limit", "1000000GB", timeout=30)
+            await publisher.publish("gm", gm_key(0), b"1")  # the broker blocks the connection when it publishes
+
+            def lines() -> list[str]:
+                return [r.getMessage() for r in caplog.records if r.name.startswith("aiormq")]
+
+            await wait_for(lambda: any("blocked this connection's publishes" in x for x in lines()), 30, lines)
+            assert "low on disk" in lines()[0] and "resource alarm" in lines()[0]
+            assert not await publisher.flush(1)  # nothing is taken while it lasts
+            await asyncio.to_thread(node.ctl, "set_disk_free_limit", "1MB", timeout=30)
+            await wait_for(lambda: "RabbitMQ unblocked this connection's publishes" in lines(), 30, lines)
+            assert await publisher.flush(20)
+            assert len(lines()) == 2, lines()
+        finally:
+            await publisher.close(flush_timeout=1)
 
 
 class BlackHole:
