@@ -94,7 +94,7 @@ def test_each_task_of_an_array_sees_its_index(gms: list[str]) -> None:
 @needs_rabbitmq
 def test_a_child_at_gm_1_waits_for_its_parent_at_gm_0_then_runs(gms: list[str]) -> None:
     gm0, gm1 = gms
-    parent = alice.accepted(gm0, {"job_id": "parent", "tasks": [exec_task("sleep 2")]})
+    parent = alice.accepted(gm0, {"job_id": "parent", "tasks": [exec_task("sleep 6")]})  # waits through a loaded CI
     child = alice.accepted(gm1, {"job_id": "child", "depends_on": ["parent"], "tasks": [exec_task("true")]})
     waiting = alice.status(gm1, child)
     assert waiting["state"] == "waiting" and waiting["depends_on"] == [parent], waiting
