@@ -141,6 +141,8 @@ class EventRecorder(Records):
         self.failures_retried = 0  # failed runs their job's retry rule runs again (not ends)
         self._rules: dict[str, RetryRule] = {}  # the retry rules of the jobs that have one
         self._failures: dict[str, int] = {}  # task id -> its failed runs retried so far
+        # Row -> the (attempt, run number) of the run last seen starting, when not (1, 1): a later run's start ends it.
+        self._runs: dict[int, tuple[int, int]] = {}
 
     def expect(self, gm: int, job: JobSpec) -> None:
         super().expect(gm, job)
@@ -165,6 +167,17 @@ class EventRecorder(Records):
         if event in _NEWS_OF_AN_UNSEEN_RUN and self.states[row] == State.QUEUED:
             return False
         return super()._advance(row, task_id, event)
+
+    def _later_run(self, row: int, event: TaskEvent) -> bool:
+        """A run starts while the task runs here. A later run (attempt, then run number) than the one seen starting:
+        that one ended unseen, its end lost with every service that could have told it (its worker, LM and GM killed
+        together: its GM ran the task again), and is taken as lost. The same run again is counted illegal, as
+        before; an earlier one is news of a run that is over (False)."""
+        run, running = (event.attempt, event.run_number), self._runs.get(row, (1, 1))
+        if run > running:
+            self._advance(row, event.task_id, Event.LOST)
+            self.tasks.columns["retries"][row] += 1
+        return run >= running
 
     def accept(self, job: JobSpec) -> None:
         """A GM accepted the job: its tasks not yet ended (their ends may come before the answer) are awaited."""
@@ -213,9 +226,13 @@ class EventRecorder(Records):
                 c["finished_at"][row] = at
                 c["failed_reason"][row] = f"{event.kind}: {event.error}"
         else:
+            if kind is Event.STARTED and self.states[row] == State.RUNNING and not self._later_run(row, event):
+                return False  # the start of an earlier run, after a later one's: that run is over
             self._advance(row, event.task_id, kind)
             if kind is Event.STARTED:  # also when it arrives after its run's end: the start happened
                 c["started_at"][row] = c["worker_received_at"][row] = at
+                if (event.attempt, event.run_number) != (1, 1):
+                    self._runs[row] = (event.attempt, event.run_number)
             elif kind is Event.LOST:
                 c["retries"][row] += 1
             elif kind is Event.RETRIED:

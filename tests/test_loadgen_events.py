@@ -19,8 +19,20 @@ def _recorder() -> EventRecorder:
     return recorder
 
 
-def _event(kind: str, task_id: str = "j.0", error: str = "", at: float = 0.0, attempt: int = 1) -> TaskEvent:
-    return TaskEvent(kind=kind, task_id=task_id, job_id="j", lm=0, node=0, at=at, error=error, attempt=attempt)  # type: ignore[arg-type]
+def _event(
+    kind: str, task_id: str = "j.0", error: str = "", at: float = 0.0, attempt: int = 1, run_number: int = 1
+) -> TaskEvent:
+    return TaskEvent(
+        kind=kind,  # type: ignore[arg-type]
+        task_id=task_id,
+        job_id="j",
+        lm=0,
+        node=0,
+        at=at,
+        error=error,
+        attempt=attempt,
+        run_number=run_number,
+    )
 
 
 def test_a_preempted_task_is_not_ended_and_completes_once_when_it_runs_again() -> None:
@@ -50,6 +62,27 @@ def test_a_run_lost_before_its_start_came_is_no_illegal_event() -> None:
     assert recorder.record(_event("finished", "j.1", at=1.0), 1.0) is True
     assert recorder.record(_event("lost", "j.1", at=2.0), 2.0) is False  # news of a run after the end: no-op
     assert recorder.illegal == 0
+
+
+def test_a_later_run_that_starts_ends_the_run_seen_running_as_lost_not_as_an_illegal_event() -> None:
+    """A run whose worker, LM and GM were killed together ends unseen (no service is left to report it lost); its
+    restarted GM runs the task again under a new run number (`megha chaos --faults all-kill`: `STARTED is not
+    allowed in state RUNNING`). That start ends the run seen running, as lost; the start of an earlier run after a
+    later one's is news of a run that is over; the same run started twice is still counted illegal."""
+    recorder = _recorder()
+    assert recorder.record(_event("started", at=1.0), 1.0) is False
+    assert recorder.record(_event("started", at=8.0, run_number=1001), 8.0) is False
+    row = recorder.tasks.number["j.0"]
+    assert recorder.illegal == 0 and recorder.states[row] == State.RUNNING and recorder.tasks["j.0"].retries == 1
+    assert recorder.record(_event("started", at=9.0, attempt=2, run_number=1), 9.0) is False  # a later attempt
+    assert recorder.illegal == 0 and recorder.tasks["j.0"].retries == 2
+    assert recorder.record(_event("started", at=2.0, run_number=1001), 2.0) is False  # an earlier run's, late
+    assert recorder.illegal == 0 and recorder.tasks["j.0"].started_at == 9.0
+    assert recorder.record(_event("finished", at=19.0, attempt=2), 19.0) is True
+    assert recorder.tasks["j.0"].completions == 1
+    assert recorder.record(_event("started", "j.1", at=1.0), 1.0) is False
+    assert recorder.record(_event("started", "j.1", at=2.0), 2.0) is False  # the same run again: illegal
+    assert recorder.illegal == 1
 
 
 def test_a_failed_task_keeps_the_first_reason_and_its_job_never_finishes() -> None:

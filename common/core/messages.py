@@ -300,6 +300,7 @@ class RunEvent:
     error: str = ""  # why it failed ("" otherwise)
     attempt: int = 1
     exit_code: int | None = None  # a failed run's exit code, as in FinishedTask: its job's retry rule may run it again
+    run_number: int = 1  # which launch of the attempt (TaskSpec.run_number): a later run's start ends an earlier one
 
 
 @dataclass(slots=True)

@@ -208,6 +208,7 @@ class LMDispatch:
                         error=c.error,
                         attempt=p.task.attempt,
                         exit_code=c.exit_code,
+                        run_number=p.task.run_number,
                     )
                 )
         if events:

@@ -437,7 +437,11 @@ class WorkerAgent:
         every task start would cost a few microseconds each on the path of allocation time). How a run ended is
         published by the LM, which checks the report against the run it placed."""
         task = p.task
-        self._events.append(RunEvent("started", task.task_id, task.job_id, p.lm, p.node, at, attempt=task.attempt))
+        self._events.append(
+            RunEvent(
+                "started", task.task_id, task.job_id, p.lm, p.node, at, attempt=task.attempt, run_number=task.run_number
+            )
+        )
         self._flush_soon()
 
     def _flush_soon(self) -> None:
