@@ -94,6 +94,15 @@ the lowest p99 JRT delay of every policy on all seven workloads measured (docs/l
 paper's round-robin order and random choice; so do the GM service's `MEGHA_LM_ORDER` and `MEGHA_MATCHING`."""
 
 
+class NamedPath(click.Path):
+    """A path option that names something: an empty value is refused (as a Path it would be the current folder)."""
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if value == "":
+            self.fail("is empty: name a folder", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def _verbatim(text: str) -> str:
     """`text` shown as written in --help (click rewraps paragraphs not marked with \\b)."""
     return "\n\n".join(f"\b\n{paragraph}" for paragraph in text.strip("\n").split("\n\n"))
@@ -150,7 +159,7 @@ def _output(folder: Path, files: str) -> Decorator:
     return options(
         option(
             "--out",
-            type=click.Path(path_type=Path),
+            type=NamedPath(path_type=Path),
             default=None,
             group=OUTPUT,
             help=f"folder for {files} (default: a new folder {folder}/<date>-<time>); one that already holds a "

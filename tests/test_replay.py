@@ -147,6 +147,8 @@ def test_cli_truncate_durations_runs_each_task_for_its_whole_seconds_and_a_task_
         (["--hop-delay", "-1"], "--hop-delay: must be >= 0"),
         (["--matching", "best"], "--matching: invalid choice"),
         (["--mode", "big"], "--mode: invalid choice"),
+        (["--retry", "1100:0"], "max_attempts is 1..100"),  # 2.0 ** 1100 overflowed mid-run
+        (["--out", ""], "--out: is empty: name a folder"),  # it wrote the report into the current folder
     ],
 )
 def test_cli_rejects_bad_options_naming_them(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,9 @@ from megha.common.core.task import JobSpec, TaskSpec
 MAX_BACKOFF_S = 3600.0
 """The longest wait before a retry, jitter aside: the doubling stops there."""
 
+MAX_ATTEMPTS = 100
+"""The most runs of a task a retry rule may let fail (the REST model's bound, and `megha replay --retry`'s)."""
+
 JITTER = (0.5, 1.5)
 """The backoff is multiplied by a factor drawn uniformly from [0.5, 1.5) (the GM's seeded rng)."""
 
@@ -47,7 +50,7 @@ class RetryRule:
 
     def backoff(self, retry: int, jitter: float) -> float:
         """Seconds to wait before retry number `retry` (1 for the first), given a jitter factor in [0.5, 1.5)."""
-        return min(self.backoff_s * 2.0 ** (retry - 1), MAX_BACKOFF_S) * jitter
+        return min(self.backoff_s * 2.0 ** min(retry - 1, 1000), MAX_BACKOFF_S) * jitter  # 2.0 ** 1024 overflows
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +202,8 @@ def parse_rule(text: str) -> RetryRule:
         raise ValueError(f"retry rule {text!r}: exit codes are 1..255")
     if not 0 <= backoff <= MAX_BACKOFF_S:
         raise ValueError(f"retry rule {text!r}: backoff_s is 0..{MAX_BACKOFF_S:g}")
+    if not 1 <= attempts <= MAX_ATTEMPTS:
+        raise ValueError(f"retry rule {text!r}: max_attempts is 1..{MAX_ATTEMPTS}")
     return RetryRule(attempts, backoff, codes)
 
 

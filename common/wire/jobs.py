@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, ValidationError, model_validator
 
 from megha.common.core.resources import CPU, MEMORY, Resources
-from megha.common.core.retry import MAX_BACKOFF_S
+from megha.common.core.retry import MAX_ATTEMPTS, MAX_BACKOFF_S
 from megha.common.core.retry import RetryRule as CoreRetryRule
 from megha.common.core.task import JobSpec, RunSpec, TaskSpec
 from megha.common.wire.fields import (
@@ -148,7 +148,7 @@ class RetryRule(WireModel):
     Only exec and container tasks have exit codes: a signal n reports 128 + n, a memory-limit kill 137; a burn task,
     a run over its duration limit and one that could not start have none and are never retried."""
 
-    max_attempts: Annotated[int, Field(ge=1, le=100)]
+    max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)]
     backoff_s: Annotated[float, Field(ge=0, le=MAX_BACKOFF_S, allow_inf_nan=False)] = 1.0
     on_exit_codes: Annotated[list[ExitCode], Field(max_length=255)] = []
 
