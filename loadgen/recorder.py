@@ -250,13 +250,26 @@ class Recorder(Records, CoreObserver):
             self.failed_count += 1
 
     def task_retry_scheduled(self, task: TaskSpec, reason: str, at: float, now: float) -> None:
-        """A failed run its job's retry rule runs again: not an end; the run's work is lost."""
+        """A failed run its job's retry rule runs again: not an end; the run's work is lost. A gang member whose
+        run its worker stopped already (for this retry of its gang: `preempted` came first) is queued already."""
         row = self.tasks.number[task.task_id]
         if self.states[row] == State.COMPLETED:
             self._unfinish(row)  # a gang member's finished run: the gang runs again whole
         self.failures_retried += 1
+        if self.states[row] == State.QUEUED:
+            return
         self._lose_run(row, now, math.inf)
         self._advance(row, task.task_id, Event.RETRIED)
+
+    def task_preempted(self, task: TaskSpec, now: float) -> None:
+        """Its GM stopped the task's run and queues it again. The worker's `preempted` tells this of a run it stopped;
+        what it cannot tell is a gang member that finished and was held under its job's retry rule, run again with
+        the rest of its gang (stopped for a lost or preempted member): its finish is thrown away here."""
+        row = self.tasks.number[task.task_id]
+        if self.states[row] == State.COMPLETED:
+            self._unfinish(row)
+            self._lose_run(row, now, math.inf)
+            self._advance(row, task.task_id, Event.PREEMPTED)
 
     def task_lost(self, task: TaskSpec, reason: str, now: float) -> None:
         """Its worker crashed: the work the run had done is thrown away (its CPU request for as long as it ran,
