@@ -18,7 +18,7 @@ from megha.common.core.node_table import DELTA_STATES
 from megha.common.core.policies import ANSWER_STATES
 from megha.common.core.policies.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses, parse_priority_classes
 from megha.common.core.queueable import mark_queueable
-from megha.common.core.resources import DEFAULT_RESOURCE_NAMES
+from megha.common.core.resources import DEFAULT_RESOURCE_NAMES, Resources
 from megha.common.core.retry import parse_rule
 from megha.common.core.task import JobSpec
 from megha.common.limits import MIN_INTERVAL
@@ -160,11 +160,22 @@ def read_jobs(config: ReplayConfig) -> list[TraceJob]:
     )
 
 
+def slot_of(config: ReplayConfig, cluster: ClusterSpec | None) -> Resources:
+    """What a task requests in slot mode, where it holds a whole node: the one size of `cluster`'s nodes when they
+    all have one (a cluster file in Megha's format carries its own), else --node-cpu and --node-mem (the size of a
+    generated or reference-format cluster's nodes; with nodes of several sizes, tasks hold that much of them)."""
+    if cluster is None:
+        return config.node_capacity
+    sizes = {capacity for row in cluster.partitions for p in row for capacity in p.capacities}
+    return next(iter(sizes)) if len(sizes) == 1 else config.node_capacity
+
+
 def trace_workload(
-    config: ReplayConfig, trace_jobs: Sequence[TraceJob], entry_points: int
+    config: ReplayConfig, trace_jobs: Sequence[TraceJob], entry_points: int, cluster: ClusterSpec | None = None
 ) -> list[tuple[int, JobSpec]]:
     """The jobs of `trace_jobs` as `config` draws them (requests, constraints, users, queues) for a system of
-    `entry_points` GMs, before a replay's other marks (dependencies, retries, classes, gangs, queueable)."""
+    `entry_points` GMs on `cluster` (its node size is a slot, `slot_of`), before a replay's other marks
+    (dependencies, retries, classes, gangs, queueable)."""
     fairness = config.fairness()
     return build_workload(
         trace_jobs,
@@ -172,7 +183,7 @@ def trace_workload(
             config.mode,
             config.seed,
             entry_points,
-            config.node_capacity,
+            slot_of(config, cluster),
             config.users,
             cpu_scale=config.cpu_scale,
             mem_scale=config.mem_scale,
@@ -284,7 +295,7 @@ def replay(config: ReplayConfig, progress: Progress | None = None) -> ReplayResu
         recorder,
         pigeonc,
     )
-    workload = trace_workload(config, trace_jobs, system.entry_points)
+    workload = trace_workload(config, trace_jobs, system.entry_points, cluster)
     if chains is not None:
         workload = with_dependencies(workload, chains, config.seed)
     if rule is not None:

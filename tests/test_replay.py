@@ -295,3 +295,33 @@ def test_gangs_with_a_retry_rule_end_each_task_once_with_no_illegal_event(
         r"tasks: 9  completed: (\d+)  failed: (\d+)  not completed exactly once: 0  illegal transitions: 0", out
     )
     assert found and int(found[1]) + int(found[2]) == 9, out
+
+
+def test_in_slot_mode_a_task_holds_a_whole_node_of_a_cluster_file_s_own_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One node of 128 cores in Megha's format, two 10 s tasks arriving together: the second waits for the first
+    (before, each asked for --node-cpu / --node-mem, half the node, and both ran at once)."""
+    cluster = tmp_path / "big.json"
+    node = {"capacity": {"cpu_millicores": 128000, "memory_mb": 32768}, "constraints": []}
+    doc = {"format": "megha-cluster", "version": 1, "resource_names": ["cpu_millicores", "memory_mb"]}
+    cluster.write_text(json.dumps(doc | {"lms": [[[node]]]}))
+    trace = tmp_path / "two.tr"
+    trace.write_text("0 2 10 10 10\n")
+    out = tmp_path / "report"
+    argv = [
+        "replay",
+        "--trace",
+        str(trace),
+        "--cluster",
+        str(cluster),
+        "--no-constraints",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    tasks = list(csv.DictReader((out / "tasks.csv").open()))
+    assert [int(t["request_cpu_millicores"]) for t in tasks] == [128000, 128000]
+    assert sorted(round(float(t["started_at"])) for t in tasks) == [0, 10]
