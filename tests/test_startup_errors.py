@@ -158,41 +158,56 @@ def test_a_port_already_taken_is_one_line_before_the_service_starts(module: str)
 
 
 @needs_rabbitmq
-def test_a_gm_id_beyond_the_lms_partitions_is_one_line_naming_both_settings() -> None:
-    """A GM whose MEGHA_GM_ID the LMs have no partition for (their MEGHA_NUM_GMS) was a traceback from uvicorn's
-    start-up ("GM id 5 outside 0..0")."""
-    lm_port, agent_port = free_port(), free_port()
-    base = dict(os.environ) | {"MEGHA_AUTH": "off", "MEGHA_RUN_ID": f"gmid{lm_port}"}
-    lm_url = f"http://127.0.0.1:{lm_port}"
-    lm = subprocess.Popen(
-        [sys.executable, "-m", "megha.services.lm"],
-        env=base | {"MEGHA_PORT": str(lm_port), "MEGHA_NUM_GMS": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "megha.services.worker"],
-        env=base | {"MEGHA_PORT": str(agent_port), "MEGHA_LM_URL": lm_url, "MEGHA_EXECUTION": "simulated"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+@pytest.mark.parametrize(
+    ("lm_gms", "gm_id", "said"),
+    [
+        # A GM whose MEGHA_GM_ID the LMs have no partition for (their MEGHA_NUM_GMS): a traceback from uvicorn's
+        # start-up ("GM id 5 outside 0..0").
+        ([1], "5", ["MEGHA_GM_ID=5", "MEGHA_NUM_GMS=1"]),
+        # LMs started with different MEGHA_NUM_GMS (an outside audit: a traceback ending in "LM 1 has 2 partitions;
+        # every LM needs exactly 1 (one per GM)").
+        ([1, 2], "0", ["do not fit together: LM 1 has 2 partitions", "the same MEGHA_NUM_GMS"]),
+    ],
+)
+def test_a_gm_the_lms_partitions_do_not_fit_is_one_line_naming_the_settings(
+    lm_gms: list[int], gm_id: str, said: list[str]
+) -> None:
+    base = dict(os.environ) | {"MEGHA_AUTH": "off", "MEGHA_RUN_ID": f"gmid{free_port()}"}
+    lm_urls, services = [], []
+    for lm, gms in enumerate(lm_gms):
+        lm_port, agent_port = free_port(), free_port()
+        lm_url = f"http://127.0.0.1:{lm_port}"
+        lm_urls.append(lm_url)
+        nodes = {"MEGHA_EXPECTED_NODES": str(gms)}
+        lm_env = {"MEGHA_PORT": str(lm_port), "MEGHA_NUM_GMS": str(gms), "MEGHA_LM_ID": str(lm), **nodes}
+        agent_env = {"MEGHA_PORT": str(agent_port), "MEGHA_LM_URL": lm_url, "MEGHA_EXECUTION": "simulated"}
+        agent_env |= {"MEGHA_NODES": str(gms), "MEGHA_WORKER_ID": f"w{lm}"}
+        for module, env in (("megha.services.lm", lm_env), ("megha.services.worker", agent_env)):
+            services.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module],
+                    env=base | env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
     try:
         done = _start(
             "megha.services.gm",
             **base,
-            MEGHA_LM_URLS=lm_url,
-            MEGHA_GM_ID="5",
+            MEGHA_LM_URLS=",".join(lm_urls),
+            MEGHA_GM_ID=gm_id,
             MEGHA_JOURNAL_DIR="",
             MEGHA_LM_TIMEOUT="30",
         )
     finally:
-        for proc in (agent, lm):
+        for proc in services:
             proc.terminate()
             proc.wait(timeout=30)
     output = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in output, output
     errors = [line for line in output.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "MEGHA_GM_ID=5" in errors[0] and "MEGHA_NUM_GMS=1" in errors[0], output
+    assert len(errors) == 1 and all(words in errors[0] for words in said), output
 
 
 def test_a_secret_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path) -> None:

@@ -129,7 +129,12 @@ class GMService:
             rows.append(partitions_of(doc, lm))
             if isinstance(doc.get("incarnation"), int):  # the layout of that life: a later one's is checked
                 self.dispatch.watch.incarnations[lm] = doc["incarnation"]
-        cluster = ClusterSpec(tuple(rows), names)
+        try:
+            cluster = ClusterSpec(tuple(rows), names)
+        except ValueError as exc:  # LMs that disagree (MEGHA_NUM_GMS set differently, say): one line, not a traceback
+            raise StartupError(
+                f"the LMs' clusters do not fit together: {exc}; start every LM with the same MEGHA_NUM_GMS"
+            ) from None
         if self.settings.gm_id >= cluster.num_gms:
             raise StartupError(
                 f"MEGHA_GM_ID={self.settings.gm_id}, but the LMs have a partition for GMs 0..{cluster.num_gms - 1} "
