@@ -445,11 +445,15 @@ async def test_tasks_an_unreachable_agent_never_got_are_freed_and_reported_lost_
             await asyncio.wait_for(event_arrived.wait(), 10)
             assert [(e.kind, e.task_id, e.attempt) for e in events] == [("lost", "j.0", 1)]
             assert "unreachable" in events[0].error
-            completions = (await gm_inbox.next()).completions  # the GM learns the node is free again
-            assert completions is not None and completions.items[0].state.free == [1000, 1024]
+            # The agent does not answer its health check either: its node is out of service until it is heard
+            # again, so the GM places nothing more there meanwhile (it showed the node free: the GM placed the task
+            # there again at once, and spent its attempts on it).
+            completions = (await gm_inbox.next()).completions
+            assert completions is not None and completions.items[0].state.free == [0, 0]
             # The GM places the task again as its next attempt (or fails it after MEGHA_MAX_ATTEMPTS), with the reason.
             assert completions.items[0].lost and "unreachable" in completions.items[0].error
-            assert lm.core is not None and lm.core.is_idle() and lm.state()["failed_launches"] == 1
+            assert lm.core is not None and not lm.core.running and lm.state()["failed_launches"] == 1
+            assert list(lm.core.down) == [0] and lm.core.free == [(0, 0)]  # out of service: it shows nothing free
         finally:
             await lm.close()
             for q in queues:

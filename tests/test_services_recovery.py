@@ -180,6 +180,29 @@ def test_a_run_that_ended_while_its_lm_and_gm_were_down_is_not_run_again(tmp_pat
     assert [t["state"] for t in job["tasks"]] == ["finished"]
 
 
+def test_a_job_sent_to_an_agent_that_is_down_for_a_few_seconds_waits_for_it_and_finishes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The only agent is killed and started again 4 s later, within MEGHA_WORKER_TIMEOUT; a job submitted meanwhile
+    is launched to it, refused at the door. The LM takes the agent out of service at once (it fails its health
+    check too), and its tasks wait for it rather than spending their attempts on it: the job finishes (an outside
+    audit: the GM placed them on the dead agent three times in 1.5 s, and the job failed)."""
+    deployment = one_gm_lm_and_agent(tmp_path)
+    with deployment:
+        api.use(deployment)
+        gm = deployment.gm_urls[0]
+        deployment.kill("worker-0-0")
+        r = api.post(f"{gm}/v1/jobs", json={"tasks": [{"duration": 1.0, "cpu_millicores": 100, "memory_mb": 16}] * 2})
+        assert r.status_code == 201, r.text
+        url = f"{gm}/v1/jobs/{r.json()['job_id']}"
+        wait_until(lambda: "taken out of service" in deployment.process("lm-0").log.read_text(), 30, lambda: url)
+        time.sleep(4)  # the outage (the fault, not a wait)
+        deployment.restart("worker-0-0")
+        ended = ("finished", "failed", "cancelled")
+        job = wait_until(lambda: (s := api.get(url, timeout=5).json())["state"] in ended and s, 60, lambda: url)
+        lm_log = deployment.process("lm-0").log.read_text()
+    assert job["state"] == "finished", (job, lm_log)
+    assert "which does not answer" in lm_log
+
+
 def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:
     with broker_node() as node:
         deployment = LocalDeployment(gms=2, lms=2, workers_per_lm=2, amqp_url=node.url, heartbeat_interval=0.5)

@@ -51,7 +51,7 @@ class LMDispatch:
         broker: Broker | None,
         calls: ServiceClient,
         members: Membership,
-        lose: Callable[[list[Placement], str, str | None], Awaitable[None]],
+        lose: Callable[[list[Placement], str, str | None, bool], Awaitable[None]],
         tick: Callable[[object], Awaitable[None]],
     ) -> None:
         self.settings = settings
@@ -174,7 +174,7 @@ class LMDispatch:
         r = outcome.reply
         refused = r is not None
         reason = f"worker agent {url} refused the launch: answered {r.status}: {r.text[:500]}" if r else outcome.failure
-        await self._lose(placements, reason, self.members.worker_of(placements[0].node))
+        await self._lose(placements, reason, self.members.worker_of(placements[0].node), not refused)
         if not refused:  # the agent may have started them after all (a call that timed out): they must not run on
             self.spawn(self.stop_on(url, [p.task.task_id for p in placements]))
 

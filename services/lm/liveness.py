@@ -51,17 +51,23 @@ class AgentWatch:
             return
         for worker_id, silent in self.lm.members.liveness.suspects(time.monotonic()):
             url = self.lm.members.agent_nodes[worker_id][0]
-            try:
-                alive = (await self.lm.calls.get(f"{url}/healthz")).status == 200
-            except CallError:
-                alive = False
-            if alive:
+            if await self.answers(worker_id):
                 log.warning("no heartbeat from %s for %.0f s, but it answers at %s: keeping it", worker_id, silent, url)
                 self.lm.members.liveness.answered(worker_id, time.monotonic())
                 continue
-            await self._take_down(worker_id, f"worker agent {worker_id} at {url} silent for {silent:.0f} s")
+            await self.take_down(worker_id, f"worker agent {worker_id} at {url} silent for {silent:.0f} s")
 
-    async def _take_down(self, worker_id: str, reason: str) -> None:
+    async def answers(self, worker_id: str) -> bool:
+        """Whether agent `worker_id` answers its health check."""
+        url = self.lm.members.agent_nodes[worker_id][0]
+        try:
+            return (await self.lm.calls.get(f"{url}/healthz")).status == 200
+        except CallError:
+            return False
+
+    async def take_down(self, worker_id: str, reason: str) -> None:
+        """Take agent `worker_id`'s nodes out of service and report its tasks lost (their GMs run them again,
+        elsewhere or once it is back); they come back into service once it is heard again running nothing."""
         assert self.lm.core is not None
         _, nodes = self.lm.members.agent_nodes[worker_id]
         async with self.lm._lock:

@@ -421,10 +421,27 @@ class LMService:
         log.info("GM %d claimed with term %d by %s; calls with older terms are refused", gm, term, who)
         return state
 
-    async def _lose_unlaunched(self, placements: list[Placement], reason: str, worker: str | None) -> None:
+    async def _lose_unlaunched(
+        self, placements: list[Placement], reason: str, worker: str | None, unreachable: bool = False
+    ) -> None:
         """Free the resources of tasks no agent (`worker`) could take and report them lost: their GM places them
-        again as their next attempt (never silently dropped)."""
+        again as their next attempt (never silently dropped). An agent that could not be reached (`unreachable`)
+        and fails its health check too is taken out of service with its nodes at once, as a silent one is after
+        MEGHA_WORKER_TIMEOUT: its GMs then place nothing more there until it is heard again, rather than spending
+        the tasks' attempts on it."""
         self.failed_launches += len(placements)
+        known = worker is not None and worker in self.members.agent_nodes and self.core is not None
+        if unreachable and known and not await self.watch.answers(worker):  # type: ignore[arg-type]
+            log.error(
+                "%d tasks could not be launched on worker agent %s, which does not answer: %s; tasks %s",
+                len(placements),
+                worker,
+                reason,
+                [p.task.task_id for p in placements[:20]],
+                extra=batch_ids(placements) | ids(lm=self.settings.lm_id, worker=worker),
+            )
+            await self.watch.take_down(worker, f"worker agent {worker} unreachable")  # type: ignore[arg-type]
+            return
         log.error(
             "%d tasks could not be launched on worker agent %s (their GMs place them again): %s; tasks %s",
             len(placements),
