@@ -200,7 +200,7 @@ def test_a_job_sent_to_an_agent_that_is_down_for_a_few_seconds_waits_for_it_and_
         job = wait_until(lambda: (s := api.get(url, timeout=5).json())["state"] in ended and s, 60, lambda: url)
         lm_log = deployment.process("lm-0").log.read_text()
     assert job["state"] == "finished", (job, lm_log)
-    assert "which does not answer" in lm_log
+    assert "which does not answer: out of service" in lm_log
 
 
 def test_a_broker_killed_mid_replay_and_restarted_loses_nothing() -> None:

@@ -431,25 +431,19 @@ class LMService:
         the tasks' attempts on it."""
         self.failed_launches += len(placements)
         known = worker is not None and worker in self.members.agent_nodes and self.core is not None
-        if unreachable and known and not await self.watch.answers(worker):  # type: ignore[arg-type]
-            log.error(
-                "%d tasks could not be launched on worker agent %s, which does not answer: %s; tasks %s",
-                len(placements),
-                worker,
-                reason,
-                [p.task.task_id for p in placements[:20]],
-                extra=batch_ids(placements) | ids(lm=self.settings.lm_id, worker=worker),
-            )
-            await self.watch.take_down(worker, f"worker agent {worker} unreachable")  # type: ignore[arg-type]
-            return
+        down = unreachable and known and not await self.watch.answers(worker)  # type: ignore[arg-type]
         log.error(
-            "%d tasks could not be launched on worker agent %s (their GMs place them again): %s; tasks %s",
+            "%d tasks could not be launched on worker agent %s (%s): %s; tasks %s",
             len(placements),
             worker,
+            "which does not answer: out of service until it is heard" if down else "their GMs place them again",
             reason,
             [p.task.task_id for p in placements[:20]],
             extra=batch_ids(placements) | ids(lm=self.settings.lm_id, worker=worker),
         )
+        if down:
+            await self.watch.take_down(worker, f"worker agent {worker} unreachable")  # type: ignore[arg-type]
+            return
         report = WorkerReport(
             self.settings.lm_id,
             [FinishedTask.of(p, error=reason, lost=True) for p in placements],
