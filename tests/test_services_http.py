@@ -44,6 +44,7 @@ from megha.services.client import CallError, Reply, ServiceClient
 from megha.services.gm.app import create_app as create_gm
 from megha.services.http import JOURNAL_COPY_BYTES
 from megha.services.lm.app import create_app as create_lm
+from megha.services.lm.membership import RegistrationError
 from megha.services.lm.service import LMService
 from megha.services.worker.agent import WorkerAgent
 from megha.services.worker.app import create_app as create_worker
@@ -807,6 +808,40 @@ async def test_lm_calls_an_agent_that_registers_again_at_its_new_address() -> No
     assert service.state()["workers"] == 1
     assert service.members.node_worker == ["http://new:8200", "http://new:8200"]  # where launches go
     await service.close()
+
+
+async def test_an_lm_refuses_a_second_agent_with_the_id_of_one_that_still_answers() -> None:
+    """Two agents started with one MEGHA_WORKER_ID: the second, at another address while the first still answers its
+    health check as that id, is refused (409 naming `worker_id`; its start-up says so in one line). Before, the LM
+    took it for a restart of the first: the first's tasks were reported lost, and its nodes pointed at the second
+    (an outside audit). One whose first address no longer answers is a restart, and is let in."""
+
+    async def healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = json.dumps({"worker": "w0", "registered": True, "ready": True}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(healthz, "127.0.0.1", 0)
+    first = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    service = LMService(LMSettings(expected_nodes=2, num_gms=1), None)
+    try:
+        await service.register(WorkerRegistration.model_validate(registration("w0", 2, url=first)))
+        with pytest.raises(RegistrationError, match="registered already by an agent that answers at") as refused:
+            await service.register(WorkerRegistration.model_validate(registration("w0", 2, url="http://127.0.0.1:9")))
+        assert refused.value.field == "worker_id"
+        assert service.members.node_worker == [first, first]
+        server.close()
+        await server.wait_closed()
+        again = await service.register(
+            WorkerRegistration.model_validate(registration("w0", 2, url="http://127.0.0.1:9"))
+        )
+        assert again.first_node == 0 and service.members.node_worker == ["http://127.0.0.1:9"] * 2
+    finally:
+        server.close()
+        await service.close()
 
 
 async def test_an_lm_gives_an_agent_the_node_numbers_it_kept_without_taking_itself_for_rebuilt(

@@ -135,7 +135,7 @@ def create_app(settings: LMSettings, use_broker: bool = True) -> FastAPI:
         try:
             return json_response(await service.register(reg), 201)
         except RegistrationError as exc:
-            return refuse(409, f"registration of {reg.worker_id}", str(exc), "nodes", worker)
+            return refuse(409, f"registration of {reg.worker_id}", str(exc), exc.field, worker)
 
     @app.get("/v1/cluster", response_model=LMCluster, responses=errors(503))
     async def cluster() -> object:

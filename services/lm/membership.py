@@ -20,7 +20,11 @@ log = logging.getLogger("megha.lm")
 
 
 class RegistrationError(ValueError):
-    """A worker registration the LM cannot accept; the message names why."""
+    """A worker registration the LM cannot accept; the message names why, and `field` the registration's field."""
+
+    def __init__(self, message: str, field: str = "nodes") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Membership:

@@ -8,6 +8,7 @@ reports it believes (`reports`), how it sends what its core decides (`dispatch`)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -48,7 +49,7 @@ from megha.common.models import (
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import Broker, TryLater, lm_key
-from megha.services.client import Reply, ServiceClient
+from megha.services.client import CallError, Reply, ServiceClient
 from megha.services.lm.dispatch import LMDispatch, batch_ids
 from megha.services.lm.liveness import AgentWatch
 from megha.services.lm.membership import Membership, RegistrationError
@@ -62,6 +63,10 @@ HELD_SETTLE = 3.0
 """Seconds a rebuilt LM waits, beyond one delta interval, before it tells GMs which runs it holds: reports that
 waited in its queue while it was down come back within a second or two of its being ready."""
 
+
+SAME_ID_CHECK = 2.0
+"""Seconds an LM gives the first address of an agent that registers again from another one to answer as that agent
+(it is then a second agent with the same id, and refused); short, so the registration call is answered in time."""
 
 BACKLOG_WAIT = 10.0
 """Seconds at most a started LM answers GMs' claims with 503 while the reports that waited in its queue are applied
@@ -126,6 +131,13 @@ class LMService:
         """Give an agent its node numbers (`Membership`); the cluster is complete, and the core built, once every
         expected node is. An agent that registers again keeps its nodes, and what this LM ran there and it no
         longer runs is lost."""
+        held = self.members.agent_nodes.get(reg.worker_id)
+        if held is not None and held[0] != reg.url and await self._answers_as(held[0], reg.worker_id):
+            raise RegistrationError(
+                f"{reg.worker_id} is registered already by an agent that answers at {held[0]} (this one is at "
+                f"{reg.url}): each agent needs a MEGHA_WORKER_ID of its own",
+                "worker_id",
+            )
         known = self.members.rejoined(reg)
         if known is not None:
             await self._lose_missing(reg)
@@ -139,6 +151,15 @@ class LMService:
         if self.members.complete:
             self._build_core()
         return registered
+
+    async def _answers_as(self, url: str, worker_id: str) -> bool:
+        """Whether the agent at `url` answers its health check as `worker_id` (an agent registering again from
+        another address is a restart only when the first one is gone)."""
+        try:
+            r = await asyncio.wait_for(self.calls.get(f"{url}/healthz"), SAME_ID_CHECK)
+            return r.status == 200 and json.loads(r.body).get("worker") == worker_id
+        except (CallError, TimeoutError, ValueError, AttributeError):
+            return False
 
     def _build_core(self) -> None:
         """Build the core over the partitions of the registered nodes; take as running what the agents reported
