@@ -5,6 +5,7 @@ to stop those runs, and its nodes come back once it runs nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -59,10 +60,16 @@ class AgentWatch:
 
     async def answers(self, worker_id: str) -> bool:
         """Whether agent `worker_id` answers its health check."""
-        url = self.lm.members.agent_nodes[worker_id][0]
+        return await self.answers_at(self.lm.members.agent_nodes[worker_id][0])
+
+    async def answers_at(self, url: str, worker_id: str | None = None, timeout: float | None = None) -> bool:
+        """Whether the agent at `url` answers its health check (as `worker_id`, if given; within `timeout` s, if
+        given, else the calls' own)."""
         try:
-            return (await self.lm.calls.get(f"{url}/healthz")).status == 200
-        except CallError:
+            call = self.lm.calls.get(f"{url}/healthz")
+            r = await (call if timeout is None else asyncio.wait_for(call, timeout))
+            return r.status == 200 and (worker_id is None or json.loads(r.body).get("worker") == worker_id)
+        except (CallError, TimeoutError, ValueError, AttributeError):
             return False
 
     async def take_down(self, worker_id: str, reason: str) -> None:

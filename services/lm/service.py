@@ -8,7 +8,6 @@ reports it believes (`reports`), how it sends what its core decides (`dispatch`)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -49,7 +48,7 @@ from megha.common.models import (
 )
 from megha.common.settings import LMSettings
 from megha.common.transport.rabbit import Broker, TryLater, lm_key
-from megha.services.client import CallError, Reply, ServiceClient
+from megha.services.client import Reply, ServiceClient
 from megha.services.lm.dispatch import LMDispatch, batch_ids
 from megha.services.lm.liveness import AgentWatch
 from megha.services.lm.membership import Membership, RegistrationError
@@ -132,7 +131,11 @@ class LMService:
         expected node is. An agent that registers again keeps its nodes, and what this LM ran there and it no
         longer runs is lost."""
         held = self.members.agent_nodes.get(reg.worker_id)
-        if held is not None and held[0] != reg.url and await self._answers_as(held[0], reg.worker_id):
+        if (
+            held is not None
+            and held[0] != reg.url
+            and await self.watch.answers_at(held[0], reg.worker_id, SAME_ID_CHECK)
+        ):
             raise RegistrationError(
                 f"{reg.worker_id} is registered already by an agent that answers at {held[0]} (this one is at "
                 f"{reg.url}): each agent needs a MEGHA_WORKER_ID of its own",
@@ -151,15 +154,6 @@ class LMService:
         if self.members.complete:
             self._build_core()
         return registered
-
-    async def _answers_as(self, url: str, worker_id: str) -> bool:
-        """Whether the agent at `url` answers its health check as `worker_id` (an agent registering again from
-        another address is a restart only when the first one is gone)."""
-        try:
-            r = await asyncio.wait_for(self.calls.get(f"{url}/healthz"), SAME_ID_CHECK)
-            return r.status == 200 and json.loads(r.body).get("worker") == worker_id
-        except (CallError, TimeoutError, ValueError, AttributeError):
-            return False
 
     def _build_core(self) -> None:
         """Build the core over the partitions of the registered nodes; take as running what the agents reported
